@@ -1,0 +1,117 @@
+#include "cli/local_cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/files.h"
+#include "common/process.h"
+#include "common/status.h"
+
+namespace pstrain::cli {
+
+std::string ExecutableDir() {
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return ".";
+  std::string exe(path, n);
+  return exe.substr(0, exe.rfind('/'));
+}
+
+absl::Status LocalCluster::Spawn(const std::string& name, std::vector<std::string> argv) {
+  SpawnOptions spawn;
+  spawn.argv = std::move(argv);
+  spawn.log_path = absl::StrCat(options_.run_dir, "/", name, ".log");
+  PSTRAIN_ASSIGN_OR_RETURN(pid_t pid, pstrain::Spawn(spawn));
+  children_.push_back(Child{name, pid});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(std::move(options)));
+  const Options& o = cluster->options_;
+  for (const char* binary : {"pstrain-coordinator", "pstrain-server", "pstrain-worker"}) {
+    const std::string path = absl::StrCat(o.bin_dir, "/", binary);
+    if (access(path.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("cannot execute ", path));
+    }
+  }
+  const std::string address_file = absl::StrCat(o.run_dir, "/coordinator.address");
+  unlink(address_file.c_str());
+  PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(
+      "coordinator",
+      {absl::StrCat(o.bin_dir, "/pstrain-coordinator"), "--listen=127.0.0.1:0",
+       absl::StrCat("--address_file=", address_file),
+       absl::StrCat("--lease_s=", absl::ToInt64Seconds(o.lease))}));
+  const absl::Time deadline = absl::Now() + o.startup_timeout;
+  while (true) {
+    if (absl::StatusOr<std::string> text = ReadFile(address_file); text.ok()) {
+      cluster->coordinator_address_ = std::string(absl::StripAsciiWhitespace(*text));
+      break;
+    }
+    if (std::optional<std::string> dead = cluster->CheckChildren()) {
+      return absl::InternalError(absl::StrCat("the coordinator did not start: ", *dead));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("the coordinator did not publish its address in time");
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string coordinator = absl::StrCat("--coordinator=", cluster->coordinator_address_);
+  const std::string loss_exit = absl::StrCat("--coordinator_loss_exit_s=",
+                                             absl::ToInt64Seconds(o.coordinator_loss_exit));
+  for (int s = 0; s < o.num_servers; ++s) {
+    PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(
+        absl::StrCat("server-", s), {absl::StrCat(o.bin_dir, "/pstrain-server"),
+                                     "--listen=127.0.0.1:0", coordinator, loss_exit}));
+  }
+  for (int w = 0; w < o.num_workers; ++w) {
+    std::vector<std::string> argv = {absl::StrCat(o.bin_dir, "/pstrain-worker"), coordinator,
+                                     loss_exit};
+    if (auto it = o.worker_flags.find(w); it != o.worker_flags.end()) {
+      argv.insert(argv.end(), it->second.begin(), it->second.end());
+    }
+    PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(absl::StrCat("worker-", w), std::move(argv)));
+  }
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+std::vector<std::pair<std::string, pid_t>> LocalCluster::children() const {
+  std::vector<std::pair<std::string, pid_t>> out;
+  for (const Child& c : children_) {
+    if (!c.exited) out.emplace_back(c.name, c.pid);
+  }
+  return out;
+}
+
+std::optional<std::string> LocalCluster::CheckChildren() {
+  for (Child& c : children_) {
+    if (c.exited) continue;
+    if (std::optional<int> status = TryReap(c.pid)) {
+      c.exited = true;
+      return absl::StrCat(c.name, " (", DescribeWaitStatus(*status), "), log: ", options_.run_dir,
+                          "/", c.name, ".log");
+    }
+  }
+  return std::nullopt;
+}
+
+void LocalCluster::Stop(absl::Duration grace) {
+  // Workers first so that none reports a failure of servers going away.
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    if (!it->exited) kill(it->pid, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    if (it->exited) continue;
+    StopProcess(it->pid, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    it->exited = true;
+  }
+}
+
+}  // namespace pstrain::cli

@@ -1,0 +1,76 @@
+// A cluster of real pstrain processes on 127.0.0.1: one coordinator, S
+// parameter servers and W workers, each a child process with its log in the
+// run directory. Used by pstrain-local and by the integration tests.
+#ifndef PSTRAIN_CLI_LOCAL_CLUSTER_H_
+#define PSTRAIN_CLI_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pstrain::cli {
+
+class LocalCluster {
+ public:
+  struct Options {
+    // Directory holding pstrain-coordinator, pstrain-server, pstrain-worker.
+    std::string bin_dir;
+    // Directory for logs and address files; must exist.
+    std::string run_dir;
+    int num_servers = 1;
+    int num_workers = 1;
+    absl::Duration lease = absl::Seconds(10);
+    // Children exit when the coordinator has been silent this long (a
+    // second guard, beside the parent-death signal, against orphans).
+    absl::Duration coordinator_loss_exit = absl::Seconds(30);
+    // Extra flags for worker i.
+    std::map<int, std::vector<std::string>> worker_flags;
+    absl::Duration startup_timeout = absl::Seconds(30);
+  };
+
+  // Starts the coordinator, waits until it serves, then starts the servers
+  // and workers (which register on their own). On error, every child
+  // started so far is stopped.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
+  ~LocalCluster();  // Stop()
+
+  const std::string& coordinator_address() const { return coordinator_address_; }
+
+  // Children still running, with their names ("coordinator", "server-0", ...).
+  std::vector<std::pair<std::string, pid_t>> children() const;
+
+  // Describes the first child that has exited since the start ("worker-1
+  // (exit 1), log: DIR/worker-1.log"), or nullopt if all run.
+  std::optional<std::string> CheckChildren();
+
+  // SIGTERM to workers, servers, then the coordinator; SIGKILL to any still
+  // running after `grace`. Idempotent.
+  void Stop(absl::Duration grace = absl::Seconds(5));
+
+ private:
+  explicit LocalCluster(Options options) : options_(std::move(options)) {}
+  absl::Status Spawn(const std::string& name, std::vector<std::string> argv);
+
+  const Options options_;
+  std::string coordinator_address_;
+  struct Child {
+    std::string name;
+    pid_t pid;
+    bool exited = false;
+  };
+  std::vector<Child> children_;
+};
+
+// The directory of the running executable.
+std::string ExecutableDir();
+
+}  // namespace pstrain::cli
+
+#endif  // PSTRAIN_CLI_LOCAL_CLUSTER_H_

@@ -1,0 +1,21 @@
+// Small file helpers.
+#ifndef PSTRAIN_COMMON_FILES_H_
+#define PSTRAIN_COMMON_FILES_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pstrain {
+
+// Writes `contents` to a temporary file beside `path`, fsyncs it and renames
+// it over `path`: readers see the old or the new contents, never a part.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// The whole file; NOT_FOUND if it does not exist.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_FILES_H_

@@ -1,0 +1,21 @@
+// Start-up shared by every pstrain binary.
+#ifndef PSTRAIN_COMMON_INIT_H_
+#define PSTRAIN_COMMON_INIT_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace pstrain {
+
+// Parses Abseil flags (exits 1 with a message on bad flags), sends glog
+// output to stderr, and sets the usage line shown by --help.
+void InitMain(int argc, char** argv, absl::string_view usage);
+
+// Writes "host:port\n" to `path` atomically if path is not empty; exits 1
+// with a message if it cannot.
+void PublishAddress(const std::string& path, const std::string& address);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_INIT_H_

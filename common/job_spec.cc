@@ -1,0 +1,358 @@
+#include "common/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/reflection.h"
+
+namespace pstrain {
+namespace {
+
+using google::protobuf::EnumDescriptor;
+using google::protobuf::EnumValueDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+absl::Status FieldError(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : absl::StrCat(path, ".", key);
+}
+
+// The common prefix of an enum's value names, taken from its 0 value
+// ("MODEL_TYPE_UNSPECIFIED" -> "MODEL_TYPE_").
+std::string EnumPrefix(const EnumDescriptor* e) {
+  const std::string& zero = e->FindValueByNumber(0)->name();
+  return zero.substr(0, zero.size() - std::string("UNSPECIFIED").size());
+}
+
+std::string ShortEnumName(const EnumValueDescriptor* v) {
+  return absl::AsciiStrToLower(v->name().substr(EnumPrefix(v->type()).size()));
+}
+
+absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
+                                                     const std::string& text,
+                                                     const std::string& path) {
+  const std::string upper = absl::AsciiStrToUpper(text);
+  const std::string prefix = EnumPrefix(e);
+  std::vector<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    const EnumValueDescriptor* v = e->value(i);
+    if (v->number() == 0) continue;
+    if (upper == v->name() || prefix + upper == v->name()) return v;
+    names.push_back(ShortEnumName(v));
+  }
+  return FieldError(path, absl::StrCat("unknown value '", text, "' (expected one of: ",
+                                       absl::StrJoin(names, ", "), ")"));
+}
+
+absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* field,
+                       const std::string& path, Message* msg) {
+  if (!node.IsScalar()) return FieldError(path, "expected a single value");
+  const std::string text = node.Scalar();
+  const Reflection* r = msg->GetReflection();
+  const bool repeated = field->is_repeated();
+  auto bad = [&](absl::string_view type) {
+    return FieldError(path, absl::StrCat("expected ", type, ", got '", text, "'"));
+  };
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32: {
+      int32_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("an integer");
+      repeated ? r->AddInt32(msg, field, v) : r->SetInt32(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_INT64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("an integer");
+      repeated ? r->AddInt64(msg, field, v) : r->SetInt64(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("a non-negative integer");
+      repeated ? r->AddUInt32(msg, field, v) : r->SetUInt32(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("a non-negative integer");
+      repeated ? r->AddUInt64(msg, field, v) : r->SetUInt64(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      float v;
+      if (!absl::SimpleAtof(text, &v) || !std::isfinite(v)) return bad("a finite number");
+      repeated ? r->AddFloat(msg, field, v) : r->SetFloat(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      double v;
+      if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) return bad("a finite number");
+      repeated ? r->AddDouble(msg, field, v) : r->SetDouble(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      bool v;
+      if (!absl::SimpleAtob(text, &v)) return bad("true or false");
+      repeated ? r->AddBool(msg, field, v) : r->SetBool(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_STRING:
+      repeated ? r->AddString(msg, field, text) : r->SetString(msg, field, text);
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      PSTRAIN_ASSIGN_OR_RETURN(const EnumValueDescriptor* v,
+                               ParseEnum(field->enum_type(), text, path));
+      repeated ? r->AddEnum(msg, field, v) : r->SetEnum(msg, field, v);
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return FieldError(path, "internal: message field treated as scalar");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FillMessage(const YAML::Node& node, const std::string& path, Message* msg);
+
+absl::Status SetField(const YAML::Node& value, const FieldDescriptor* field,
+                      const std::string& path, Message* msg) {
+  const Reflection* r = msg->GetReflection();
+  if (field->is_repeated()) {
+    if (!value.IsSequence()) return FieldError(path, "expected a list");
+    for (size_t i = 0; i < value.size(); ++i) {
+      const std::string item_path = absl::StrCat(path, "[", i, "]");
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        PSTRAIN_RETURN_IF_ERROR(FillMessage(value[i], item_path, r->AddMessage(msg, field)));
+      } else {
+        PSTRAIN_RETURN_IF_ERROR(SetScalar(value[i], field, item_path, msg));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    return FillMessage(value, path, r->MutableMessage(msg, field));
+  }
+  return SetScalar(value, field, path, msg);
+}
+
+absl::Status FillMessage(const YAML::Node& node, const std::string& path, Message* msg) {
+  if (!node.IsMap()) {
+    return FieldError(path.empty() ? "job spec" : path, "expected a mapping of fields");
+  }
+  std::set<std::string> seen;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    if (!it->first.IsScalar()) return FieldError(path.empty() ? "job spec" : path, "bad key");
+    const std::string key = it->first.Scalar();
+    const std::string key_path = Join(path, key);
+    if (!seen.insert(key).second) return FieldError(key_path, "duplicate key");
+    const FieldDescriptor* field = msg->GetDescriptor()->FindFieldByName(key);
+    if (field == nullptr) return FieldError(key_path, "unknown field");
+    if (!it->second.IsDefined() || it->second.IsNull()) {
+      return FieldError(key_path, "has no value");
+    }
+    PSTRAIN_RETURN_IF_ERROR(SetField(it->second, field, key_path, msg));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: YAML error at line ",
+                                                   e.mark.line + 1, ", column ",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+  if (!root.IsDefined() || root.IsNull()) {
+    return absl::InvalidArgumentError("job spec: empty document");
+  }
+  v1::JobSpec spec;
+  try {
+    PSTRAIN_RETURN_IF_ERROR(FillMessage(root, "", &spec));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseJobSpecYaml(text.str());
+}
+
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
+  auto range = [](const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+      return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+    }
+    return absl::OkStatus();
+  };
+  if (spec.name().size() > 200) return FieldError("name", "longer than 200 characters");
+
+  // Model.
+  v1::ModelSpec& model = *spec.mutable_model();
+  switch (model.type()) {
+    case v1::MODEL_TYPE_MLP:
+      if (model.hidden_size() == 0) {
+        return FieldError("model.hidden", "an mlp needs at least one hidden width");
+      }
+      if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
+      for (int i = 0; i < model.hidden_size(); ++i) {
+        PSTRAIN_RETURN_IF_ERROR(
+            range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
+      }
+      break;
+    case v1::MODEL_TYPE_SOFTMAX:
+      if (model.hidden_size() != 0) {
+        return FieldError("model.hidden", "softmax regression has no hidden layers");
+      }
+      break;
+    default:
+      return FieldError("model.type", "required (softmax or mlp)");
+  }
+
+  // Data.
+  v1::DataSpec& data = *spec.mutable_data();
+  if (data.dataset() == v1::DATASET_UNSPECIFIED) data.set_dataset(v1::DATASET_FASHION_MNIST);
+  if (data.dataset() != v1::DATASET_FASHION_MNIST) {
+    return FieldError("data.dataset", "unsupported dataset");
+  }
+  if (data.dir().empty()) data.set_dir(kDefaultDataDir);
+
+  // Optimizer.
+  v1::OptimizerSpec& opt = *spec.mutable_optimizer();
+  if (opt.type() == v1::OPTIMIZER_TYPE_UNSPECIFIED) {
+    return FieldError("optimizer.type", "required (sgd, adam or adagrad)");
+  }
+  if (!(opt.learning_rate() > 0)) return FieldError("optimizer.learning_rate", "must be > 0");
+  if (opt.learning_rate() > 100) return FieldError("optimizer.learning_rate", "must be <= 100");
+  if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
+    return FieldError("optimizer.momentum", "must be in [0, 1)");
+  }
+  if (opt.momentum() != 0 && opt.type() != v1::OPTIMIZER_TYPE_SGD) {
+    return FieldError("optimizer.momentum", "applies to sgd only");
+  }
+  if (!(opt.weight_decay() >= 0)) return FieldError("optimizer.weight_decay", "must be >= 0");
+  if (opt.type() != v1::OPTIMIZER_TYPE_ADAM && (opt.has_beta1() || opt.has_beta2())) {
+    return FieldError(opt.has_beta1() ? "optimizer.beta1" : "optimizer.beta2",
+                      "applies to adam only");
+  }
+  if (opt.type() == v1::OPTIMIZER_TYPE_SGD && opt.has_epsilon()) {
+    return FieldError("optimizer.epsilon", "applies to adam and adagrad only");
+  }
+  if (opt.type() == v1::OPTIMIZER_TYPE_ADAM) {
+    if (!opt.has_beta1()) opt.set_beta1(0.9f);
+    if (!opt.has_beta2()) opt.set_beta2(0.999f);
+    if (!(opt.beta1() >= 0 && opt.beta1() < 1)) {
+      return FieldError("optimizer.beta1", "must be in [0, 1)");
+    }
+    if (!(opt.beta2() >= 0 && opt.beta2() < 1)) {
+      return FieldError("optimizer.beta2", "must be in [0, 1)");
+    }
+  }
+  if (opt.type() != v1::OPTIMIZER_TYPE_SGD) {
+    if (!opt.has_epsilon()) opt.set_epsilon(1e-8f);
+    if (!(opt.epsilon() > 0)) return FieldError("optimizer.epsilon", "must be > 0");
+  }
+
+  // Training loop and cluster.
+  if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_SYNC);
+  PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
+  PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));
+  PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
+  const int64_t global_batch = int64_t{spec.num_workers()} * spec.batch_size();
+  if (global_batch > kFashionTrainSamples) {
+    return FieldError("batch_size", absl::StrCat("num_workers * batch_size = ", global_batch,
+                                                 " exceeds the ", kFashionTrainSamples,
+                                                 " training samples"));
+  }
+  PSTRAIN_RETURN_IF_ERROR(range("epochs", spec.epochs(), 0, 100000));
+  PSTRAIN_RETURN_IF_ERROR(range("steps", spec.steps(), 0, int64_t{1} << 40));
+  if (spec.epochs() == 0 && spec.steps() == 0) {
+    return FieldError("epochs", "set epochs or steps to a positive number");
+  }
+  if (!spec.has_chunk_bytes()) spec.set_chunk_bytes(kDefaultChunkBytes);
+  PSTRAIN_RETURN_IF_ERROR(range("chunk_bytes", spec.chunk_bytes(), 4, kMaxChunkBytes));
+  if (spec.chunk_bytes() % 4 != 0) {
+    return FieldError("chunk_bytes", "must be a multiple of 4 (whole floats)");
+  }
+  return spec;
+}
+
+kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec) {
+  kernels::ModelShape shape;
+  shape.input_dim = kFashionInputDim;
+  shape.num_classes = kFashionClasses;
+  shape.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+  return shape;
+}
+
+kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
+  kernels::OptimizerConfig c;
+  switch (spec.type()) {
+    case v1::OPTIMIZER_TYPE_ADAM:
+      c.type = kernels::OptimizerConfig::Type::kAdam;
+      break;
+    case v1::OPTIMIZER_TYPE_ADAGRAD:
+      c.type = kernels::OptimizerConfig::Type::kAdagrad;
+      break;
+    default:
+      c.type = kernels::OptimizerConfig::Type::kSgd;
+  }
+  c.learning_rate = spec.learning_rate();
+  c.momentum = spec.momentum();
+  c.beta1 = spec.beta1();
+  c.beta2 = spec.beta2();
+  c.epsilon = spec.epsilon();
+  c.weight_decay = spec.weight_decay();
+  return c;
+}
+
+int64_t TrainSamplesOf(const v1::JobSpec&) { return kFashionTrainSamples; }
+
+int64_t StepsPerEpoch(const v1::JobSpec& spec) {
+  return TrainSamplesOf(spec) / (int64_t{spec.num_workers()} * spec.batch_size());
+}
+
+int64_t TotalSteps(const v1::JobSpec& spec) {
+  return spec.steps() > 0 ? spec.steps() : int64_t{spec.epochs()} * StepsPerEpoch(spec);
+}
+
+namespace {
+std::string EnumName(const EnumDescriptor* e, int number) {
+  const EnumValueDescriptor* v = e->FindValueByNumber(number);
+  return v == nullptr ? absl::StrCat("unknown(", number, ")") : ShortEnumName(v);
+}
+}  // namespace
+
+std::string ModeName(v1::Mode mode) { return EnumName(v1::Mode_descriptor(), mode); }
+std::string ModelTypeName(v1::ModelType type) {
+  return EnumName(v1::ModelType_descriptor(), type);
+}
+std::string OptimizerTypeName(v1::OptimizerType type) {
+  return EnumName(v1::OptimizerType_descriptor(), type);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,57 @@
+// Job files (YAML) to JobSpec, defaults, validation, and what follows from a
+// spec (model shape, step counts).
+#ifndef PSTRAIN_COMMON_JOB_SPEC_H_
+#define PSTRAIN_COMMON_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/model.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain {
+
+inline constexpr char kDefaultDataDir[] = "/usr/share/datasets/fashion-mnist";
+inline constexpr int64_t kDefaultChunkBytes = 1 << 20;
+inline constexpr int64_t kMaxChunkBytes = 64 << 20;
+// Fashion-MNIST sizes (the only dataset so far).
+inline constexpr int kFashionTrainSamples = 60000;
+inline constexpr int kFashionInputDim = 784;
+inline constexpr int kFashionClasses = 10;
+
+// Maps YAML text onto a JobSpec: keys are the proto's field names, nested
+// messages are mappings, repeated fields are sequences, enum values are their
+// names without the enum's prefix, in any case. INVALID_ARGUMENT naming the
+// field (e.g. "model.hidden[1]: expected an integer") on unknown or duplicate
+// keys, wrong types, out-of-range numbers and YAML syntax errors. Applies no
+// defaults and validates nothing else.
+absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
+
+// Reads and parses a job file; NOT_FOUND if it cannot be read.
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Fills in defaults (mode sync, dataset fashion_mnist, data.dir, chunk_bytes,
+// Adam's betas and epsilon) and validates every field. Returns the complete
+// spec, or INVALID_ARGUMENT whose message starts with the field's path:
+// "optimizer.learning_rate: must be > 0".
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);
+
+// Requires a normalized spec.
+kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
+kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec);
+int64_t TrainSamplesOf(const v1::JobSpec& spec);
+// Global batches per epoch: floor(train samples / (workers * batch)).
+int64_t StepsPerEpoch(const v1::JobSpec& spec);
+// Steps every worker runs: spec.steps, or epochs * StepsPerEpoch.
+int64_t TotalSteps(const v1::JobSpec& spec);
+
+// Short lowercase names ("sync", "adam", "mlp") used in output and YAML.
+std::string ModeName(v1::Mode mode);
+std::string ModelTypeName(v1::ModelType type);
+std::string OptimizerTypeName(v1::OptimizerType type);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_JOB_SPEC_H_

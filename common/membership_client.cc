@@ -1,0 +1,130 @@
+#include "common/membership_client.h"
+
+#include <unistd.h>
+
+#include "common/rpc.h"
+#include "glog/logging.h"
+
+namespace pstrain {
+
+MembershipClient::MembershipClient(Options options, Callbacks callbacks)
+    : options_(std::move(options)),
+      callbacks_(std::move(callbacks)),
+      stub_(v1::Membership::NewStub(MakeChannel(options_.coordinator_address))),
+      interval_(options_.heartbeat_interval) {}
+
+MembershipClient::~MembershipClient() { Stop(); }
+
+void MembershipClient::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void MembershipClient::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string MembershipClient::node_id() const {
+  absl::MutexLock lock(&mu_);
+  return node_id_;
+}
+
+absl::Status MembershipClient::Register() {
+  v1::RegisterRequest request;
+  request.set_role(options_.role);
+  request.set_address(options_.address);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  request.set_hostname(host);
+  request.set_pid(getpid());
+  v1::RegisterResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, options_.rpc_timeout);
+  absl::Status status = FromGrpcStatus(stub_->Register(&context, request, &response));
+  if (!status.ok()) return status;
+  absl::MutexLock lock(&mu_);
+  node_id_ = response.node_id();
+  if (response.heartbeat_interval_ms() > 0) {
+    interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+  }
+  LOG(INFO) << "registered with coordinator " << options_.coordinator_address << " as "
+            << node_id_;
+  return absl::OkStatus();
+}
+
+absl::Status MembershipClient::Heartbeat() {
+  v1::HeartbeatRequest request;
+  request.set_node_id(node_id());
+  if (callbacks_.held_jobs) {
+    for (const std::string& job : callbacks_.held_jobs()) request.add_held_jobs(job);
+  }
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, options_.rpc_timeout);
+  absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
+  if (!status.ok()) return status;
+  if (callbacks_.on_heartbeat) callbacks_.on_heartbeat(response);
+  return absl::OkStatus();
+}
+
+void MembershipClient::Loop() {
+  absl::Time last_contact = absl::Now();
+  bool registered = false;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    absl::Status status = registered ? Heartbeat() : Register();
+    if (status.ok()) {
+      if (!registered) {
+        registered = true;
+        status = Heartbeat();  // the first assignments without waiting an interval
+      }
+    }
+    if (status.ok()) {
+      last_contact = absl::Now();
+      backoff = absl::Milliseconds(100);
+    } else {
+      if (status.code() == absl::StatusCode::kNotFound) {
+        LOG(WARNING) << "coordinator does not know this node; registering again";
+        registered = false;
+      } else {
+        LOG_EVERY_N(WARNING, 10) << "coordinator unreachable: " << status;
+      }
+      if (options_.coordinator_loss_timeout > absl::ZeroDuration() &&
+          absl::Now() - last_contact > options_.coordinator_loss_timeout) {
+        LOG(ERROR) << "no answer from the coordinator for "
+                   << absl::FormatDuration(options_.coordinator_loss_timeout);
+        if (callbacks_.on_coordinator_lost) callbacks_.on_coordinator_lost();
+        return;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    const absl::Duration wait = status.ok() ? interval_ : backoff;
+    if (!status.ok()) backoff = std::min(backoff * 2, interval_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
+  }
+}
+
+absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest request,
+                                                      absl::Duration patience) {
+  const absl::Time give_up = absl::Now() + patience;
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    request.set_node_id(node_id());
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, options_.rpc_timeout);
+    absl::Status status = FromGrpcStatus(stub_->ReportProgress(&context, request, &response));
+    if (status.ok()) return response.job_active();
+    if (status.code() == absl::StatusCode::kInvalidArgument || absl::Now() + backoff > give_up) {
+      return status;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff)) return status;
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+}  // namespace pstrain

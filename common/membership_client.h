@@ -1,0 +1,73 @@
+// A node's side of membership: register with the coordinator, heartbeat
+// under the lease, hand each heartbeat reply to the node, report progress.
+#ifndef PSTRAIN_COMMON_MEMBERSHIP_CLIENT_H_
+#define PSTRAIN_COMMON_MEMBERSHIP_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pstrain/v1/membership.grpc.pb.h"
+
+namespace pstrain {
+
+class MembershipClient {
+ public:
+  struct Options {
+    std::string coordinator_address;  // host:port
+    v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
+    std::string address;  // what the node serves on, if anything
+    // Used until the coordinator suggests its own interval at registration.
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    absl::Duration rpc_timeout = absl::Seconds(5);
+    // If positive: call on_coordinator_lost once the coordinator has not
+    // answered for this long. Zero: keep trying forever.
+    absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
+  };
+  struct Callbacks {
+    // The jobs the node holds or runs now (sent with every heartbeat).
+    std::function<std::vector<std::string>()> held_jobs;
+    // Every heartbeat reply, on the heartbeat thread.
+    std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
+    std::function<void()> on_coordinator_lost;
+  };
+
+  MembershipClient(Options options, Callbacks callbacks);
+  ~MembershipClient();  // Stop()
+
+  // Starts the heartbeat thread (which registers first).
+  void Start();
+  // Stops the thread; waits for it.
+  void Stop();
+
+  // Sends one progress report; retries until the coordinator answers or
+  // `patience` runs out. Returns whether the job is still active there.
+  absl::StatusOr<bool> ReportProgress(v1::ReportProgressRequest request, absl::Duration patience);
+
+  std::string node_id() const;
+
+ private:
+  void Loop();
+  absl::Status Register();
+  absl::Status Heartbeat();
+
+  const Options options_;
+  const Callbacks callbacks_;
+  std::unique_ptr<v1::Membership::Stub> stub_;
+  mutable absl::Mutex mu_;
+  std::string node_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_MEMBERSHIP_CLIENT_H_

@@ -1,0 +1,60 @@
+// Child processes and termination signals.
+#ifndef PSTRAIN_COMMON_PROCESS_H_
+#define PSTRAIN_COMMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pstrain {
+
+struct SpawnOptions {
+  // Program path and arguments; argv[0] is executed.
+  std::vector<std::string> argv;
+  // Where the child's stdout and stderr go; empty: inherited.
+  std::string log_path;
+  // The child gets SIGTERM when the spawning thread's process dies
+  // (PR_SET_PDEATHSIG), so no child outlives a parent killed with SIGKILL.
+  // Spawn from a thread that lives as long as the child should.
+  bool die_with_parent = true;
+};
+
+// fork + exec. INTERNAL if fork fails; a failing exec makes the child exit 127.
+absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
+
+// If `pid` has exited, reaps it and returns its wait status; otherwise nullopt.
+std::optional<int> TryReap(pid_t pid);
+
+// SIGTERM, then SIGKILL if the child has not exited after `grace`; reaps it
+// and returns its wait status.
+int StopProcess(pid_t pid, absl::Duration grace);
+
+// "exit 3", "killed by signal 9" for a wait status.
+std::string DescribeWaitStatus(int status);
+
+// Routes SIGINT and SIGTERM to a callback on a dedicated thread. Construct
+// in main() before any other thread starts, so that every thread inherits
+// the blocked mask; children spawned later get the default mask back.
+class TerminationSignals {
+ public:
+  // on_signal runs once, on the first signal, with its number; a second
+  // signal ends the process at once (exit status 128 + signal).
+  explicit TerminationSignals(std::function<void(int)> on_signal);
+  ~TerminationSignals();
+  TerminationSignals(const TerminationSignals&) = delete;
+  TerminationSignals& operator=(const TerminationSignals&) = delete;
+
+ private:
+  std::thread thread_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_PROCESS_H_

@@ -1,0 +1,172 @@
+// Dense classifier forward/backward with cblas_sgemm.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace pstrain::kernels {
+namespace {
+
+class CpuMlp final : public ModelKernels {
+ public:
+  CpuMlp(const ModelShape& shape, int max_batch)
+      : tensors_(ModelTensors(shape)), max_batch_(max_batch) {
+    widths_.push_back(shape.input_dim);
+    widths_.insert(widths_.end(), shape.hidden.begin(), shape.hidden.end());
+    widths_.push_back(shape.num_classes);
+    const int layers = num_layers();
+    activations_.resize(layers + 1);
+    for (int l = 1; l <= layers; ++l) {
+      activations_[l].resize(static_cast<size_t>(max_batch) * widths_[l]);
+    }
+    const int max_width = *std::max_element(widths_.begin() + 1, widths_.end());
+    delta_.resize(static_cast<size_t>(max_batch) * max_width);
+    delta_prev_.resize(static_cast<size_t>(max_batch) * max_width);
+  }
+
+  absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
+                               int batch, float grad_scale, float* grad,
+                               BatchStats* stats) override {
+    if (batch < 1 || batch > max_batch_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch ", batch, " outside [1, ", max_batch_, "]"));
+    }
+    if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;
+    Forward(params, x, batch);
+    const int layers = num_layers();
+    const int classes = widths_[layers];
+    // delta_ = d(loss)/d(logits), scaled.
+    SoftmaxCrossEntropy(activations_[layers].data(), labels, batch, classes, grad_scale,
+                        delta_.data(), stats);
+    for (int l = layers - 1; l >= 0; --l) {
+      const int in = widths_[l], out = widths_[l + 1];
+      const float* a_in = l == 0 ? x : activations_[l].data();
+      float* dw = grad + tensors_[2 * l].offset;
+      float* db = grad + tensors_[2 * l + 1].offset;
+      // dW = A_in^T * delta
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, a_in, in,
+                  delta_.data(), out, 0.0f, dw, out);
+      std::fill(db, db + out, 0.0f);
+      for (int i = 0; i < batch; ++i) {
+        const float* row = delta_.data() + static_cast<size_t>(i) * out;
+        for (int j = 0; j < out; ++j) db[j] += row[j];
+      }
+      if (l == 0) break;
+      // delta_prev = (delta * W^T) masked by ReLU'(z) == (a > 0).
+      const float* w = params + tensors_[2 * l].offset;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f,
+                  delta_.data(), out, w, out, 0.0f, delta_prev_.data(), in);
+      const float* a = activations_[l].data();
+      const size_t n = static_cast<size_t>(batch) * in;
+      for (size_t i = 0; i < n; ++i) {
+        if (a[i] <= 0.0f) delta_prev_[i] = 0.0f;
+      }
+      std::swap(delta_, delta_prev_);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Evaluate(const float* params, const float* x, const int32_t* labels,
+                        int64_t batch, BatchStats* stats) override {
+    const int layers = num_layers();
+    const int classes = widths_[layers];
+    for (int64_t start = 0; start < batch; start += max_batch_) {
+      const int n = static_cast<int>(std::min<int64_t>(max_batch_, batch - start));
+      if (absl::Status s = CheckLabels(labels + start, n); !s.ok()) return s;
+      Forward(params, x + start * widths_[0], n);
+      SoftmaxCrossEntropy(activations_[layers].data(), labels + start, n, classes,
+                          /*grad_scale=*/0.0f, /*dlogits=*/nullptr, stats);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int num_layers() const { return static_cast<int>(widths_.size()) - 1; }
+
+  absl::Status CheckLabels(const int32_t* labels, int batch) const {
+    const int classes = widths_.back();
+    for (int i = 0; i < batch; ++i) {
+      if (labels[i] < 0 || labels[i] >= classes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("label ", labels[i], " outside [0, ", classes, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // activations_[l+1] = ReLU(A_l W_l + b_l); the logits (last) have no ReLU.
+  void Forward(const float* params, const float* x, int batch) {
+    const int layers = num_layers();
+    for (int l = 0; l < layers; ++l) {
+      const int in = widths_[l], out = widths_[l + 1];
+      const float* a_in = l == 0 ? x : activations_[l].data();
+      const float* w = params + tensors_[2 * l].offset;
+      const float* b = params + tensors_[2 * l + 1].offset;
+      float* z = activations_[l + 1].data();
+      for (int i = 0; i < batch; ++i) std::copy(b, b + out, z + static_cast<size_t>(i) * out);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, a_in, in,
+                  w, out, 1.0f, z, out);
+      if (l + 1 < layers) {
+        const size_t n = static_cast<size_t>(batch) * out;
+        for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
+      }
+    }
+  }
+
+  // Adds loss and accuracy to stats; if dlogits is set, writes
+  // grad_scale * (softmax - onehot) there.
+  static void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch,
+                                  int classes, float grad_scale, float* dlogits,
+                                  BatchStats* stats) {
+    for (int i = 0; i < batch; ++i) {
+      const float* z = logits + static_cast<size_t>(i) * classes;
+      int argmax = 0;
+      for (int j = 1; j < classes; ++j) {
+        if (z[j] > z[argmax]) argmax = j;
+      }
+      const float zmax = z[argmax];
+      double sum = 0;
+      for (int j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
+      const int y = labels[i];
+      stats->loss_sum += std::log(sum) - static_cast<double>(z[y] - zmax);
+      if (argmax == y) ++stats->correct;
+      if (dlogits != nullptr) {
+        float* d = dlogits + static_cast<size_t>(i) * classes;
+        for (int j = 0; j < classes; ++j) {
+          const double p = std::exp(static_cast<double>(z[j] - zmax)) / sum;
+          d[j] = static_cast<float>((p - (j == y ? 1.0 : 0.0)) * grad_scale);
+        }
+      }
+    }
+  }
+
+  const std::vector<TensorDesc> tensors_;
+  const int max_batch_;
+  std::vector<int> widths_;
+  // activations_[0] is unused (the input is read in place).
+  std::vector<std::vector<float>> activations_;
+  std::vector<float> delta_;
+  std::vector<float> delta_prev_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(const ModelShape& shape,
+                                                                     int max_batch) {
+  if (shape.input_dim < 1 || shape.num_classes < 2) {
+    return absl::InvalidArgumentError("model needs input_dim >= 1 and num_classes >= 2");
+  }
+  for (int width : shape.hidden) {
+    if (width < 1) return absl::InvalidArgumentError("hidden widths must be >= 1");
+  }
+  if (max_batch < 1) return absl::InvalidArgumentError("max_batch must be >= 1");
+  return std::make_unique<CpuMlp>(shape, max_batch);
+}
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+
+}  // namespace pstrain::kernels

@@ -1,0 +1,106 @@
+// The math of pstrain's built-in models, behind interfaces with one
+// implementation per device kind (cpu/ now; cuda/ slots in beside it).
+// Nothing here knows about gRPC, protobuf or the rest of pstrain.
+#ifndef PSTRAIN_KERNELS_MODEL_H_
+#define PSTRAIN_KERNELS_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pstrain::kernels {
+
+// A dense classifier: input -> hidden[0] -> ... -> num_classes, with ReLU
+// after every hidden layer and softmax cross-entropy on the logits. No
+// hidden layers is softmax regression.
+struct ModelShape {
+  int input_dim = 0;
+  std::vector<int> hidden;
+  int num_classes = 0;
+};
+
+// One tensor in the flat parameter space.
+struct TensorDesc {
+  std::string name;            // "layer0.weight", "layer0.bias", ...
+  std::vector<int64_t> shape;  // weight: {in, out} row-major; bias: {out}
+  int64_t offset = 0;          // first float in the flat space
+  int64_t size = 0;            // floats
+  int64_t fan_in = 0;          // inputs of the layer it belongs to
+  bool is_bias = false;
+};
+
+// The model's tensors in flat-space order: layer l's weight, then its bias.
+std::vector<TensorDesc> ModelTensors(const ModelShape& shape);
+int64_t NumParams(const ModelShape& shape);
+
+// Writes the initial values of flat floats [begin, end) to out[0, end-begin):
+// He-uniform weights, zero biases. Each value depends only on (seed, tensor,
+// element), so any range can be initialised independently and identically
+// on any process.
+void InitParams(const ModelShape& shape, uint64_t seed, int64_t begin, int64_t end,
+                float* out);
+
+// Totals over the samples of one call.
+struct BatchStats {
+  double loss_sum = 0;  // sum of per-sample cross-entropy losses
+  int64_t correct = 0;  // samples whose arg-max logit is the label
+};
+
+// Forward and backward passes of one model on one device.
+// Not thread-safe: one instance per device (thread).
+class ModelKernels {
+ public:
+  virtual ~ModelKernels() = default;
+
+  // Writes grad = grad_scale * d(sum of the batch's losses)/d(params) over
+  // all NumParams floats (overwriting grad) and adds the batch to *stats.
+  // x: batch rows of input_dim floats; labels in [0, num_classes).
+  // INVALID_ARGUMENT if batch exceeds the max_batch given at creation or a
+  // label is out of range.
+  virtual absl::Status ForwardBackward(const float* params, const float* x,
+                                       const int32_t* labels, int batch,
+                                       float grad_scale, float* grad,
+                                       BatchStats* stats) = 0;
+
+  // Forward only, any batch size (processed in pieces of max_batch).
+  virtual absl::Status Evaluate(const float* params, const float* x,
+                                const int32_t* labels, int64_t batch,
+                                BatchStats* stats) = 0;
+};
+
+// Plain configuration of an optimizer; see OptimizerSpec in job.proto.
+struct OptimizerConfig {
+  enum class Type { kSgd, kAdam, kAdagrad };
+  Type type = Type::kSgd;
+  float learning_rate = 0.01f;
+  float momentum = 0;  // SGD
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0;
+};
+
+// An optimizer update rule applied to any range of parameters. Element-wise,
+// so applying it chunk by chunk equals applying it to the whole model.
+// Thread-safe (const); callers own params and state.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // Floats of optimizer state per parameter (momentum, Adam's m and v, ...),
+  // laid out as StateFloatsPerParam() arrays of n floats, zero-initialised.
+  virtual int StateFloatsPerParam() const = 0;
+
+  // One update of n parameters with gradient grad. update_count is the
+  // 1-based number of this update (Adam's bias correction).
+  virtual void Apply(float* params, const float* grad, float* state, int64_t n,
+                     int64_t update_count) const = 0;
+};
+
+}  // namespace pstrain::kernels
+
+#endif  // PSTRAIN_KERNELS_MODEL_H_

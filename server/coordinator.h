@@ -1,0 +1,44 @@
+// The coordinator: the control API (submit, get, list, watch, cancel jobs)
+// and membership (register, heartbeat, progress). It schedules jobs onto the
+// registered servers and workers, computes their partition plans, follows
+// their progress and fails the jobs of nodes that miss their lease.
+#ifndef PSTRAIN_SERVER_COORDINATOR_H_
+#define PSTRAIN_SERVER_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "pstrain/v1/control.pb.h"
+
+namespace pstrain::server {
+
+class Coordinator {
+ public:
+  struct Options {
+    // Address to listen on; port 0 picks a free port (see address()).
+    std::string listen_address = "127.0.0.1:0";
+    // A node that has not heartbeat for this long is lost, and so are its jobs.
+    absl::Duration lease = absl::Seconds(10);
+    // The heartbeat interval suggested to nodes.
+    absl::Duration heartbeat_interval = absl::Milliseconds(500);
+    // Events kept per job for watchers that fall behind.
+    int max_queued_events = 10000;
+  };
+
+  // Starts serving. UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
+  virtual ~Coordinator() = default;
+
+  // host:port actually bound.
+  virtual std::string address() const = 0;
+
+  // Ends every watch, stops the gRPC server (calls still running after
+  // `grace` are cancelled) and the lease checker. Idempotent.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_COORDINATOR_H_

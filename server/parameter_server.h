@@ -1,0 +1,49 @@
+// A parameter-server process: the shard store behind the parameter service,
+// and membership with the coordinator, which says which jobs to hold.
+#ifndef PSTRAIN_SERVER_PARAMETER_SERVER_H_
+#define PSTRAIN_SERVER_PARAMETER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/shard_store.h"
+
+namespace pstrain::server {
+
+class ParameterServer {
+ public:
+  struct Options {
+    // Address to listen on; port 0 picks a free port (see address()).
+    std::string listen_address = "127.0.0.1:0";
+    // Coordinator host:port. Empty: no membership; jobs are added through
+    // store() directly (tests).
+    std::string coordinator_address;
+    // Exit (Wait() returns) when the coordinator has not answered for this
+    // long; zero: never.
+    absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
+    ShardStore::Options store;
+  };
+
+  // Starts serving and, with a coordinator, registering and heartbeating.
+  // UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Options options);
+  virtual ~ParameterServer() = default;
+
+  // host:port actually bound, as registered with the coordinator.
+  virtual std::string address() const = 0;
+  virtual ShardStore& store() = 0;
+
+  // Makes Wait() return. Thread-safe, async-signal context excluded.
+  virtual void RequestStop() = 0;
+  // Blocks until RequestStop() or the loss of the coordinator.
+  virtual void Wait() = 0;
+  // Stops heartbeats, ends every open wait, and stops the gRPC server
+  // (calls still running after `grace` are cancelled). Idempotent.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_PARAMETER_SERVER_H_

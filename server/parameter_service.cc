@@ -1,0 +1,247 @@
+#include "server/parameter_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace pstrain::server {
+namespace {
+
+enum class Method { kPush, kPull, kPushPull };
+
+class ChunkStream;
+
+// The part of a stream that the store may call into after the reactor is
+// gone: owned jointly by the reactor and by the store's waits.
+class StreamState final : public ChunkWaiter {
+ public:
+  explicit StreamState(ChunkStream* reactor) : reactor_(reactor) {}
+
+  void OnValues(const v1::ChunkHeader& request, int64_t version, const float* values,
+                int64_t num_values) override {
+    v1::ChunkHeader reply;
+    reply.set_kind(v1::FRAME_KIND_VALUES);
+    reply.set_job_id(request.job_id());
+    reply.set_worker(request.worker());
+    reply.set_step(request.step());
+    reply.set_chunk(request.chunk());
+    reply.set_version(version);
+    reply.set_dtype(v1::DTYPE_F32);
+    reply.set_num_elements(static_cast<uint32_t>(num_values));
+    Reply(EncodeFrame(reply, values));
+  }
+  void OnAbort(const absl::Status& status) override { Fail(status); }
+  bool Abandoned() const override {
+    absl::MutexLock lock(&mu_);
+    return reactor_ == nullptr || !error_.ok();
+  }
+
+  // Called for every request accepted: it owes one reply.
+  void ExpectReply() {
+    absl::MutexLock lock(&mu_);
+    ++replies_owed_;
+  }
+  void Reply(grpc::ByteBuffer frame);
+  void Fail(const absl::Status& status);
+  void ReadsDone();
+  void WriteDone(bool ok);
+  // True if the stream should read on.
+  bool Healthy() const {
+    absl::MutexLock lock(&mu_);
+    return error_.ok() && !finishing_;
+  }
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  // Decides, under mu_, whether to finish now; the caller finishes outside.
+  bool ShouldFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finishing_ || writing_ || reactor_ == nullptr) return false;
+    if (!error_.ok() || (reads_done_ && replies_owed_ == 0)) {
+      finishing_ = true;
+      return true;
+    }
+    return false;
+  }
+  void FinishNow();
+
+  mutable absl::Mutex mu_;
+  ChunkStream* reactor_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t replies_owed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+class ChunkStream final : public grpc::ServerGenericBidiReactor {
+ public:
+  ChunkStream(ShardStore* store, Method method)
+      : store_(store), method_(method), state_(std::make_shared<StreamState>(this)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      state_->ReadsDone();
+      return;
+    }
+    if (absl::Status s = Handle(); !s.ok()) {
+      state_->Fail(s);
+      return;
+    }
+    if (state_->Healthy()) StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+
+  void OnCancel() override { state_->Fail(absl::CancelledError("stream cancelled")); }
+
+  void OnDone() override {
+    state_->Detach();
+    delete this;
+  }
+
+ private:
+  absl::Status Handle() {
+    absl::StatusOr<Frame> frame = Frame::Parse(request_);
+    if (!frame.ok()) return frame.status();
+    const v1::FrameKind kind = frame->header().kind();
+    const v1::FrameKind expected = method_ == Method::kPull ? v1::FRAME_KIND_PULL
+                                                            : v1::FRAME_KIND_PUSH;
+    if (kind != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
+    }
+    state_->ExpectReply();
+    absl::Status status;
+    switch (method_) {
+      case Method::kPush:
+        status = store_->Push(*frame, nullptr);
+        if (status.ok()) {
+          v1::ChunkHeader ack = frame->header();
+          ack.set_kind(v1::FRAME_KIND_ACK);
+          ack.set_num_elements(0);
+          state_->Reply(EncodeFrame(ack, nullptr));
+        }
+        break;
+      case Method::kPushPull:
+        status = store_->Push(*frame, state_);
+        break;
+      case Method::kPull:
+        status = store_->Pull(frame->header(), state_);
+        break;
+    }
+    return status;
+  }
+
+  ShardStore* const store_;
+  const Method method_;
+  const std::shared_ptr<StreamState> state_;
+  grpc::ByteBuffer request_;
+  friend class StreamState;
+};
+
+void StreamState::Reply(grpc::ByteBuffer frame) {
+  ChunkStream* reactor = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finishing_) return;
+    --replies_owed_;
+    queue_.push_back(std::move(frame));
+    if (writing_) return;
+    writing_ = true;
+    reactor = reactor_;
+    next = &queue_.front();  // deque keeps element addresses on push_back
+  }
+  reactor->StartWrite(next);
+}
+
+void StreamState::WriteDone(bool ok) {
+  ChunkStream* reactor = nullptr;
+  const grpc::ByteBuffer* next = nullptr;
+  bool finish = false;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+    if (!ok && error_.ok()) error_ = absl::CancelledError("write failed: stream broken");
+    if (ok && !queue_.empty() && error_.ok()) {
+      reactor = reactor_;
+      next = &queue_.front();
+    } else {
+      writing_ = false;
+      finish = ShouldFinish();
+    }
+  }
+  if (next != nullptr) {
+    reactor->StartWrite(next);
+  } else if (finish) {
+    FinishNow();
+  }
+}
+
+void StreamState::Fail(const absl::Status& status) {
+  bool finish;
+  {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = status;
+    finish = ShouldFinish();
+  }
+  if (finish) FinishNow();
+}
+
+void StreamState::ReadsDone() {
+  bool finish;
+  {
+    absl::MutexLock lock(&mu_);
+    reads_done_ = true;
+    finish = ShouldFinish();
+  }
+  if (finish) FinishNow();
+}
+
+void StreamState::FinishNow() {
+  ChunkStream* reactor;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    reactor = reactor_;
+    status = error_;
+  }
+  // finishing_ is set: the reactor cannot be finished twice, and OnDone, which
+  // clears reactor_, cannot run before this Finish.
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
+    grpc::GenericCallbackServerContext* ctx) {
+  Method method;
+  if (ctx->method() == kPushPullMethod) {
+    method = Method::kPushPull;
+  } else if (ctx->method() == kPushMethod) {
+    method = Method::kPush;
+  } else if (ctx->method() == kPullMethod) {
+    method = Method::kPull;
+  } else {
+    class Unknown final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Unknown(const std::string& method) {
+        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            absl::StrCat("unknown method ", method)));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Unknown(ctx->method());
+  }
+  return new ChunkStream(store_, method);
+}
+
+}  // namespace pstrain::server

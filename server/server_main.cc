@@ -1,0 +1,53 @@
+// pstrain-server: a parameter server.
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "common/init.h"
+#include "common/process.h"
+#include "glog/logging.h"
+#include "server/parameter_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port for the parameter service; port 0 picks a free port");
+ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
+ABSL_FLAG(std::string, address_file, "",
+          "if set, write the bound host:port to this file once serving");
+ABSL_FLAG(int, coordinator_loss_exit_s, 0,
+          "exit when the coordinator has not answered for this many seconds; 0: never");
+
+int main(int argc, char** argv) {
+  pstrain::InitMain(argc, argv, "pstrain-server --coordinator=host:port [flags]");
+  pstrain::server::ParameterServer::Options options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
+  if (options.coordinator_address.empty()) {
+    std::cerr << "pstrain-server: --coordinator is required\n";
+    return 2;
+  }
+  pstrain::server::ParameterServer* running = nullptr;
+  absl::Mutex mu;
+  bool stop = false;
+  pstrain::TerminationSignals signals([&](int signo) {
+    LOG(INFO) << "signal " << signo << ": shutting down";
+    absl::MutexLock lock(&mu);
+    stop = true;
+    if (running != nullptr) running->RequestStop();
+  });
+  auto server = pstrain::server::ParameterServer::Create(options);
+  if (!server.ok()) {
+    std::cerr << "pstrain-server: " << server.status() << "\n";
+    return 1;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    running = server->get();
+    if (stop) running->RequestStop();
+  }
+  pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*server)->address());
+  (*server)->Wait();
+  (*server)->Shutdown(absl::Seconds(2));
+  absl::MutexLock lock(&mu);
+  running = nullptr;
+  return 0;
+}

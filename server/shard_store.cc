@@ -1,0 +1,281 @@
+#include "server/shard_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace pstrain::server {
+
+namespace {
+
+struct Waiting {
+  v1::ChunkHeader request;
+  int64_t min_version = 0;
+  std::shared_ptr<ChunkWaiter> waiter;
+};
+
+}  // namespace
+
+struct ShardStore::Chunk {
+  absl::Mutex mu;
+  int64_t size = 0;  // floats
+  int64_t version ABSL_GUARDED_BY(mu) = 0;  // updates applied
+  std::vector<float> values ABSL_GUARDED_BY(mu);
+  std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
+  // Sync: the pushes of step `version`, by worker.
+  std::vector<std::vector<float>> pushed ABSL_GUARDED_BY(mu);
+  std::vector<bool> received ABSL_GUARDED_BY(mu);
+  int received_count ABSL_GUARDED_BY(mu) = 0;
+  std::vector<float> sum ABSL_GUARDED_BY(mu);
+  // Async: the last step applied per worker (-1: none), for retries.
+  std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  std::vector<Waiting> waiting ABSL_GUARDED_BY(mu);
+};
+
+struct ShardStore::Job {
+  std::string id;
+  v1::Mode mode = v1::MODE_SYNC;
+  uint32_t num_workers = 0;
+  std::unique_ptr<kernels::Optimizer> optimizer;
+  // By chunk id; null for chunks owned by other servers.
+  std::vector<std::unique_ptr<Chunk>> chunks;
+};
+
+namespace {
+
+// Answers every wait the chunk's version satisfies; drops abandoned ones.
+void AnswerWaits(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  std::vector<Waiting> still;
+  for (Waiting& w : chunk.waiting) {
+    if (w.waiter->Abandoned()) continue;
+    if (chunk.version >= w.min_version) {
+      w.waiter->OnValues(w.request, chunk.version, chunk.values.data(), chunk.size);
+    } else {
+      still.push_back(std::move(w));
+    }
+  }
+  chunk.waiting = std::move(still);
+}
+
+void Wait(ShardStore::Chunk& chunk, const v1::ChunkHeader& request, int64_t min_version,
+          std::shared_ptr<ChunkWaiter> waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (waiter == nullptr) return;
+  chunk.waiting.push_back(Waiting{request, min_version, std::move(waiter)});
+  AnswerWaits(chunk);
+}
+
+}  // namespace
+
+ShardStore::ShardStore(Options options) : options_(options) {}
+
+ShardStore::~ShardStore() { Shutdown(); }
+
+absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
+  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(a.spec()));
+  const v1::PartitionPlan& plan = a.plan();
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  if (plan.total_floats() != kernels::NumParams(shape)) {
+    return absl::InvalidArgumentError("plan does not match the model");
+  }
+  if (a.server_index() >= plan.num_servers()) {
+    return absl::InvalidArgumentError("server_index outside the plan");
+  }
+  if (a.num_workers() < 1) return absl::InvalidArgumentError("num_workers must be >= 1");
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
+                           kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));
+
+  auto job = std::make_shared<Job>();
+  job->id = a.job_id();
+  job->mode = spec.mode();
+  job->num_workers = a.num_workers();
+  job->chunks.resize(plan.chunks_size());
+  for (const v1::ChunkInfo& info : plan.chunks()) {
+    if (info.server() != a.server_index()) continue;
+    if (info.offset() < 0 || info.size() < 1 || info.offset() + info.size() > plan.total_floats() ||
+        info.size() * 4 > plan.chunk_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan chunk ", info.id(), " is malformed"));
+    }
+    auto chunk = std::make_unique<Chunk>();
+    absl::MutexLock lock(&chunk->mu);
+    chunk->size = info.size();
+    chunk->values.resize(info.size());
+    kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
+                        chunk->values.data());
+    chunk->optimizer_state.assign(
+        static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
+    if (job->mode == v1::MODE_SYNC) {
+      chunk->pushed.assign(job->num_workers, std::vector<float>(info.size()));
+      chunk->received.assign(job->num_workers, false);
+      chunk->sum.resize(info.size());
+    } else {
+      chunk->last_step.assign(job->num_workers, -1);
+      chunk->sum.resize(info.size());
+    }
+    job->chunks[info.id()] = std::move(chunk);
+  }
+  job->optimizer = std::move(optimizer);
+
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("server is shutting down");
+  if (!jobs_.emplace(job->id, job).second) {
+    return absl::AlreadyExistsError(absl::StrCat("job ", job->id, " is already held"));
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::RemoveJob(const std::string& job_id) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  const absl::Status aborted = absl::AbortedError(absl::StrCat("job ", job_id, " was removed"));
+  for (auto& chunk : job->chunks) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    for (Waiting& w : chunk->waiting) w.waiter->OnAbort(aborted);
+    chunk->waiting.clear();
+  }
+}
+
+std::vector<std::string> ShardStore::JobIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  return ids;
+}
+
+void ShardStore::Shutdown() {
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    jobs.swap(jobs_);
+  }
+  const absl::Status unavailable = absl::UnavailableError("parameter server is shutting down");
+  for (auto& [id, job] : jobs) {
+    for (auto& chunk : job->chunks) {
+      if (chunk == nullptr) continue;
+      absl::MutexLock lock(&chunk->mu);
+      for (Waiting& w : chunk->waiting) w.waiter->OnAbort(unavailable);
+      chunk->waiting.clear();
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ShardStore::Job>> ShardStore::FindJob(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not held by this server"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<ShardStore::Chunk*> ShardStore::FindChunk(const Job& job,
+                                                         const v1::ChunkHeader& h) const {
+  if (h.chunk() >= job.chunks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown chunk ", h.chunk(), " (the plan has ",
+                                                   job.chunks.size(), ")"));
+  }
+  Chunk* chunk = job.chunks[h.chunk()].get();
+  if (chunk == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", h.chunk(), " is not held by this server"));
+  }
+  return chunk;
+}
+
+absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter) {
+  const v1::ChunkHeader& h = frame.header();
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
+  if (h.dtype() != v1::DTYPE_F32) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": unsupported dtype"));
+  }
+  if (static_cast<int64_t>(h.num_elements()) != chunk->size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
+                                                   " values, push has ", h.num_elements()));
+  }
+  if (h.worker() >= job->num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", h.worker(), " outside [0, ", job->num_workers, ")"));
+  }
+  if (h.step() < 0) return absl::InvalidArgumentError("negative step");
+
+  absl::MutexLock lock(&chunk->mu);
+  if (job->mode == v1::MODE_SYNC) {
+    if (h.step() > chunk->version) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push for step ",
+                                                     h.step(), " is ahead of version ",
+                                                     chunk->version));
+    }
+    if (h.step() == chunk->version && !chunk->received[h.worker()]) {
+      frame.CopyPayloadTo(chunk->pushed[h.worker()].data());
+      chunk->received[h.worker()] = true;
+      if (++chunk->received_count == static_cast<int>(job->num_workers)) {
+        // Sum in worker order so that every run adds the same floats the same way.
+        std::vector<float>& sum = chunk->sum;
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (uint32_t w = 0; w < job->num_workers; ++w) {
+          if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
+          const float* g = chunk->pushed[w].data();
+          for (int64_t i = 0; i < chunk->size; ++i) sum[i] += g[i];
+        }
+        job->optimizer->Apply(chunk->values.data(), sum.data(), chunk->optimizer_state.data(),
+                              chunk->size, chunk->version + 1);
+        ++chunk->version;
+        std::fill(chunk->received.begin(), chunk->received.end(), false);
+        chunk->received_count = 0;
+      }
+    }
+    // Older steps are retries of pushes already applied: answered, not summed.
+    Wait(*chunk, h, h.step() + 1, std::move(waiter));
+    return absl::OkStatus();
+  }
+
+  // Async.
+  if (h.version() > chunk->version) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push based on version ",
+                                                   h.version(), " is ahead of version ",
+                                                   chunk->version));
+  }
+  if (h.step() > chunk->last_step[h.worker()]) {
+    frame.CopyPayloadTo(chunk->sum.data());
+    job->optimizer->Apply(chunk->values.data(), chunk->sum.data(), chunk->optimizer_state.data(),
+                          chunk->size, chunk->version + 1);
+    ++chunk->version;
+    chunk->last_step[h.worker()] = h.step();
+  }
+  Wait(*chunk, h, /*min_version=*/0, std::move(waiter));
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWaiter> waiter) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
+  if (h.version() < 0) return absl::InvalidArgumentError("negative version");
+  absl::MutexLock lock(&chunk->mu);
+  Wait(*chunk, h, h.version(), std::move(waiter));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::string& job_id,
+                                                                uint32_t chunk_id) const {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  v1::ChunkHeader h;
+  h.set_chunk(chunk_id);
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
+  absl::MutexLock lock(&chunk->mu);
+  return ChunkSnapshot{chunk->version, chunk->values};
+}
+
+}  // namespace pstrain::server

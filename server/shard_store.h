@@ -1,0 +1,100 @@
+// The state of one parameter server: for every job it holds, the chunks it
+// owns, their optimizer state, and the pushes of the open step. No gRPC here:
+// the parameter service (parameter_service.h) feeds it frames.
+#ifndef PSTRAIN_SERVER_SHARD_STORE_H_
+#define PSTRAIN_SERVER_SHARD_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/chunk_codec.h"
+#include "kernels/model.h"
+#include "pstrain/v1/membership.pb.h"
+#include "pstrain/v1/parameters.pb.h"
+
+namespace pstrain::server {
+
+// Receives the values a push or pull asked for. Implemented by each stream.
+class ChunkWaiter {
+ public:
+  virtual ~ChunkWaiter() = default;
+  // The values of chunk `request.chunk()` at `version`. Called with the
+  // chunk's lock held, from whichever thread completed the step: copy the
+  // values, do not block, do not call back into the store.
+  virtual void OnValues(const v1::ChunkHeader& request, int64_t version, const float* values,
+                        int64_t num_values) = 0;
+  // The wait can never be answered (job removed, server shutting down).
+  virtual void OnAbort(const absl::Status& status) = 0;
+  // True once the stream is gone; lets the store drop its waits early.
+  virtual bool Abandoned() const = 0;
+};
+
+class ShardStore {
+ public:
+  struct Options {
+    // Mutation testing only: in sync mode, leave this worker's gradient out of
+    // every sum. -1 (the default) sums every worker.
+    int ignore_worker_for_testing = -1;
+  };
+
+  explicit ShardStore(Options options);
+  ~ShardStore();
+
+  // Starts holding `assignment.job_id`: allocates and initialises the chunks
+  // of the plan owned by assignment.server_index. ALREADY_EXISTS if held;
+  // INVALID_ARGUMENT on an inconsistent spec or plan.
+  absl::Status AddJob(const v1::ServerAssignment& assignment);
+
+  // Drops a job and its memory; its open waits end with ABORTED.
+  void RemoveJob(const std::string& job_id);
+
+  std::vector<std::string> JobIds() const;
+
+  // A PUSH frame. Sync: the gradient joins step `step` of the chunk (a
+  // repeated push of the same worker and step is not summed again); when all
+  // workers have pushed, their gradients are summed in worker order and the
+  // optimizer runs once. Async: the gradient is applied at once (a repeated
+  // push is applied once). If waiter is set it gets the values of version
+  // step+1 (sync) or the values right after this push (async).
+  // Errors, with nothing changed: NOT_FOUND for a job not held;
+  // INVALID_ARGUMENT for a chunk not held, a wrong size or dtype, a worker
+  // out of range, or a step (version) ahead of the chunk.
+  absl::Status Push(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter);
+
+  // A PULL: the waiter gets the chunk's values once its version reaches
+  // header.version(). Errors as for Push.
+  absl::Status Pull(const v1::ChunkHeader& header, std::shared_ptr<ChunkWaiter> waiter);
+
+  // Ends every open wait with UNAVAILABLE and rejects later requests.
+  void Shutdown();
+
+  // A copy of a chunk's version and values (tests, export).
+  struct ChunkSnapshot {
+    int64_t version = 0;
+    std::vector<float> values;
+  };
+  absl::StatusOr<ChunkSnapshot> ReadChunk(const std::string& job_id, uint32_t chunk) const;
+
+  // Defined in the .cc file.
+  struct Chunk;
+  struct Job;
+
+ private:
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  absl::StatusOr<Chunk*> FindChunk(const Job& job, const v1::ChunkHeader& header) const;
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_SHARD_STORE_H_

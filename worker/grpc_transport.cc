@@ -1,0 +1,138 @@
+#include <set>
+
+#include "absl/synchronization/mutex.h"
+#include "common/rpc.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "common/chunk_codec.h"
+#include "worker/transport.h"
+
+namespace pstrain::worker {
+namespace {
+
+const char* MethodName(ParameterMethod method) {
+  switch (method) {
+    case ParameterMethod::kPush:
+      return kPushMethod;
+    case ParameterMethod::kPull:
+      return kPullMethod;
+    case ParameterMethod::kPushPull:
+      return kPushPullMethod;
+  }
+  return "";
+}
+
+class GrpcTransport;
+
+class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ExchangeCall(GrpcTransport* transport, std::vector<grpc::ByteBuffer> requests,
+               ParameterTransport::ReplyFn on_reply, ParameterTransport::DoneFn on_done)
+      : transport_(transport),
+        requests_(std::move(requests)),
+        on_reply_(std::move(on_reply)),
+        on_done_(std::move(on_done)) {}
+
+  grpc::ClientContext* context() { return &context_; }
+
+  void Start(grpc::GenericStub* stub, const char* method) {
+    stub->PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
+    StartRead(&reply_);
+    if (requests_.empty()) {
+      StartWritesDone();
+    } else {
+      StartWrite(&requests_[0]);
+    }
+    StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the call is failing; OnDone reports why
+    if (++next_ < requests_.size()) {
+      StartWrite(&requests_[next_]);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    on_reply_(reply_);
+    StartRead(&reply_);
+  }
+
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  GrpcTransport* const transport_;
+  grpc::ClientContext context_;
+  std::vector<grpc::ByteBuffer> requests_;
+  size_t next_ = 0;
+  grpc::ByteBuffer reply_;
+  ParameterTransport::ReplyFn on_reply_;
+  ParameterTransport::DoneFn on_done_;
+};
+
+class GrpcTransport final : public ParameterTransport {
+ public:
+  explicit GrpcTransport(const std::vector<std::string>& addresses) {
+    for (const std::string& address : addresses) {
+      stubs_.push_back(std::make_unique<grpc::GenericStub>(MakeChannel(address)));
+    }
+  }
+
+  ~GrpcTransport() override {
+    CancelAll();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::set<ExchangeCall*>* calls) { return calls->empty(); }, &calls_));
+  }
+
+  int num_servers() const override { return static_cast<int>(stubs_.size()); }
+
+  void StartExchange(int server, ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
+                     absl::Time deadline, ReplyFn on_reply, DoneFn on_done) override {
+    auto* call = new ExchangeCall(this, std::move(requests), std::move(on_reply),
+                                  std::move(on_done));
+    call->context()->set_deadline(absl::ToChronoTime(deadline));
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.insert(call);
+      if (cancelled_) call->context()->TryCancel();
+    }
+    call->Start(stubs_[server].get(), MethodName(method));
+  }
+
+  void CancelAll() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (ExchangeCall* call : calls_) call->context()->TryCancel();
+  }
+
+  void Forget(ExchangeCall* call) {
+    absl::MutexLock lock(&mu_);
+    calls_.erase(call);
+  }
+
+ private:
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  absl::Mutex mu_;
+  std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void ExchangeCall::OnDone(const grpc::Status& status) {
+  on_done_(FromGrpcStatus(status));
+  // After Forget the transport may be destroyed; nothing below touches it.
+  transport_->Forget(this);
+  delete this;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
+    const std::vector<std::string>& server_addresses) {
+  if (server_addresses.empty()) return absl::InvalidArgumentError("no server addresses");
+  return std::make_unique<GrpcTransport>(server_addresses);
+}
+
+}  // namespace pstrain::worker

@@ -1,0 +1,41 @@
+#include "worker/in_process.h"
+
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace pstrain::worker {
+
+absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, int64_t steps,
+                                                  const Dataset& train) {
+  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(job_spec));
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  const int batch = spec.num_workers() * spec.batch_size();
+  const int64_t steps_per_epoch = StepsPerEpoch(spec);
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ModelKernels> model,
+                           kernels::CreateCpuModelKernels(shape, batch));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
+                           kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));
+  const int64_t n = kernels::NumParams(shape);
+  std::vector<float> params(n), grad(n);
+  std::vector<float> state(static_cast<size_t>(optimizer->StateFloatsPerParam()) * n, 0.0f);
+  kernels::InitParams(shape, spec.seed(), 0, n, params.data());
+  std::vector<float> x(static_cast<size_t>(batch) * train.input_dim);
+  std::vector<int32_t> y(batch);
+  std::vector<int64_t> order;
+  int64_t epoch = -1;
+  for (int64_t step = 0; step < steps; ++step) {
+    if (step / steps_per_epoch != epoch) {
+      epoch = step / steps_per_epoch;
+      order = EpochOrder(spec.seed(), epoch, train.num_samples);
+    }
+    train.Gather(order.data() + (step % steps_per_epoch) * batch, batch, x.data(), y.data());
+    kernels::BatchStats stats;
+    PSTRAIN_RETURN_IF_ERROR(model->ForwardBackward(params.data(), x.data(), y.data(), batch,
+                                                   1.0f / batch, grad.data(), &stats));
+    optimizer->Apply(params.data(), grad.data(), state.data(), n, step + 1);
+  }
+  return params;
+}
+
+}  // namespace pstrain::worker

@@ -1,0 +1,203 @@
+#include "worker/parameter_client.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunk_codec.h"
+#include "glog/logging.h"
+
+namespace pstrain::worker {
+namespace {
+
+bool Retryable(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kNotFound:  // the server has not loaded the job yet
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
+    : options_(std::move(options)),
+      transport_(transport),
+      chunk_versions_(options_.plan.chunks_size(), -1) {}
+
+ParameterClient::Stats ParameterClient::stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+void ParameterClient::Cancel() {
+  cancelled_ = true;
+  transport_->CancelAll();
+}
+
+absl::Status ParameterClient::PullAll(int64_t min_version, float* params) {
+  std::vector<uint32_t> chunks(options_.plan.chunks_size());
+  std::iota(chunks.begin(), chunks.end(), 0);
+  auto make_request = [&](uint32_t c) {
+    v1::ChunkHeader h;
+    h.set_kind(v1::FRAME_KIND_PULL);
+    h.set_job_id(options_.job_id);
+    h.set_worker(options_.worker);
+    h.set_chunk(c);
+    h.set_version(min_version);
+    h.set_dtype(v1::DTYPE_F32);
+    return EncodeFrame(h, nullptr);
+  };
+  return Exchange(ParameterMethod::kPull, std::move(chunks), make_request, min_version, params);
+}
+
+absl::Status ParameterClient::PushPull(int64_t step,
+                                       const std::shared_ptr<std::vector<float>>& grad,
+                                       float* params) {
+  std::vector<uint32_t> chunks(options_.plan.chunks_size());
+  std::iota(chunks.begin(), chunks.end(), 0);
+  const bool sync = options_.mode == v1::MODE_SYNC;
+  auto make_request = [&](uint32_t c) {
+    const v1::ChunkInfo& info = options_.plan.chunks(c);
+    v1::ChunkHeader h;
+    h.set_kind(v1::FRAME_KIND_PUSH);
+    h.set_job_id(options_.job_id);
+    h.set_worker(options_.worker);
+    h.set_step(step);
+    h.set_chunk(c);
+    h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
+    h.set_dtype(v1::DTYPE_F32);
+    h.set_num_elements(static_cast<uint32_t>(info.size()));
+    return EncodeFrameShared(h, grad->data() + info.offset(), grad);
+  };
+  {
+    absl::MutexLock lock(&stats_mu_);
+    stats_.bytes_pushed += options_.plan.total_floats() * 4;
+  }
+  // Sync: exactly version step+1. Async: whatever the server has now.
+  return Exchange(ParameterMethod::kPushPull, std::move(chunks), make_request,
+                  sync ? step + 1 : 0, params);
+}
+
+absl::Status ParameterClient::Exchange(
+    ParameterMethod method, std::vector<uint32_t> pending,
+    const std::function<grpc::ByteBuffer(uint32_t)>& make_request, int64_t min_version,
+    float* params) {
+  const v1::PartitionPlan& plan = options_.plan;
+  const int num_servers = transport_->num_servers();
+  absl::Duration backoff = options_.initial_backoff;
+  absl::Time give_up = absl::Now() + options_.retry_window;
+
+  while (!pending.empty()) {
+    if (cancelled_) return absl::CancelledError("parameter client cancelled");
+    std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers);
+    for (uint32_t c : pending) requests[plan.chunks(c).server()].push_back(make_request(c));
+
+    // State shared with the transport's callbacks for this attempt.
+    struct Attempt {
+      absl::Mutex mu;
+      std::vector<bool> answered;
+      int streams_open = 0;
+      std::vector<absl::Status> status;
+      int64_t bytes = 0;
+    };
+    auto attempt = std::make_shared<Attempt>();
+    attempt->answered.assign(plan.chunks_size(), false);
+    attempt->status.assign(num_servers, absl::OkStatus());
+    for (int s = 0; s < num_servers; ++s) attempt->streams_open += !requests[s].empty();
+
+    const std::string& job_id = options_.job_id;
+    auto on_reply = [this, attempt, params, min_version, &plan, &job_id](
+                        const grpc::ByteBuffer& buffer) {
+      absl::StatusOr<Frame> frame = Frame::Parse(buffer);
+      if (!frame.ok()) {
+        LOG(WARNING) << "dropping a malformed reply: " << frame.status();
+        return;
+      }
+      const v1::ChunkHeader& h = frame->header();
+      if (h.kind() != v1::FRAME_KIND_VALUES || h.job_id() != job_id ||
+          h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
+          h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < min_version) {
+        LOG(WARNING) << "dropping an unexpected reply for chunk " << h.chunk();
+        return;
+      }
+      {
+        absl::MutexLock lock(&attempt->mu);
+        if (attempt->answered[h.chunk()]) return;  // a duplicate
+        attempt->answered[h.chunk()] = true;
+        attempt->bytes += frame->payload_bytes();
+      }
+      // Each chunk is claimed once above, so copies never overlap.
+      frame->CopyPayloadTo(params + plan.chunks(h.chunk()).offset());
+      chunk_versions_[h.chunk()] = h.version();
+    };
+    const absl::Time deadline = absl::Now() + options_.exchange_timeout;
+    for (int s = 0; s < num_servers; ++s) {
+      if (requests[s].empty()) continue;
+      transport_->StartExchange(s, method, std::move(requests[s]), deadline, on_reply,
+                                [attempt, s](absl::Status status) {
+                                  absl::MutexLock lock(&attempt->mu);
+                                  attempt->status[s] = std::move(status);
+                                  --attempt->streams_open;
+                                });
+    }
+    {
+      absl::MutexLock lock(&attempt->mu);
+      attempt->mu.Await(absl::Condition(
+          +[](Attempt* a) { return a->streams_open == 0; }, attempt.get()));
+    }
+
+    std::vector<uint32_t> still;
+    for (uint32_t c : pending) {
+      if (!attempt->answered[c]) still.push_back(c);
+    }
+    {
+      absl::MutexLock lock(&stats_mu_);
+      stats_.bytes_pulled += attempt->bytes;
+    }
+    if (still.empty()) return absl::OkStatus();
+    if (cancelled_) return absl::CancelledError("parameter client cancelled");
+    absl::Status first_error;
+    for (int s = 0; s < num_servers; ++s) {
+      const absl::Status& status = attempt->status[s];
+      if (!Retryable(status)) {
+        return absl::Status(status.code(),
+                            absl::StrCat("parameter server ", s, ": ", status.message()));
+      }
+      if (!status.ok() && first_error.ok()) {
+        first_error = absl::Status(status.code(),
+                                   absl::StrCat("parameter server ", s, ": ", status.message()));
+      }
+    }
+    if (still.size() < pending.size()) {
+      give_up = absl::Now() + options_.retry_window;
+      backoff = options_.initial_backoff;
+    }
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no reply for ", still.size(), " chunks within ",
+                       absl::FormatDuration(options_.retry_window), "; last error: ",
+                       first_error.ok() ? "none (replies lost)" : first_error.ToString()));
+    }
+    {
+      absl::MutexLock lock(&stats_mu_);
+      ++stats_.retries;
+    }
+    VLOG(1) << "retrying " << still.size() << " chunks: " << first_error;
+    if (!first_error.ok()) {
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+    pending = std::move(still);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain::worker

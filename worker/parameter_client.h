@@ -1,0 +1,81 @@
+// A worker's view of the parameter servers: push a step's gradient, receive
+// the new values, retry what was lost. Pushes are idempotent on the servers
+// (identified by job, worker, step and chunk), so a retry is always safe.
+#ifndef PSTRAIN_WORKER_PARAMETER_CLIENT_H_
+#define PSTRAIN_WORKER_PARAMETER_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pstrain/v1/job.pb.h"
+#include "pstrain/v1/parameters.pb.h"
+#include "worker/transport.h"
+
+namespace pstrain::worker {
+
+class ParameterClient {
+ public:
+  struct Options {
+    std::string job_id;
+    uint32_t worker = 0;
+    v1::Mode mode = v1::MODE_SYNC;
+    v1::PartitionPlan plan;
+    // Longest one stream may take, barrier waits included.
+    absl::Duration exchange_timeout = absl::Minutes(10);
+    // Give up when no reply at all arrived for this long.
+    absl::Duration retry_window = absl::Seconds(60);
+    absl::Duration initial_backoff = absl::Milliseconds(20);
+    absl::Duration max_backoff = absl::Seconds(1);
+  };
+
+  struct Stats {
+    int64_t retries = 0;        // exchanges repeated for lost or failed replies
+    int64_t bytes_pushed = 0;   // payload bytes sent
+    int64_t bytes_pulled = 0;   // payload bytes received and used
+  };
+
+  // The transport must outlive the client.
+  ParameterClient(Options options, ParameterTransport* transport);
+
+  // Fills params (plan.total_floats() floats) with every chunk's values at a
+  // version >= min_version.
+  absl::Status PullAll(int64_t min_version, float* params);
+
+  // Pushes this worker's gradient of `step` (the whole flat space) and writes
+  // the answered values into params: version step+1 in sync mode, the
+  // latest values in async mode. grad must not change until this returns.
+  absl::Status PushPull(int64_t step, const std::shared_ptr<std::vector<float>>& grad,
+                        float* params);
+
+  // The version of each chunk's values last written to params.
+  const std::vector<int64_t>& chunk_versions() const { return chunk_versions_; }
+  Stats stats() const;
+
+  // Makes the current and every later call return CANCELLED. Thread-safe.
+  void Cancel();
+
+ private:
+  // Sends `make_request(chunk)` for every chunk until each has an accepted
+  // reply, whose payload is copied into params.
+  absl::Status Exchange(ParameterMethod method, std::vector<uint32_t> chunks,
+                        const std::function<grpc::ByteBuffer(uint32_t)>& make_request,
+                        int64_t min_version, float* params);
+
+  const Options options_;
+  ParameterTransport* const transport_;
+  std::vector<int64_t> chunk_versions_;
+  std::atomic<bool> cancelled_{false};
+  mutable absl::Mutex stats_mu_;
+  Stats stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace pstrain::worker
+
+#endif  // PSTRAIN_WORKER_PARAMETER_CLIENT_H_

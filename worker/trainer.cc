@@ -1,0 +1,144 @@
+#include "worker/trainer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "glog/logging.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace pstrain::worker {
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
+
+Trainer::~Trainer() {
+  // The client refers to the transport: destroy it first.
+  client_.reset();
+  owned_transport_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
+  if (options.data == nullptr) return absl::InvalidArgumentError("TrainerOptions.data is null");
+  std::unique_ptr<Trainer> t(new Trainer(std::move(options)));
+  const v1::WorkerAssignment& a = t->options_.assignment;
+  PSTRAIN_ASSIGN_OR_RETURN(t->spec_, NormalizeJobSpec(a.spec()));
+  const kernels::ModelShape shape = ModelShapeOf(t->spec_);
+  if (a.plan().total_floats() != kernels::NumParams(shape)) {
+    return absl::InvalidArgumentError("partition plan does not match the model");
+  }
+  if (a.worker_index() >= static_cast<uint32_t>(t->spec_.num_workers())) {
+    return absl::InvalidArgumentError("worker_index outside num_workers");
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(t->train_, t->options_.data->FashionMnist(t->spec_.data().dir(), true));
+  if (a.worker_index() == 0) {
+    PSTRAIN_ASSIGN_OR_RETURN(t->test_,
+                             t->options_.data->FashionMnist(t->spec_.data().dir(), false));
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(t->kernels_,
+                           kernels::CreateCpuModelKernels(shape, t->spec_.batch_size()));
+  ParameterTransport* transport = t->options_.transport;
+  if (transport == nullptr) {
+    std::vector<std::string> addresses(a.server_addresses().begin(), a.server_addresses().end());
+    if (addresses.size() != a.plan().num_servers()) {
+      return absl::InvalidArgumentError("server_addresses do not match the plan");
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(t->owned_transport_, CreateGrpcTransport(addresses));
+    transport = t->owned_transport_.get();
+  }
+  ParameterClient::Options client = t->options_.client;
+  client.job_id = a.job_id();
+  client.worker = a.worker_index();
+  client.mode = t->spec_.mode();
+  client.plan = a.plan();
+  t->client_ = std::make_unique<ParameterClient>(std::move(client), transport);
+  t->params_.resize(a.plan().total_floats());
+  t->grad_ = std::make_shared<std::vector<float>>(a.plan().total_floats());
+  return t;
+}
+
+void Trainer::Cancel() {
+  cancelled_ = true;
+  client_->Cancel();
+}
+
+absl::Status Trainer::Run() {
+  const v1::WorkerAssignment& a = options_.assignment;
+  const int64_t workers = spec_.num_workers();
+  const int batch = spec_.batch_size();
+  const int64_t worker = a.worker_index();
+  const int64_t total_steps = TotalSteps(spec_);
+  const int64_t steps_per_epoch = StepsPerEpoch(spec_);
+  const bool sync = spec_.mode() == v1::MODE_SYNC;
+  // Sync: the servers sum W gradients, so each is scaled to its share of the
+  // global batch's mean. Async: each push is applied alone.
+  const float grad_scale = 1.0f / static_cast<float>(sync ? workers * batch : batch);
+
+  PSTRAIN_RETURN_IF_ERROR(client_->PullAll(0, params_.data()));
+
+  std::vector<float> x(static_cast<size_t>(batch) * train_->input_dim);
+  std::vector<int32_t> y(batch);
+  std::vector<int64_t> order;
+  int64_t epoch = -1;
+
+  v1::ReportProgressRequest report;
+  report.set_job_id(a.job_id());
+  report.set_worker(a.worker_index());
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  const absl::Time start = absl::Now();
+  absl::Time window_start = start;
+
+  for (int64_t step = 0; step < total_steps; ++step) {
+    if (cancelled_) return absl::CancelledError("training cancelled");
+    if (step / steps_per_epoch != epoch) {
+      epoch = step / steps_per_epoch;
+      order = EpochOrder(spec_.seed(), epoch, train_->num_samples);
+    }
+    const int64_t first = (step % steps_per_epoch) * workers * batch + worker * batch;
+    train_->Gather(order.data() + first, batch, x.data(), y.data());
+    kernels::BatchStats stats;
+    PSTRAIN_RETURN_IF_ERROR(kernels_->ForwardBackward(params_.data(), x.data(), y.data(), batch,
+                                                      grad_scale, grad_->data(), &stats));
+    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+    PSTRAIN_RETURN_IF_ERROR(client_->PushPull(step, grad_, params_.data()));
+    steps_done_ = step + 1;
+    window_loss += stats.loss_sum / batch;
+    ++window_steps;
+
+    const absl::Time now = absl::Now();
+    if (options_.report && (now - window_start >= options_.report_interval ||
+                            step + 1 == total_steps)) {
+      report.set_step(step + 1);
+      report.set_epoch(static_cast<int32_t>(epoch));
+      report.set_loss(static_cast<float>(window_loss / window_steps));
+      report.set_samples(window_steps * batch);
+      report.set_seconds(absl::ToDoubleSeconds(now - window_start));
+      if (step + 1 < total_steps) options_.report(report);
+      window_loss = 0;
+      window_steps = 0;
+      window_start = now;
+    }
+  }
+  report.set_finished(true);
+  report.set_train_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+
+  if (worker == 0) {
+    // The final model: every worker's last push applied on every chunk.
+    const int64_t final_version = sync ? total_steps : workers * total_steps;
+    PSTRAIN_RETURN_IF_ERROR(client_->PullAll(final_version, params_.data()));
+    std::vector<float> test_x(static_cast<size_t>(test_->num_samples) * test_->input_dim);
+    std::vector<int32_t> test_y(test_->num_samples);
+    std::vector<int64_t> all(test_->num_samples);
+    for (int64_t i = 0; i < test_->num_samples; ++i) all[i] = i;
+    test_->Gather(all.data(), static_cast<int>(test_->num_samples), test_x.data(), test_y.data());
+    kernels::BatchStats stats;
+    PSTRAIN_RETURN_IF_ERROR(kernels_->Evaluate(params_.data(), test_x.data(), test_y.data(),
+                                               test_->num_samples, &stats));
+    report.set_evaluated(true);
+    report.set_test_accuracy(static_cast<float>(stats.correct) / test_->num_samples);
+    report.set_test_loss(static_cast<float>(stats.loss_sum / test_->num_samples));
+  }
+  if (options_.report) options_.report(report);
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain::worker

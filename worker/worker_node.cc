@@ -1,0 +1,201 @@
+#include "worker/worker_node.h"
+
+#include <deque>
+#include <optional>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "common/dataset.h"
+#include "common/membership_client.h"
+#include "glog/logging.h"
+#include "worker/trainer.h"
+
+namespace pstrain::worker {
+namespace {
+
+class WorkerNodeImpl final : public WorkerNode {
+ public:
+  explicit WorkerNodeImpl(Options options) : options_(std::move(options)) {}
+  ~WorkerNodeImpl() override { Shutdown(); }
+
+  void Start() {
+    MembershipClient::Options m;
+    m.coordinator_address = options_.coordinator_address;
+    m.role = v1::NODE_ROLE_WORKER;
+    m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
+    MembershipClient::Callbacks callbacks;
+    callbacks.held_jobs = [this] {
+      absl::MutexLock lock(&mu_);
+      return current_job_.empty() ? std::vector<std::string>{}
+                                  : std::vector<std::string>{current_job_};
+    };
+    callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
+    callbacks.on_coordinator_lost = [this] { RequestStop(); };
+    membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
+    membership_->Start();
+    reporter_ = std::thread([this] { ReportLoop(); });
+  }
+
+  void RequestStop() override {
+    absl::MutexLock lock(&mu_);
+    stop_requested_ = true;
+  }
+
+  void Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&stop_requested_));
+  }
+
+  void Shutdown() override {
+    std::thread job_thread;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+      stop_requested_ = true;
+      if (running_trainer_ != nullptr) running_trainer_->Cancel();
+      job_thread = std::move(job_thread_);
+    }
+    // Stopping membership first also cuts short a report being retried.
+    if (membership_ != nullptr) membership_->Stop();
+    if (job_thread.joinable()) job_thread.join();
+    if (reporter_.joinable()) reporter_.join();
+    LOG(INFO) << "worker stopped";
+  }
+
+ private:
+  void Reconcile(const v1::HeartbeatResponse& response) {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    bool current_listed = false;
+    for (const v1::WorkerAssignment& a : response.worker_jobs()) {
+      if (a.job_id() == current_job_) current_listed = true;
+    }
+    if (!current_job_.empty() && !current_listed && running_trainer_ != nullptr) {
+      LOG(INFO) << "job " << current_job_ << " is no longer assigned here; stopping it";
+      running_trainer_->Cancel();
+    }
+    if (!current_job_.empty() && !job_done_) return;  // busy
+    for (const v1::WorkerAssignment& a : response.worker_jobs()) {
+      if (!a.has_spec() || a.job_id() == finished_job_) continue;
+      if (job_thread_.joinable()) job_thread_.join();
+      current_job_ = a.job_id();
+      job_done_ = false;
+      job_thread_ = std::thread([this, a] { RunJob(a); });
+      break;
+    }
+  }
+
+  void RunJob(v1::WorkerAssignment assignment) {
+    LOG(INFO) << "starting job " << assignment.job_id() << " as worker "
+              << assignment.worker_index();
+    TrainerOptions t;
+    t.assignment = assignment;
+    t.data = &data_;
+    t.report_interval = options_.report_interval;
+    t.step_delay = options_.step_delay;
+    v1::ReportProgressRequest final_report;
+    bool finished = false;
+    t.report = [this, &final_report, &finished](const v1::ReportProgressRequest& r) {
+      if (r.finished()) {
+        final_report = r;
+        finished = true;
+      } else {
+        Enqueue(r);
+      }
+    };
+    absl::Status status;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(std::move(t));
+    if (trainer.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        running_trainer_ = trainer->get();
+        if (shut_down_) running_trainer_->Cancel();
+      }
+      status = (*trainer)->Run();
+      absl::MutexLock lock(&mu_);
+      running_trainer_ = nullptr;
+    } else {
+      status = trainer.status();
+    }
+    if (status.ok() && finished) {
+      LOG(INFO) << "job " << assignment.job_id() << " finished";
+      Send(final_report, absl::Minutes(10));
+    } else if (status.code() == absl::StatusCode::kCancelled) {
+      LOG(INFO) << "job " << assignment.job_id() << " stopped: " << status;
+    } else {
+      LOG(ERROR) << "job " << assignment.job_id() << " failed: " << status;
+      v1::ReportProgressRequest report;
+      report.set_job_id(assignment.job_id());
+      report.set_worker(assignment.worker_index());
+      report.set_error(status.ToString());
+      Send(report, absl::Seconds(30));
+    }
+    absl::MutexLock lock(&mu_);
+    finished_job_ = current_job_;
+    current_job_.clear();
+    job_done_ = true;
+  }
+
+  // Progress reports go out on their own thread so that a slow coordinator
+  // never slows training; only the newest pending report is kept.
+  void Enqueue(const v1::ReportProgressRequest& r) {
+    absl::MutexLock lock(&mu_);
+    pending_report_ = r;
+  }
+
+  void ReportLoop() {
+    while (true) {
+      v1::ReportProgressRequest r;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this] { return pending_report_.has_value() || shut_down_; };
+        mu_.Await(absl::Condition(&ready));
+        if (!pending_report_.has_value()) return;
+        r = std::move(*pending_report_);
+        pending_report_.reset();
+      }
+      Send(r, absl::Seconds(5));
+    }
+  }
+
+  void Send(const v1::ReportProgressRequest& r, absl::Duration patience) {
+    absl::StatusOr<bool> active = membership_->ReportProgress(r, patience);
+    if (!active.ok()) {
+      LOG(WARNING) << "progress report for " << r.job_id() << " not delivered: "
+                   << active.status();
+    } else if (!*active) {
+      absl::MutexLock lock(&mu_);
+      if (running_trainer_ != nullptr && current_job_ == r.job_id()) running_trainer_->Cancel();
+    }
+  }
+
+  const Options options_;
+  DatasetCache data_;
+  std::unique_ptr<MembershipClient> membership_;
+  std::thread reporter_;
+
+  absl::Mutex mu_;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string current_job_ ABSL_GUARDED_BY(mu_);
+  std::string finished_job_ ABSL_GUARDED_BY(mu_);
+  bool job_done_ ABSL_GUARDED_BY(mu_) = true;
+  // Owned by the job thread; set while Run() may be cancelled.
+  Trainer* running_trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread job_thread_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::ReportProgressRequest> pending_report_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(Options options) {
+  if (options.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("coordinator address is required");
+  }
+  auto node = std::make_unique<WorkerNodeImpl>(std::move(options));
+  node->Start();
+  return node;
+}
+
+}  // namespace pstrain::worker

@@ -1,0 +1,41 @@
+// A worker process: registers with the coordinator, runs the job it is given
+// (one at a time), reports progress, and stops a job the coordinator no
+// longer lists.
+#ifndef PSTRAIN_WORKER_WORKER_NODE_H_
+#define PSTRAIN_WORKER_WORKER_NODE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pstrain::worker {
+
+class WorkerNode {
+ public:
+  struct Options {
+    std::string coordinator_address;  // host:port, required
+    // Wait() returns when the coordinator has not answered for this long;
+    // zero: never.
+    absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
+    absl::Duration report_interval = absl::Milliseconds(500);
+    // Fault injection for tests: sleep this long in every training step.
+    absl::Duration step_delay = absl::ZeroDuration();
+  };
+
+  // INVALID_ARGUMENT without a coordinator address.
+  static absl::StatusOr<std::unique_ptr<WorkerNode>> Create(Options options);
+  virtual ~WorkerNode() = default;
+
+  virtual void RequestStop() = 0;
+  // Blocks until RequestStop() or the loss of the coordinator.
+  virtual void Wait() = 0;
+  // Cancels the running job (it is not reported finished) and stops
+  // heartbeating. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace pstrain::worker
+
+#endif  // PSTRAIN_WORKER_WORKER_NODE_H_
