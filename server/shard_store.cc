@@ -151,6 +151,23 @@ std::vector<std::string> ShardStore::JobIds() const {
   return ids;
 }
 
+int64_t ShardStore::OpenWaits() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  int64_t n = 0;
+  for (const auto& job : jobs) {
+    for (const auto& chunk : job->chunks) {
+      if (chunk == nullptr) continue;
+      absl::MutexLock lock(&chunk->mu);
+      n += static_cast<int64_t>(chunk->waiting.size());
+    }
+  }
+  return n;
+}
+
 void ShardStore::Shutdown() {
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {

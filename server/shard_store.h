@@ -56,6 +56,9 @@ class ShardStore {
 
   std::vector<std::string> JobIds() const;
 
+  // Pushes and pulls waiting for a version, over every job.
+  int64_t OpenWaits() const;
+
   // A PUSH frame. Sync: the gradient joins step `step` of the chunk (a
   // repeated push of the same worker and step is not summed again); when all
   // workers have pushed, their gradients are summed in worker order and the

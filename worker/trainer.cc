@@ -112,12 +112,15 @@ absl::Status Trainer::Run() {
       report.set_loss(static_cast<float>(window_loss / window_steps));
       report.set_samples(window_steps * batch);
       report.set_seconds(absl::ToDoubleSeconds(now - window_start));
-      if (step + 1 < total_steps) options_.report(report);
+      options_.report(report);
       window_loss = 0;
       window_steps = 0;
       window_start = now;
     }
   }
+  // The final report repeats the last loss; its samples were reported above.
+  report.set_samples(0);
+  report.set_seconds(0);
   report.set_finished(true);
   report.set_train_seconds(absl::ToDoubleSeconds(absl::Now() - start));
 

@@ -1,0 +1,147 @@
+#include "tests/cluster_util.h"
+
+#include <cmath>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "common/job_spec.h"
+#include "common/partition.h"
+#include "worker/trainer.h"
+
+namespace pstrain::testing {
+
+v1::JobSpec MlpSpec(v1::OptimizerType optimizer, float learning_rate, int workers, int batch,
+                    int servers, int64_t steps, int64_t chunk_bytes) {
+  v1::JobSpec spec;
+  spec.set_name("test");
+  spec.mutable_model()->set_type(v1::MODEL_TYPE_MLP);
+  spec.mutable_model()->add_hidden(256);
+  spec.mutable_model()->add_hidden(128);
+  spec.mutable_data()->set_dir(kFashionDir);
+  spec.mutable_optimizer()->set_type(optimizer);
+  spec.mutable_optimizer()->set_learning_rate(learning_rate);
+  spec.set_mode(v1::MODE_SYNC);
+  spec.set_batch_size(batch);
+  spec.set_steps(steps);
+  spec.set_num_servers(servers);
+  spec.set_num_workers(workers);
+  spec.set_chunk_bytes(chunk_bytes);
+  spec.set_seed(11);
+  absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(spec);
+  EXPECT_TRUE(normalized.ok()) << normalized.status();
+  return *normalized;
+}
+
+v1::PartitionPlan PlanFor(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
+      kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(), spec.num_servers());
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+InProcessServers::InProcessServers(int n, server::ShardStore::Options store) {
+  for (int i = 0; i < n; ++i) {
+    server::ParameterServer::Options options;
+    options.store = store;
+    absl::StatusOr<std::unique_ptr<server::ParameterServer>> s =
+        server::ParameterServer::Create(options);
+    EXPECT_TRUE(s.ok()) << s.status();
+    servers_.push_back(std::move(*s));
+  }
+}
+
+InProcessServers::~InProcessServers() {
+  for (auto& s : servers_) s->Shutdown(absl::Seconds(1));
+}
+
+absl::Status InProcessServers::AddJob(const std::string& job_id, const v1::JobSpec& spec,
+                                      const v1::PartitionPlan& plan) {
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    v1::ServerAssignment a;
+    a.set_job_id(job_id);
+    a.set_server_index(i);
+    *a.mutable_spec() = spec;
+    *a.mutable_plan() = plan;
+    a.set_num_workers(spec.num_workers());
+    if (absl::Status s = servers_[i]->store().AddJob(a); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> InProcessServers::addresses() const {
+  std::vector<std::string> out;
+  for (const auto& s : servers_) out.push_back(s->address());
+  return out;
+}
+
+std::vector<float> InProcessServers::Gather(const std::string& job_id,
+                                            const v1::PartitionPlan& plan) {
+  std::vector<float> params(plan.total_floats(), NAN);
+  for (const v1::ChunkInfo& c : plan.chunks()) {
+    absl::StatusOr<server::ShardStore::ChunkSnapshot> snap =
+        servers_[c.server()]->store().ReadChunk(job_id, c.id());
+    EXPECT_TRUE(snap.ok()) << snap.status();
+    if (!snap.ok()) continue;
+    std::copy(snap->values.begin(), snap->values.end(), params.begin() + c.offset());
+  }
+  return params;
+}
+
+WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
+                         const v1::PartitionPlan& plan, const std::vector<std::string>& addresses,
+                         DatasetCache* data,
+                         std::function<worker::ParameterTransport*(int)> make_transport) {
+  const int workers = spec.num_workers();
+  WorkersResult result;
+  result.steps_done.resize(workers);
+  result.stats.resize(workers);
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::TrainerOptions options;
+      options.assignment.set_job_id(job_id);
+      options.assignment.set_worker_index(w);
+      *options.assignment.mutable_spec() = spec;
+      *options.assignment.mutable_plan() = plan;
+      for (const std::string& a : addresses) options.assignment.add_server_addresses(a);
+      options.data = data;
+      if (make_transport) options.transport = make_transport(w);
+      options.client.retry_window = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
+          worker::Trainer::Create(std::move(options));
+      absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
+      absl::MutexLock lock(&mu);
+      if (!status.ok() && result.status.ok()) result.status = status;
+      if (trainer.ok()) {
+        result.steps_done[w] = (*trainer)->steps_done();
+        result.stats[w] = (*trainer)->client_stats();
+        if (w == 0) result.params = (*trainer)->params();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return result;
+}
+
+std::vector<TensorDiff> CompareTensors(const v1::PartitionPlan& plan,
+                                       const std::vector<float>& actual,
+                                       const std::vector<float>& expected) {
+  std::vector<TensorDiff> diffs;
+  for (const v1::TensorInfo& t : plan.tensors()) {
+    TensorDiff d;
+    d.name = t.name();
+    double diff2 = 0, norm2 = 0;
+    for (int64_t i = t.offset(); i < t.offset() + t.size(); ++i) {
+      const double delta = static_cast<double>(actual[i]) - expected[i];
+      diff2 += delta * delta;
+      norm2 += static_cast<double>(expected[i]) * expected[i];
+      d.max_abs = std::max(d.max_abs, std::abs(delta));
+    }
+    d.relative_l2 = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-30);
+    diffs.push_back(d);
+  }
+  return diffs;
+}
+
+}  // namespace pstrain::testing

@@ -1,0 +1,67 @@
+// In-process clusters for tests: parameter servers serving real gRPC on
+// 127.0.0.1 ports picked by the kernel, and workers as threads.
+#ifndef PSTRAIN_TESTS_CLUSTER_UTIL_H_
+#define PSTRAIN_TESTS_CLUSTER_UTIL_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dataset.h"
+#include "kernels/model.h"
+#include "pstrain/v1/job.pb.h"
+#include "server/parameter_server.h"
+#include "tests/test_util.h"
+#include "worker/parameter_client.h"
+#include "worker/transport.h"
+
+namespace pstrain::testing {
+
+// A normalized spec for the example MLP (784-256-128-10) with the given
+// optimizer, sizes and steps.
+v1::JobSpec MlpSpec(v1::OptimizerType optimizer, float learning_rate, int workers, int batch,
+                    int servers, int64_t steps, int64_t chunk_bytes = 65536);
+
+v1::PartitionPlan PlanFor(const v1::JobSpec& spec);
+
+class InProcessServers {
+ public:
+  explicit InProcessServers(int n, server::ShardStore::Options store = {});
+  ~InProcessServers();
+
+  // Adds the job to every server (server i holds the chunks of index i).
+  absl::Status AddJob(const std::string& job_id, const v1::JobSpec& spec,
+                      const v1::PartitionPlan& plan);
+  std::vector<std::string> addresses() const;
+  server::ParameterServer& server(int i) { return *servers_[i]; }
+  // The whole flat parameter space as the servers hold it.
+  std::vector<float> Gather(const std::string& job_id, const v1::PartitionPlan& plan);
+
+ private:
+  std::vector<std::unique_ptr<server::ParameterServer>> servers_;
+};
+
+struct WorkersResult {
+  absl::Status status;                  // first failure, or OK
+  std::vector<float> params;            // worker 0's final parameters
+  std::vector<int64_t> steps_done;      // per worker
+  std::vector<worker::ParameterClient::Stats> stats;
+};
+
+// Runs spec.num_workers() trainers as threads until they finish. If
+// make_transport is set, worker w uses make_transport(w) (owned by the
+// caller) instead of plain gRPC.
+WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
+                         const v1::PartitionPlan& plan, const std::vector<std::string>& addresses,
+                         DatasetCache* data,
+                         std::function<worker::ParameterTransport*(int)> make_transport = nullptr);
+
+// Per tensor differences of `actual` against `expected`.
+std::vector<TensorDiff> CompareTensors(const v1::PartitionPlan& plan,
+                                       const std::vector<float>& actual,
+                                       const std::vector<float>& expected);
+
+}  // namespace pstrain::testing
+
+#endif  // PSTRAIN_TESTS_CLUSTER_UTIL_H_

@@ -1,0 +1,109 @@
+#include "common/dataset.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pstrain-dataset-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  std::string WriteGz(const std::string& name, const std::string& bytes, bool truncate_gzip) {
+    const std::string path = dir_ + "/" + name;
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), bytes.size());
+    gzclose(f);
+    if (truncate_gzip) {
+      // Cut the compressed stream itself in half.
+      FILE* fp = fopen(path.c_str(), "rb");
+      fseek(fp, 0, SEEK_END);
+      const long size = ftell(fp);
+      fclose(fp);
+      truncate(path.c_str(), size / 2);
+    }
+    return path;
+  }
+
+  static std::string Idx(uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
+    std::string s;
+    auto put = [&s](uint32_t v) {
+      for (int i = 3; i >= 0; --i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+    };
+    put(magic);
+    for (uint32_t d : dims) put(d);
+    s.append(payload, '\x01');
+    return s;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(DatasetTest, ReadsFashionMnist) {
+  absl::StatusOr<Dataset> train = LoadFashionMnist(testing::kFashionDir, true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->num_samples, 60000);
+  EXPECT_EQ(train->input_dim, 784);
+  std::vector<int> per_class(10, 0);
+  for (int32_t label : train->labels) ++per_class[label];
+  for (int count : per_class) EXPECT_EQ(count, 6000);
+  absl::StatusOr<Dataset> test = LoadFashionMnist(testing::kFashionDir, false);
+  ASSERT_TRUE(test.ok()) << test.status();
+  EXPECT_EQ(test->num_samples, 10000);
+}
+
+TEST_F(DatasetTest, SmallValidFile) {
+  const std::string images = WriteGz("i.gz", Idx(0x803, {3, 2, 2}, 12), false);
+  const std::string labels = WriteGz("l.gz", Idx(0x801, {3}, 3), false);
+  absl::StatusOr<Dataset> d = LoadIdx(images, labels, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->num_samples, 3);
+  EXPECT_EQ(d->input_dim, 4);
+}
+
+TEST_F(DatasetTest, ClearErrors) {
+  const std::string labels = WriteGz("l.gz", Idx(0x801, {3}, 3), false);
+  struct Case {
+    std::string images;
+    const char* message;
+  } cases[] = {
+      {WriteGz("magic.gz", Idx(0x801, {3, 2, 2}, 12), false), "wrong magic"},
+      {WriteGz("short.gz", Idx(0x803, {3, 2, 2}, 11), false), "truncated"},
+      {WriteGz("header.gz", "\x00\x00\x08", false), "truncated"},
+      {WriteGz("gz.gz", Idx(0x803, {300, 28, 28}, 300 * 784), true), "truncated gzip"},
+      {WriteGz("count.gz", Idx(0x803, {2, 2, 2}, 8), false), "labels"},
+      {dir_ + "/missing.gz", "No such file"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Dataset> d = LoadIdx(c.images, labels, 10);
+    ASSERT_FALSE(d.ok()) << c.images;
+    EXPECT_TRUE(absl::StrContains(d.status().message(), c.message)) << d.status();
+    EXPECT_TRUE(absl::StrContains(d.status().message(), c.images)) << d.status();
+  }
+}
+
+TEST(EpochOrderTest, PermutationThatDependsOnSeedAndEpoch) {
+  const std::vector<int64_t> a = EpochOrder(1, 0, 1000);
+  EXPECT_EQ(std::set<int64_t>(a.begin(), a.end()).size(), 1000u);
+  EXPECT_EQ(*std::min_element(a.begin(), a.end()), 0);
+  EXPECT_EQ(*std::max_element(a.begin(), a.end()), 999);
+  EXPECT_EQ(a, EpochOrder(1, 0, 1000));
+  EXPECT_NE(a, EpochOrder(1, 1, 1000));
+  EXPECT_NE(a, EpochOrder(2, 0, 1000));
+}
+
+}  // namespace
+}  // namespace pstrain

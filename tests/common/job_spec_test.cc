@@ -1,0 +1,123 @@
+#include "common/job_spec.h"
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kValid[] = R"(
+name: t
+model: {type: mlp, hidden: [256, 128]}
+optimizer: {type: adam, learning_rate: 0.001}
+mode: sync
+batch_size: 64
+epochs: 3
+num_servers: 2
+num_workers: 2
+chunk_bytes: 65536
+seed: 7
+)";
+
+TEST(JobSpecTest, ParsesEveryKindOfField) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().type(), v1::MODEL_TYPE_MLP);
+  ASSERT_EQ(spec->model().hidden_size(), 2);
+  EXPECT_EQ(spec->model().hidden(1), 128);
+  EXPECT_EQ(spec->optimizer().type(), v1::OPTIMIZER_TYPE_ADAM);
+  EXPECT_FLOAT_EQ(spec->optimizer().learning_rate(), 0.001f);
+  EXPECT_EQ(spec->mode(), v1::MODE_SYNC);
+  EXPECT_EQ(spec->chunk_bytes(), 65536);
+  EXPECT_EQ(spec->seed(), 7u);
+}
+
+TEST(JobSpecTest, NormalizeFillsDefaults) {
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*ParseJobSpecYaml(R"(
+model: {type: softmax}
+optimizer: {type: adam, learning_rate: 0.01}
+batch_size: 10
+steps: 5
+num_servers: 1
+num_workers: 1
+)"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->mode(), v1::MODE_SYNC);
+  EXPECT_EQ(spec->data().dir(), kDefaultDataDir);
+  EXPECT_EQ(spec->chunk_bytes(), kDefaultChunkBytes);
+  EXPECT_FLOAT_EQ(spec->optimizer().beta1(), 0.9f);
+  EXPECT_FLOAT_EQ(spec->optimizer().beta2(), 0.999f);
+  EXPECT_EQ(TotalSteps(*spec), 5);
+}
+
+TEST(JobSpecTest, ExampleJobIsValid) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpecFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion_mlp.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(kernels::NumParams(ModelShapeOf(*spec)), 235146);
+  EXPECT_EQ(StepsPerEpoch(*spec), 468);
+}
+
+struct BadSpec {
+  const char* what;
+  std::string yaml;
+  const char* field;  // the error message starts with it
+};
+
+class BadSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+std::string With(const std::string& line_to_replace, const std::string& replacement) {
+  std::string yaml = kValid;
+  const size_t at = yaml.find(line_to_replace);
+  yaml.replace(at, line_to_replace.size(), replacement);
+  return yaml;
+}
+
+TEST_P(BadSpecTest, RejectedNamingTheField) {
+  const BadSpec& bad = GetParam();
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(bad.yaml);
+  if (spec.ok()) spec = NormalizeJobSpec(*spec);
+  ASSERT_FALSE(spec.ok()) << bad.what;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), bad.field))
+      << bad.what << ": " << spec.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadSpecTest,
+    ::testing::Values(
+        BadSpec{"yaml syntax", "model: {type: mlp\nbatch_size: [", "job spec: YAML error"},
+        BadSpec{"not a mapping", "- 1\n- 2\n", "job spec"},
+        BadSpec{"empty", "", "job spec"},
+        BadSpec{"unknown model", With("type: mlp", "type: transformer"), "model.type"},
+        BadSpec{"unknown optimizer", With("type: adam", "type: lion"), "optimizer.type"},
+        BadSpec{"duplicate key", std::string(kValid) + "epochs: 4\n", "epochs: duplicate key"},
+        BadSpec{"zero workers", With("num_workers: 2", "num_workers: 0"), "num_workers"},
+        BadSpec{"negative batch", With("batch_size: 64", "batch_size: -1"), "batch_size"},
+        BadSpec{"huge global batch", With("batch_size: 64", "batch_size: 40000"), "batch_size"},
+        BadSpec{"zero learning rate", With("learning_rate: 0.001", "learning_rate: 0"),
+                "optimizer.learning_rate"},
+        BadSpec{"unknown field", std::string(kValid) + "learning_rate: 1\n", "learning_rate"},
+        BadSpec{"unknown nested field", With("hidden: [256, 128]", "hiden: [256]"),
+                "model.hiden: unknown field"},
+        BadSpec{"wrong type", With("epochs: 3", "epochs: three"), "epochs"},
+        BadSpec{"wrong list item", With("[256, 128]", "[256, x]"), "model.hidden[1]"},
+        BadSpec{"zero width", With("[256, 128]", "[256, 0]"), "model.hidden[1]"},
+        BadSpec{"list for scalar", With("seed: 7", "seed: [7]"), "seed"},
+        BadSpec{"no steps", With("epochs: 3", "epochs: 0"), "epochs"},
+        BadSpec{"odd chunk", With("chunk_bytes: 65536", "chunk_bytes: 65537"), "chunk_bytes"},
+        BadSpec{"unknown mode", With("mode: sync", "mode: eventually"), "mode"},
+        BadSpec{"missing value", With("seed: 7", "seed:"), "seed"}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) {
+      std::string name = info.param.what;
+      for (char& c : name) {
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
+
+}  // namespace
+}  // namespace pstrain

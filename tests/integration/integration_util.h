@@ -1,0 +1,34 @@
+// Helpers for tests that run the real binaries.
+#ifndef PSTRAIN_TESTS_INTEGRATION_INTEGRATION_UTIL_H_
+#define PSTRAIN_TESTS_INTEGRATION_INTEGRATION_UTIL_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace pstrain::testing {
+
+// The directory of the pstrain binaries under test.
+inline std::string BinDir() { return PSTRAIN_BIN_DIR; }
+
+// A new empty directory under /tmp, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  // Writes `contents` to path()/name and returns the full path.
+  std::string Write(const std::string& name, const std::string& contents) const;
+
+ private:
+  std::string path_;
+};
+
+// Live (not zombie) processes whose parent is `pid`.
+std::vector<pid_t> ChildrenOf(pid_t pid);
+bool IsAlive(pid_t pid);
+
+}  // namespace pstrain::testing
+
+#endif  // PSTRAIN_TESTS_INTEGRATION_INTEGRATION_UTIL_H_

@@ -1,0 +1,168 @@
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace pstrain::kernels {
+namespace {
+
+// Sum of the batch's cross-entropy losses, all in double.
+double ReferenceLoss(const ModelShape& shape, const std::vector<double>& params,
+                     const std::vector<float>& x, const std::vector<int32_t>& y, int batch) {
+  const std::vector<TensorDesc> tensors = ModelTensors(shape);
+  std::vector<int> widths = {shape.input_dim};
+  widths.insert(widths.end(), shape.hidden.begin(), shape.hidden.end());
+  widths.push_back(shape.num_classes);
+  double total = 0;
+  for (int i = 0; i < batch; ++i) {
+    std::vector<double> a(x.begin() + i * shape.input_dim, x.begin() + (i + 1) * shape.input_dim);
+    for (size_t l = 0; l + 1 < widths.size(); ++l) {
+      const int in = widths[l], out = widths[l + 1];
+      std::vector<double> z(out);
+      for (int j = 0; j < out; ++j) {
+        double s = params[tensors[2 * l + 1].offset + j];
+        for (int k = 0; k < in; ++k) s += a[k] * params[tensors[2 * l].offset + k * out + j];
+        z[j] = (l + 2 < widths.size()) ? std::max(s, 0.0) : s;
+      }
+      a = std::move(z);
+    }
+    double zmax = *std::max_element(a.begin(), a.end());
+    double sum = 0;
+    for (double v : a) sum += std::exp(v - zmax);
+    total += std::log(sum) - (a[y[i]] - zmax);
+  }
+  return total;
+}
+
+class CpuKernelsTest : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(CpuKernelsTest, GradientsMatchFiniteDifferences) {
+  const ModelShape shape{7, GetParam(), 4};
+  const int batch = 5;
+  const int64_t n = NumParams(shape);
+  std::vector<float> params(n);
+  InitParams(shape, 3, 0, n, params.data());
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  // Non-zero biases, so that ReLUs are not all on or all off.
+  for (const TensorDesc& t : ModelTensors(shape)) {
+    if (t.is_bias) {
+      for (int64_t i = 0; i < t.size; ++i) params[t.offset + i] = normal(rng);
+    }
+  }
+  std::vector<float> x(batch * shape.input_dim);
+  for (float& v : x) v = normal(rng) + 0.5f;
+  std::vector<int32_t> y = {0, 3, 1, 2, 3};
+
+  auto kernels = CreateCpuModelKernels(shape, batch);
+  ASSERT_TRUE(kernels.ok());
+  std::vector<float> grad(n);
+  BatchStats stats;
+  ASSERT_TRUE((*kernels)->ForwardBackward(params.data(), x.data(), y.data(), batch, 1.0f,
+                                          grad.data(), &stats)
+                  .ok());
+  std::vector<double> p(params.begin(), params.end());
+  EXPECT_NEAR(stats.loss_sum, ReferenceLoss(shape, p, x, y, batch), 1e-4);
+
+  const double eps = 1e-5;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double saved = p[i];
+    p[i] = saved + eps;
+    const double up = ReferenceLoss(shape, p, x, y, batch);
+    p[i] = saved - eps;
+    const double down = ReferenceLoss(shape, p, x, y, batch);
+    p[i] = saved;
+    const double numeric = (up - down) / (2 * eps);
+    const double err = std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 1e-3) << "param " << i << ": analytic " << grad[i] << " numeric " << numeric;
+  }
+  RecordProperty("worst_relative_error", std::to_string(worst));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuKernelsTest,
+                         ::testing::Values(std::vector<int>{}, std::vector<int>{6},
+                                           std::vector<int>{6, 5}));
+
+TEST(CpuKernelsTest, GradScaleScalesEverything) {
+  const ModelShape shape{5, {4}, 3};
+  const int64_t n = NumParams(shape);
+  std::vector<float> params(n);
+  InitParams(shape, 9, 0, n, params.data());
+  std::vector<float> x(2 * 5, 0.7f);
+  std::vector<int32_t> y = {1, 2};
+  auto kernels = *CreateCpuModelKernels(shape, 2);
+  std::vector<float> g1(n), g2(n);
+  BatchStats stats;
+  ASSERT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 2, 1.0f, g1.data(), &stats).ok());
+  ASSERT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 2, 0.25f, g2.data(), &stats).ok());
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(g2[i], 0.25f * g1[i], 1e-6f);
+}
+
+TEST(CpuKernelsTest, RejectsBadInput) {
+  const ModelShape shape{5, {4}, 3};
+  auto kernels = *CreateCpuModelKernels(shape, 2);
+  std::vector<float> params(NumParams(shape)), grad(NumParams(shape)), x(15);
+  std::vector<int32_t> y = {0, 1, 3};
+  BatchStats stats;
+  EXPECT_FALSE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 3, 1, grad.data(), &stats).ok());
+  EXPECT_FALSE(kernels->ForwardBackward(params.data(), x.data(), y.data() + 1, 2, 1, grad.data(), &stats).ok());
+  EXPECT_FALSE(CreateCpuModelKernels({0, {}, 3}, 1).ok());
+  EXPECT_FALSE(CreateCpuModelKernels({5, {0}, 3}, 1).ok());
+}
+
+TEST(InitParamsTest, AnyRangeEqualsTheWhole) {
+  const ModelShape shape{784, {256, 128}, 10};
+  const int64_t n = NumParams(shape);
+  std::vector<float> whole(n), part(1000);
+  InitParams(shape, 5, 0, n, whole.data());
+  for (int64_t begin : {int64_t{0}, int64_t{200000}, int64_t{200700}, n - 1000}) {
+    InitParams(shape, 5, begin, begin + 1000, part.data());
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(part[i], whole[begin + i]);
+  }
+}
+
+// Textbook Adam in double against the optimizer's float update.
+TEST(OptimizerTest, AdamMatchesTheTextbook) {
+  OptimizerConfig c;
+  c.type = OptimizerConfig::Type::kAdam;
+  c.learning_rate = 0.01f;
+  auto adam = *CreateCpuOptimizer(c);
+  ASSERT_EQ(adam->StateFloatsPerParam(), 2);
+  std::vector<float> p = {0.5f, -1.0f, 2.0f};
+  std::vector<float> state(6, 0.0f);
+  std::vector<double> rp(p.begin(), p.end()), m(3, 0), v(3, 0);
+  for (int t = 1; t <= 20; ++t) {
+    std::vector<float> g = {0.1f * t, -0.2f, 0.05f * (t % 3)};
+    adam->Apply(p.data(), g.data(), state.data(), 3, t);
+    for (int i = 0; i < 3; ++i) {
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.999, t));
+      rp[i] -= 0.01 * mh / (std::sqrt(vh) + 1e-8);
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(p[i], rp[i], 1e-5);
+}
+
+TEST(OptimizerTest, SgdMomentumAndValidation) {
+  OptimizerConfig c;
+  c.learning_rate = 0.1f;
+  c.momentum = 0.5f;
+  auto sgd = *CreateCpuOptimizer(c);
+  std::vector<float> p = {1.0f}, g = {1.0f}, v = {0.0f};
+  sgd->Apply(p.data(), g.data(), v.data(), 1, 1);  // v=1, p=0.9
+  sgd->Apply(p.data(), g.data(), v.data(), 1, 2);  // v=1.5, p=0.75
+  EXPECT_FLOAT_EQ(p[0], 0.75f);
+  c.learning_rate = 0;
+  EXPECT_FALSE(CreateCpuOptimizer(c).ok());
+  c.learning_rate = 0.1f;
+  c.momentum = 1.0f;
+  EXPECT_FALSE(CreateCpuOptimizer(c).ok());
+}
+
+}  // namespace
+}  // namespace pstrain::kernels

@@ -1,0 +1,192 @@
+// Bad pushes over real gRPC: a clear INVALID_ARGUMENT, and nothing changes.
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "common/chunk_codec.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+
+namespace pstrain::testing {
+namespace {
+
+struct ExchangeResult {
+  absl::Status status;
+  std::vector<v1::ChunkHeader> replies;
+};
+
+ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
+                        worker::ParameterMethod method, std::vector<grpc::ByteBuffer> frames) {
+  struct State {
+    absl::Mutex mu;
+    bool done = false;
+    ExchangeResult result;
+  };
+  auto state = std::make_shared<State>();
+  transport.StartExchange(
+      server, method, std::move(frames), absl::Now() + absl::Seconds(20),
+      [state](const grpc::ByteBuffer& reply) {
+        absl::StatusOr<Frame> frame = Frame::Parse(reply);
+        absl::MutexLock lock(&state->mu);
+        if (frame.ok()) state->result.replies.push_back(frame->header());
+      },
+      [state](absl::Status status) {
+        absl::MutexLock lock(&state->mu);
+        state->result.status = status;
+        state->done = true;
+      });
+  absl::MutexLock lock(&state->mu);
+  state->mu.Await(absl::Condition(&state->done));
+  return state->result;
+}
+
+class ParameterServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.1f, 2, 8, 2, 10);
+    plan_ = PlanFor(spec_);
+    servers_ = std::make_unique<InProcessServers>(2);
+    ASSERT_TRUE(servers_->AddJob("job-1", spec_, plan_).ok());
+    transport_ = *worker::CreateGrpcTransport(servers_->addresses());
+    for (const v1::ChunkInfo& c : plan_.chunks()) {
+      if (c.server() == 0 && own_chunk_ < 0) own_chunk_ = c.id();
+      if (c.server() == 1 && other_chunk_ < 0) other_chunk_ = c.id();
+    }
+    ASSERT_GE(own_chunk_, 0);
+    ASSERT_GE(other_chunk_, 0);
+  }
+
+  v1::ChunkHeader Push(int chunk, int64_t step = 0, int worker = 0) {
+    v1::ChunkHeader h;
+    h.set_kind(v1::FRAME_KIND_PUSH);
+    h.set_job_id("job-1");
+    h.set_worker(worker);
+    h.set_step(step);
+    h.set_version(step);
+    h.set_chunk(chunk);
+    h.set_dtype(v1::DTYPE_F32);
+    h.set_num_elements(chunk < plan_.chunks_size() ? plan_.chunks(chunk).size() : 16);
+    return h;
+  }
+
+  grpc::ByteBuffer Frame(const v1::ChunkHeader& h) {
+    std::vector<float> payload(h.num_elements(), 1.0f);
+    return EncodeFrame(h, payload.data());
+  }
+
+  // Every chunk's version and values on both servers.
+  std::vector<std::pair<int64_t, std::vector<float>>> Snapshot() {
+    std::vector<std::pair<int64_t, std::vector<float>>> out;
+    for (const v1::ChunkInfo& c : plan_.chunks()) {
+      auto snap = servers_->server(c.server()).store().ReadChunk("job-1", c.id());
+      EXPECT_TRUE(snap.ok());
+      out.emplace_back(snap->version, snap->values);
+    }
+    return out;
+  }
+
+  v1::JobSpec spec_;
+  v1::PartitionPlan plan_;
+  std::unique_ptr<InProcessServers> servers_;
+  std::unique_ptr<worker::ParameterTransport> transport_;
+  int own_chunk_ = -1, other_chunk_ = -1;
+};
+
+TEST_F(ParameterServiceTest, BadPushesAreRejectedAndChangeNothing) {
+  const auto before = Snapshot();
+  struct Case {
+    const char* what;
+    grpc::ByteBuffer frame;
+    absl::StatusCode code;
+    const char* message;
+  };
+  v1::ChunkHeader short_push = Push(own_chunk_);
+  short_push.set_num_elements(short_push.num_elements() - 1);
+  v1::ChunkHeader other_job = Push(own_chunk_);
+  other_job.set_job_id("job-nope");
+  v1::ChunkHeader pull = Push(own_chunk_);
+  pull.set_kind(v1::FRAME_KIND_PULL);
+  pull.set_num_elements(0);
+  grpc::Slice garbage("not a frame at all");
+  std::vector<Case> cases;
+  cases.push_back({"wrong size", Frame(short_push), absl::StatusCode::kInvalidArgument, "values"});
+  cases.push_back({"unknown chunk", Frame(Push(100000)), absl::StatusCode::kInvalidArgument,
+                   "unknown chunk"});
+  cases.push_back({"chunk of another server", Frame(Push(other_chunk_)),
+                   absl::StatusCode::kInvalidArgument, "not held"});
+  cases.push_back({"step from the future", Frame(Push(own_chunk_, 5)),
+                   absl::StatusCode::kInvalidArgument, "ahead of version"});
+  cases.push_back({"worker out of range", Frame(Push(own_chunk_, 0, 7)),
+                   absl::StatusCode::kInvalidArgument, "worker 7"});
+  cases.push_back({"unknown job", Frame(other_job), absl::StatusCode::kNotFound, "job-nope"});
+  cases.push_back({"pull on push-pull", EncodeFrame(pull, nullptr),
+                   absl::StatusCode::kInvalidArgument, "not allowed"});
+  cases.push_back({"garbage", grpc::ByteBuffer(&garbage, 1), absl::StatusCode::kInvalidArgument,
+                   "frame"});
+  for (Case& c : cases) {
+    ExchangeResult r =
+        Exchange(*transport_, 0, worker::ParameterMethod::kPushPull, {std::move(c.frame)});
+    EXPECT_EQ(r.status.code(), c.code) << c.what << ": " << r.status;
+    EXPECT_TRUE(absl::StrContains(r.status.message(), c.message)) << c.what << ": " << r.status;
+  }
+  EXPECT_EQ(Snapshot(), before);
+}
+
+TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
+  // Worker 0 pushes its step-0 gradient with Push: acknowledged at once.
+  ExchangeResult pushed =
+      Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))});
+  ASSERT_TRUE(pushed.status.ok()) << pushed.status;
+  ASSERT_EQ(pushed.replies.size(), 1u);
+  EXPECT_EQ(pushed.replies[0].kind(), v1::FRAME_KIND_ACK);
+  // A repeated push of the same step is acknowledged but not summed twice.
+  ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))})
+                  .status.ok());
+  EXPECT_EQ(servers_->server(0).store().ReadChunk("job-1", own_chunk_)->version, 0);
+
+  // Worker 1's push-and-wait completes the step: version 1 comes back.
+  ExchangeResult waited = Exchange(*transport_, 0, worker::ParameterMethod::kPushPull,
+                                   {Frame(Push(own_chunk_, 0, 1))});
+  ASSERT_TRUE(waited.status.ok()) << waited.status;
+  ASSERT_EQ(waited.replies.size(), 1u);
+  EXPECT_EQ(waited.replies[0].kind(), v1::FRAME_KIND_VALUES);
+  EXPECT_EQ(waited.replies[0].version(), 1);
+
+  // Each worker's gradient of 1.0 was summed once: SGD moved every value by
+  // learning_rate * 2.
+  const auto after = servers_->server(0).store().ReadChunk("job-1", own_chunk_);
+  std::vector<float> initial(plan_.chunks(own_chunk_).size());
+  kernels::InitParams(ModelShapeOf(spec_), spec_.seed(), plan_.chunks(own_chunk_).offset(),
+                      plan_.chunks(own_chunk_).offset() + initial.size(), initial.data());
+  for (size_t i = 0; i < initial.size(); ++i) {
+    ASSERT_FLOAT_EQ(after->values[i], initial[i] - 0.2f) << i;
+  }
+}
+
+TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
+  // Only worker 0 pushes: the barrier never completes on its own.
+  absl::Mutex mu;
+  bool done = false;
+  absl::Status status;
+  transport_->StartExchange(
+      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_))},
+      absl::Now() + absl::Seconds(60), [](const grpc::ByteBuffer&) {},
+      [&](absl::Status s) {
+        absl::MutexLock lock(&mu);
+        status = s;
+        done = true;
+      });
+  // Wait until the push is parked at the barrier, then shut the server down.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (servers_->server(0).store().OpenWaits() == 0) {
+    ASSERT_LT(absl::Now(), give_up) << "the push never reached the barrier";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  servers_->server(0).Shutdown(absl::Seconds(5));
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10)))
+      << "a push waiting at the barrier kept the server from shutting down";
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+}
+
+}  // namespace
+}  // namespace pstrain::testing

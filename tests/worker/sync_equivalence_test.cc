@@ -1,0 +1,92 @@
+// Sync mode is exact: W workers with batch b over real gRPC servers train
+// the same model as one process with batch W*b.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+#include "worker/in_process.h"
+
+namespace pstrain::testing {
+namespace {
+
+constexpr int kSteps = 50;
+
+struct Case {
+  const char* name;
+  v1::OptimizerType optimizer;
+  float learning_rate;
+  int servers;
+  double max_relative_l2;
+  double max_abs;
+};
+
+class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new DatasetCache;
+    train_ = *data_->FashionMnist(kFashionDir, true);
+  }
+  static void TearDownTestSuite() {
+    train_.reset();
+    delete data_;
+  }
+
+  // Trains distributed (2 workers x 32) and in-process (1 x 64); returns the
+  // per-tensor differences.
+  std::vector<TensorDiff> Run(const Case& c, server::ShardStore::Options store) {
+    const v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2, /*batch=*/32,
+                                     c.servers, kSteps);
+    const v1::PartitionPlan plan = PlanFor(spec);
+    absl::StatusOr<std::vector<float>> reference = worker::TrainInProcess(spec, kSteps, *train_);
+    EXPECT_TRUE(reference.ok()) << reference.status();
+
+    InProcessServers servers(c.servers, store);
+    EXPECT_TRUE(servers.AddJob("job-eq", spec, plan).ok());
+    WorkersResult result = RunWorkers("job-eq", spec, plan, servers.addresses(), data_);
+    EXPECT_TRUE(result.status.ok()) << result.status;
+    EXPECT_EQ(result.steps_done, std::vector<int64_t>(2, kSteps));
+    // What the servers hold is what worker 0 ended with.
+    EXPECT_EQ(servers.Gather("job-eq", plan), result.params);
+    return CompareTensors(plan, result.params, *reference);
+  }
+
+  static DatasetCache* data_;
+  static std::shared_ptr<const Dataset> train_;
+};
+
+DatasetCache* SyncEquivalenceTest::data_ = nullptr;
+std::shared_ptr<const Dataset> SyncEquivalenceTest::train_;
+
+TEST_P(SyncEquivalenceTest, DistributedEqualsOneBigBatch) {
+  const Case& c = GetParam();
+  for (const TensorDiff& d : Run(c, {})) {
+    EXPECT_LE(d.relative_l2, c.max_relative_l2) << d.name;
+    EXPECT_LE(d.max_abs, c.max_abs) << d.name;
+    RecordProperty(absl::StrCat(d.name, ".relative_l2"), absl::StrCat(d.relative_l2));
+  }
+}
+
+// The mutation check: a server that leaves out worker 1's gradient must
+// break the bound, or the test above proves nothing.
+TEST_P(SyncEquivalenceTest, LeavingOutAWorkerBreaksTheBound) {
+  const Case& c = GetParam();
+  server::ShardStore::Options broken;
+  broken.ignore_worker_for_testing = 1;
+  bool broke = false;
+  for (const TensorDiff& d : Run(c, broken)) {
+    if (d.relative_l2 > c.max_relative_l2 || d.max_abs > c.max_abs) broke = true;
+  }
+  EXPECT_TRUE(broke);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SyncEquivalenceTest,
+    ::testing::Values(Case{"sgd_2_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 2, 1e-5, 1e-4},
+                      Case{"sgd_3_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 3, 1e-5, 1e-4},
+                      Case{"adam_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4},
+                      Case{"adam_3_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 3, 1e-5, 5e-4}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace pstrain::testing
