@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -297,6 +298,30 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   PSTRAIN_RETURN_IF_ERROR(range("chunk_bytes", spec.chunk_bytes(), 4, kMaxChunkBytes));
   if (spec.chunk_bytes() % 4 != 0) {
     return FieldError("chunk_bytes", "must be a multiple of 4 (whole floats)");
+  }
+
+  // Sizes that would exhaust memory or the plan.
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  const int64_t params = kernels::NumParams(shape);
+  if (params > kMaxParams) {
+    return FieldError("model.hidden", absl::StrCat("the model has ", params,
+                                                   " parameters; at most ", kMaxParams));
+  }
+  int64_t chunks = 0;
+  for (const kernels::TensorDesc& t : kernels::ModelTensors(shape)) {
+    chunks += (t.size * 4 + spec.chunk_bytes() - 1) / spec.chunk_bytes();
+  }
+  if (chunks > kMaxChunks) {
+    return FieldError("chunk_bytes", absl::StrCat("cuts the model into ", chunks,
+                                                  " chunks; at most ", kMaxChunks));
+  }
+  int64_t widest = shape.input_dim;
+  for (int width : shape.hidden) widest = std::max<int64_t>(widest, width);
+  if (int64_t{spec.batch_size()} * widest > kMaxActivationFloats) {
+    return FieldError("batch_size", absl::StrCat("batch_size * widest layer = ",
+                                                 int64_t{spec.batch_size()} * widest,
+                                                 " floats per activation; at most ",
+                                                 kMaxActivationFloats));
   }
   return spec;
 }

@@ -16,6 +16,10 @@ namespace pstrain {
 inline constexpr char kDefaultDataDir[] = "/usr/share/datasets/fashion-mnist";
 inline constexpr int64_t kDefaultChunkBytes = 1 << 20;
 inline constexpr int64_t kMaxChunkBytes = 64 << 20;
+// Limits that keep a spec from exhausting a node's memory.
+inline constexpr int64_t kMaxParams = int64_t{1} << 30;
+inline constexpr int64_t kMaxChunks = 1 << 20;
+inline constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
 // Fashion-MNIST sizes (the only dataset so far).
 inline constexpr int kFashionTrainSamples = 60000;
 inline constexpr int kFashionInputDim = 784;

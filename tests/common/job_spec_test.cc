@@ -110,7 +110,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"no steps", With("epochs: 3", "epochs: 0"), "epochs"},
         BadSpec{"odd chunk", With("chunk_bytes: 65536", "chunk_bytes: 65537"), "chunk_bytes"},
         BadSpec{"unknown mode", With("mode: sync", "mode: eventually"), "mode"},
-        BadSpec{"missing value", With("seed: 7", "seed:"), "seed"}),
+        BadSpec{"missing value", With("seed: 7", "seed:"), "seed"},
+        BadSpec{"absurd model", With("[256, 128]", "[16384, 16384, 16384, 16384, 16384]"),
+                "model.hidden"},
+        BadSpec{"absurd chunk count",
+                "model: {type: mlp, hidden: [4096, 4096]}\noptimizer: {type: sgd, "
+                "learning_rate: 1}\nbatch_size: 8\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n"
+                "chunk_bytes: 4\n",
+                "chunk_bytes"},
+        BadSpec{"absurd activations",
+                "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
+                "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",
+                "batch_size"}),
     [](const ::testing::TestParamInfo<BadSpec>& info) {
       std::string name = info.param.what;
       for (char& c : name) {
