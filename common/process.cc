@@ -103,4 +103,22 @@ TerminationSignals::~TerminationSignals() {
   thread_.join();
 }
 
+StopOnSignal::StopOnSignal()
+    : signals_([this](int signo) {
+        absl::MutexLock lock(&mu_);
+        signalled_ = true;
+        if (action_) action_();
+      }) {}
+
+void StopOnSignal::OnSignal(std::function<void()> action) {
+  absl::MutexLock lock(&mu_);
+  action_ = std::move(action);
+  if (signalled_ && action_) action_();
+}
+
+void StopOnSignal::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&signalled_));
+}
+
 }  // namespace pstrain

@@ -10,7 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace pstrain {
@@ -53,6 +55,25 @@ class TerminationSignals {
 
  private:
   std::thread thread_;
+};
+
+// What a long-running binary's main() does with SIGINT and SIGTERM: the
+// first one runs the action set with OnSignal (at once if the signal came
+// before), and releases Wait(). Construct before any other thread starts.
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  // Sets the action; replaces the previous one. Clear it (nullptr) before
+  // whatever it refers to is destroyed.
+  void OnSignal(std::function<void()> action);
+  // Blocks until a signal has arrived.
+  void Wait();
+
+ private:
+  absl::Mutex mu_;
+  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> action_ ABSL_GUARDED_BY(mu_);
+  TerminationSignals signals_;  // last: its thread uses the fields above
 };
 
 }  // namespace pstrain

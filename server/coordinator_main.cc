@@ -24,13 +24,7 @@ int main(int argc, char** argv) {
     std::cerr << "--lease_s and --heartbeat_interval_ms must be positive\n";
     return 2;
   }
-  absl::Mutex mu;
-  bool stop = false;
-  pstrain::TerminationSignals signals([&](int signo) {
-    LOG(INFO) << "signal " << signo << ": shutting down";
-    absl::MutexLock lock(&mu);
-    stop = true;
-  });
+  pstrain::StopOnSignal signals;
   auto coordinator = pstrain::server::Coordinator::Create(options);
   if (!coordinator.ok()) {
     std::cerr << "pstrain-coordinator: " << coordinator.status() << "\n";
@@ -38,10 +32,8 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "coordinator listening on " << (*coordinator)->address();
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*coordinator)->address());
-  {
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&stop));
-  }
+  signals.Wait();
+  LOG(INFO) << "shutting down";
   (*coordinator)->Shutdown(absl::Seconds(2));
   return 0;
 }

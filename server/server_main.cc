@@ -25,29 +25,16 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-server: --coordinator is required\n";
     return 2;
   }
-  pstrain::server::ParameterServer* running = nullptr;
-  absl::Mutex mu;
-  bool stop = false;
-  pstrain::TerminationSignals signals([&](int signo) {
-    LOG(INFO) << "signal " << signo << ": shutting down";
-    absl::MutexLock lock(&mu);
-    stop = true;
-    if (running != nullptr) running->RequestStop();
-  });
+  pstrain::StopOnSignal signals;
   auto server = pstrain::server::ParameterServer::Create(options);
   if (!server.ok()) {
     std::cerr << "pstrain-server: " << server.status() << "\n";
     return 1;
   }
-  {
-    absl::MutexLock lock(&mu);
-    running = server->get();
-    if (stop) running->RequestStop();
-  }
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*server)->address());
+  signals.OnSignal([&] { (*server)->RequestStop(); });
   (*server)->Wait();
+  signals.OnSignal(nullptr);
   (*server)->Shutdown(absl::Seconds(2));
-  absl::MutexLock lock(&mu);
-  running = nullptr;
   return 0;
 }

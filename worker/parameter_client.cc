@@ -42,38 +42,40 @@ void ParameterClient::Cancel() {
   transport_->CancelAll();
 }
 
-absl::Status ParameterClient::PullAll(int64_t min_version, float* params) {
+v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) const {
+  v1::ChunkHeader h;
+  h.set_kind(kind);
+  h.set_job_id(options_.job_id);
+  h.set_worker(options_.worker);
+  h.set_chunk(chunk);
+  h.set_dtype(v1::DTYPE_F32);
+  return h;
+}
+
+std::vector<uint32_t> ParameterClient::AllChunks() const {
   std::vector<uint32_t> chunks(options_.plan.chunks_size());
   std::iota(chunks.begin(), chunks.end(), 0);
+  return chunks;
+}
+
+absl::Status ParameterClient::PullAll(int64_t min_version, float* params) {
   auto make_request = [&](uint32_t c) {
-    v1::ChunkHeader h;
-    h.set_kind(v1::FRAME_KIND_PULL);
-    h.set_job_id(options_.job_id);
-    h.set_worker(options_.worker);
-    h.set_chunk(c);
+    v1::ChunkHeader h = Header(v1::FRAME_KIND_PULL, c);
     h.set_version(min_version);
-    h.set_dtype(v1::DTYPE_F32);
     return EncodeFrame(h, nullptr);
   };
-  return Exchange(ParameterMethod::kPull, std::move(chunks), make_request, min_version, params);
+  return Exchange(ParameterMethod::kPull, AllChunks(), make_request, min_version, params);
 }
 
 absl::Status ParameterClient::PushPull(int64_t step,
                                        const std::shared_ptr<std::vector<float>>& grad,
                                        float* params) {
-  std::vector<uint32_t> chunks(options_.plan.chunks_size());
-  std::iota(chunks.begin(), chunks.end(), 0);
   const bool sync = options_.mode == v1::MODE_SYNC;
   auto make_request = [&](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
-    v1::ChunkHeader h;
-    h.set_kind(v1::FRAME_KIND_PUSH);
-    h.set_job_id(options_.job_id);
-    h.set_worker(options_.worker);
+    v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
     h.set_step(step);
-    h.set_chunk(c);
     h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
-    h.set_dtype(v1::DTYPE_F32);
     h.set_num_elements(static_cast<uint32_t>(info.size()));
     return EncodeFrameShared(h, grad->data() + info.offset(), grad);
   };
@@ -82,7 +84,7 @@ absl::Status ParameterClient::PushPull(int64_t step,
     stats_.bytes_pushed += options_.plan.total_floats() * 4;
   }
   // Sync: exactly version step+1. Async: whatever the server has now.
-  return Exchange(ParameterMethod::kPushPull, std::move(chunks), make_request,
+  return Exchange(ParameterMethod::kPushPull, AllChunks(), make_request,
                   sync ? step + 1 : 0, params);
 }
 

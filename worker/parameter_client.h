@@ -68,6 +68,9 @@ class ParameterClient {
                         const std::function<grpc::ByteBuffer(uint32_t)>& make_request,
                         int64_t min_version, float* params);
 
+  v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
+  std::vector<uint32_t> AllChunks() const;
+
   const Options options_;
   ParameterTransport* const transport_;
   std::vector<int64_t> chunk_versions_;

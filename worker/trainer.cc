@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -7,6 +9,12 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::worker {
+namespace {
+
+// The final loss of a worker is its mean training loss over this many steps.
+constexpr int64_t kFinalLossSteps = 50;
+
+}  // namespace
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
 
@@ -84,6 +92,8 @@ absl::Status Trainer::Run() {
   report.set_worker(a.worker_index());
   double window_loss = 0;
   int64_t window_steps = 0;
+  // The losses of the last kFinalLossSteps steps, for the final report.
+  std::vector<double> recent_losses(std::min<int64_t>(kFinalLossSteps, total_steps));
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
 
@@ -101,6 +111,7 @@ absl::Status Trainer::Run() {
     if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
     PSTRAIN_RETURN_IF_ERROR(client_->PushPull(step, grad_, params_.data()));
     steps_done_ = step + 1;
+    recent_losses[step % recent_losses.size()] = stats.loss_sum / batch;
     window_loss += stats.loss_sum / batch;
     ++window_steps;
 
@@ -118,7 +129,11 @@ absl::Status Trainer::Run() {
       window_start = now;
     }
   }
-  // The final report repeats the last loss; its samples were reported above.
+  // The final report's loss is the mean over the last steps (the same in
+  // every run of a sync job); its samples were reported above.
+  double recent = 0;
+  for (double loss : recent_losses) recent += loss;
+  report.set_loss(static_cast<float>(recent / recent_losses.size()));
   report.set_samples(0);
   report.set_seconds(0);
   report.set_finished(true);

@@ -31,28 +31,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
-  pstrain::worker::WorkerNode* running = nullptr;
-  absl::Mutex mu;
-  bool stop = false;
-  pstrain::TerminationSignals signals([&](int signo) {
-    LOG(INFO) << "signal " << signo << ": shutting down";
-    absl::MutexLock lock(&mu);
-    stop = true;
-    if (running != nullptr) running->RequestStop();
-  });
+  pstrain::StopOnSignal signals;
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";
     return 1;
   }
-  {
-    absl::MutexLock lock(&mu);
-    running = node->get();
-    if (stop) running->RequestStop();
-  }
+  signals.OnSignal([&] { (*node)->RequestStop(); });
   (*node)->Wait();
+  signals.OnSignal(nullptr);
   (*node)->Shutdown();
-  absl::MutexLock lock(&mu);
-  running = nullptr;
   return 0;
 }
