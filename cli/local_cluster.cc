@@ -94,6 +94,7 @@ std::optional<std::string> LocalCluster::CheckChildren() {
     if (c.exited) continue;
     if (std::optional<int> status = TryReap(c.pid)) {
       c.exited = true;
+      c.status = *status;
       return absl::StrCat(c.name, " (", DescribeWaitStatus(*status), "), log: ", options_.run_dir,
                           "/", c.name, ".log");
     }
@@ -102,16 +103,28 @@ std::optional<std::string> LocalCluster::CheckChildren() {
 }
 
 void LocalCluster::Stop(absl::Duration grace) {
-  // Workers first so that none reports a failure of servers going away.
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-    if (!it->exited) kill(it->pid, SIGTERM);
+  // Workers first, so that none reports a failure of servers going away;
+  // then the servers; the coordinator last.
+  for (const char* role : {"worker-", "server-", "coordinator"}) {
+    std::vector<Child*> group;
+    for (Child& c : children_) {
+      if (!c.exited && c.name.rfind(role, 0) == 0) group.push_back(&c);
+    }
+    for (Child* c : group) kill(c->pid, SIGTERM);
+    const absl::Time deadline = absl::Now() + grace;
+    for (Child* c : group) {
+      c->status = WaitOrKill(c->pid, deadline);
+      c->exited = true;
+    }
   }
-  const absl::Time deadline = absl::Now() + grace;
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-    if (it->exited) continue;
-    StopProcess(it->pid, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    it->exited = true;
+}
+
+std::map<std::string, int> LocalCluster::ExitStatuses() const {
+  std::map<std::string, int> out;
+  for (const Child& c : children_) {
+    if (c.exited) out[c.name] = c.status;
   }
+  return out;
 }
 
 }  // namespace pstrain::cli

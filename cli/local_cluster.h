@@ -50,9 +50,12 @@ class LocalCluster {
   // (exit 1), log: DIR/worker-1.log"), or nullopt if all run.
   std::optional<std::string> CheckChildren();
 
-  // SIGTERM to workers, servers, then the coordinator; SIGKILL to any still
-  // running after `grace`. Idempotent.
+  // SIGTERM to the workers, then the servers, then the coordinator, each
+  // group given `grace` before SIGKILL. Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
+
+  // Wait status of every child that has exited, by name.
+  std::map<std::string, int> ExitStatuses() const;
 
  private:
   explicit LocalCluster(Options options) : options_(std::move(options)) {}
@@ -64,6 +67,7 @@ class LocalCluster {
     std::string name;
     pid_t pid;
     bool exited = false;
+    int status = 0;  // wait status, once exited
   };
   std::vector<Child> children_;
 };

@@ -214,16 +214,20 @@ int Run() {
   absl::StatusOr<v1::Job> job =
       Follow(*stub, submitted.job_id(), watch_context,
              absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
+  int signo;
+  std::string dead;
   {
     absl::MutexLock lock(&mu);
-    if (signal_received != 0) {
-      std::cerr << "pstrain-local: signal " << signal_received << ", stopping the cluster\n";
-      return finish(128 + signal_received);
-    }
-    if (!dead_child.empty()) {
-      std::cerr << "pstrain-local: a process exited: " << dead_child << "\n";
-      return finish(kExitFailed);
-    }
+    signo = signal_received;
+    dead = dead_child;
+  }
+  if (signo != 0) {
+    std::cerr << "pstrain-local: signal " << signo << ", stopping the cluster\n";
+    return finish(128 + signo);
+  }
+  if (!dead.empty()) {
+    std::cerr << "pstrain-local: a process exited: " << dead << "\n";
+    return finish(kExitFailed);
   }
   if (!job.ok()) {
     std::cerr << "pstrain-local: watching the job: " << job.status().message() << "\n";

@@ -50,6 +50,29 @@ absl::StatusOr<v1::PartitionPlan> ComputePartitionPlan(
   return plan;
 }
 
+absl::Status ValidatePartitionPlan(const v1::PartitionPlan& plan, int64_t total_floats) {
+  if (plan.total_floats() != total_floats) {
+    return absl::InvalidArgumentError(absl::StrCat("plan covers ", plan.total_floats(),
+                                                   " floats, the model has ", total_floats));
+  }
+  if (plan.num_servers() < 1) return absl::InvalidArgumentError("plan has no servers");
+  if (plan.chunk_bytes() < 4) return absl::InvalidArgumentError("plan chunk_bytes < 4");
+  int64_t next = 0;
+  for (int i = 0; i < plan.chunks_size(); ++i) {
+    const v1::ChunkInfo& c = plan.chunks(i);
+    if (c.id() != static_cast<uint32_t>(i) || c.offset() != next || c.size() < 1 ||
+        c.size() > plan.chunk_bytes() / 4 || c.size() > total_floats - next ||
+        c.server() >= plan.num_servers()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan chunk ", i, " is malformed"));
+    }
+    next += c.size();
+  }
+  if (next != total_floats) {
+    return absl::InvalidArgumentError("plan chunks do not cover the model");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> ServerLoads(const v1::PartitionPlan& plan) {
   std::vector<int64_t> load(plan.num_servers(), 0);
   for (const v1::ChunkInfo& c : plan.chunks()) load[c.server()] += c.size() * 4;

@@ -20,6 +20,12 @@ namespace pstrain {
 absl::StatusOr<v1::PartitionPlan> ComputePartitionPlan(
     const std::vector<kernels::TensorDesc>& tensors, int64_t chunk_bytes, int num_servers);
 
+// Checks what a node must trust before using a plan it received: chunk ids
+// are their indices, chunks tile [0, total_floats) in order without gaps,
+// none exceeds chunk_bytes, every server index is below num_servers.
+// INVALID_ARGUMENT saying what is wrong.
+absl::Status ValidatePartitionPlan(const v1::PartitionPlan& plan, int64_t total_floats);
+
 // Bytes held by each server under `plan`.
 std::vector<int64_t> ServerLoads(const v1::PartitionPlan& plan);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 
 namespace pstrain {
 
@@ -35,6 +36,9 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
+    // The parent's handlers would write to its signal pipe until exec.
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -57,50 +61,81 @@ std::optional<int> TryReap(pid_t pid) {
   int status = 0;
   const pid_t r = waitpid(pid, &status, WNOHANG);
   if (r == pid) return status;
-  if (r < 0 && errno == ECHILD) return 0;  // already reaped
+  if (r < 0 && errno == ECHILD) return kUnknownWaitStatus;  // not ours, or reaped
   return std::nullopt;
+}
+
+int WaitOrKill(pid_t pid, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    if (std::optional<int> status = TryReap(pid)) return *status;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (std::optional<int> status = TryReap(pid)) return *status;
+  kill(pid, SIGKILL);
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return kUnknownWaitStatus;
+  return status;
 }
 
 int StopProcess(pid_t pid, absl::Duration grace) {
   if (std::optional<int> status = TryReap(pid)) return *status;
   kill(pid, SIGTERM);
-  const absl::Time deadline = absl::Now() + grace;
-  while (absl::Now() < deadline) {
-    if (std::optional<int> status = TryReap(pid)) return *status;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return status;
+  return WaitOrKill(pid, absl::Now() + grace);
 }
 
 std::string DescribeWaitStatus(int status) {
+  if (status == kUnknownWaitStatus) return "exited, status unknown";
   if (WIFEXITED(status)) return absl::StrCat("exit ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
   return absl::StrCat("wait status ", status);
 }
 
+namespace {
+
+// The write end is used by the signal handler: only async-signal-safe calls.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnTerminationSignal(int signo) {
+  const int saved_errno = errno;
+  const char byte = static_cast<char>(signo);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+}  // namespace
+
 TerminationSignals::TerminationSignals(std::function<void(int)> on_signal) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR2);  // wakes the thread at destruction
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  thread_ = std::thread([set, on_signal = std::move(on_signal)] {
-    int signo = 0;
-    if (sigwait(&set, &signo) != 0 || signo == SIGUSR2) return;
-    on_signal(signo);
-    // A second signal while shutting down means: stop now.
-    if (sigwait(&set, &signo) != 0 || signo == SIGUSR2) return;
-    _exit(128 + signo);
+  CHECK_LT(g_signal_pipe[0], 0) << "one TerminationSignals per process";
+  PCHECK(pipe2(g_signal_pipe, O_CLOEXEC) == 0) << "pipe2";
+  struct sigaction action = {};
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, &previous_int_);
+  sigaction(SIGTERM, &action, &previous_term_);
+  thread_ = std::thread([on_signal = std::move(on_signal)] {
+    int received = 0;
+    while (true) {
+      char byte = 0;
+      const ssize_t n = read(g_signal_pipe[0], &byte, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || byte == 0) return;  // 0: the destructor's wake-up
+      // A second signal while shutting down means: stop now.
+      if (received++ > 0) _exit(128 + byte);
+      on_signal(byte);
+    }
   });
 }
 
 TerminationSignals::~TerminationSignals() {
-  pthread_kill(thread_.native_handle(), SIGUSR2);
+  const char wake = 0;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &wake, 1);
   thread_.join();
+  sigaction(SIGINT, &previous_int_, nullptr);
+  sigaction(SIGTERM, &previous_term_, nullptr);
+  close(g_signal_pipe[0]);
+  close(g_signal_pipe[1]);
+  g_signal_pipe[0] = g_signal_pipe[1] = -1;
 }
 
 StopOnSignal::StopOnSignal()

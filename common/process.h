@@ -2,6 +2,7 @@
 #ifndef PSTRAIN_COMMON_PROCESS_H_
 #define PSTRAIN_COMMON_PROCESS_H_
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -31,19 +32,27 @@ struct SpawnOptions {
 // fork + exec. INTERNAL if fork fails; a failing exec makes the child exit 127.
 absl::StatusOr<pid_t> Spawn(const SpawnOptions& options);
 
+// The wait status TryReap reports for a process that was already reaped.
+inline constexpr int kUnknownWaitStatus = -1;
+
 // If `pid` has exited, reaps it and returns its wait status; otherwise nullopt.
 std::optional<int> TryReap(pid_t pid);
 
-// SIGTERM, then SIGKILL if the child has not exited after `grace`; reaps it
+// Waits for the child to exit until `deadline`, then SIGKILLs it; reaps it
 // and returns its wait status.
+int WaitOrKill(pid_t pid, absl::Time deadline);
+
+// SIGTERM (once: a second one means "stop now" to pstrain's binaries), then
+// WaitOrKill after `grace`.
 int StopProcess(pid_t pid, absl::Duration grace);
 
 // "exit 3", "killed by signal 9" for a wait status.
 std::string DescribeWaitStatus(int status);
 
-// Routes SIGINT and SIGTERM to a callback on a dedicated thread. Construct
-// in main() before any other thread starts, so that every thread inherits
-// the blocked mask; children spawned later get the default mask back.
+// Routes SIGINT and SIGTERM to a callback on a dedicated thread: a handler
+// writes the signal to a pipe that the thread reads, so it works whichever
+// thread the kernel interrupts. One instance per process; children spawned
+// with Spawn get the default handlers back.
 class TerminationSignals {
  public:
   // on_signal runs once, on the first signal, with its number; a second
@@ -54,12 +63,14 @@ class TerminationSignals {
   TerminationSignals& operator=(const TerminationSignals&) = delete;
 
  private:
+  struct sigaction previous_int_ = {};
+  struct sigaction previous_term_ = {};
   std::thread thread_;
 };
 
 // What a long-running binary's main() does with SIGINT and SIGTERM: the
 // first one runs the action set with OnSignal (at once if the signal came
-// before), and releases Wait(). Construct before any other thread starts.
+// before), and releases Wait().
 class StopOnSignal {
  public:
   StopOnSignal();

@@ -61,6 +61,11 @@ class WatchQueue {
  private:
   // Starts the next write or the finish, outside the lock.
   void Next();
+  // Drops the events not yet written; the one being written stays until its
+  // write completes.
+  void DropQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue_.erase(writing_ ? queue_.begin() + 1 : queue_.begin(), queue_.end());
+  }
 
   mutable absl::Mutex mu_;
   JobWatch* reactor_ ABSL_GUARDED_BY(mu_);
@@ -108,7 +113,7 @@ void WatchQueue::End(const grpc::Status& status) {
     if (ended_) return;
     ended_ = true;
     status_ = status;
-    if (!status.ok()) queue_.clear();
+    if (!status.ok()) DropQueued();
   }
   Next();
 }
@@ -121,7 +126,7 @@ void WatchQueue::WriteDone(bool ok) {
     if (!ok) {
       ended_ = true;
       status_ = grpc::Status::CANCELLED;
-      queue_.clear();
+      DropQueued();
     }
   }
   Next();
@@ -360,7 +365,6 @@ class CoordinatorImpl final : public Coordinator,
           v1::ServerAssignment* a = response->add_server_jobs();
           a->set_job_id(id);
           a->set_server_index(s);
-          a->set_num_workers(job.spec().num_workers());
           if (!held.contains(id)) {
             *a->mutable_spec() = job.spec();
             *a->mutable_plan() = record.plan;

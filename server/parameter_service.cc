@@ -11,6 +11,13 @@ namespace {
 
 enum class Method { kPush, kPull, kPushPull };
 
+// A stream stops reading requests while it owes this many replies, or has
+// this many reply bytes queued, and reads on once half of that is left: a
+// client that sends without reading cannot make the server buffer without
+// bound.
+constexpr int64_t kMaxRepliesOwed = 1024;
+constexpr int64_t kMaxQueuedReplyBytes = 64 << 20;
+
 class ChunkStream;
 
 // The part of a stream that the store may call into after the reactor is
@@ -46,11 +53,15 @@ class StreamState final : public ChunkWaiter {
   void Reply(grpc::ByteBuffer frame);
   void Fail(const absl::Status& status);
   void ReadsDone();
-  void WriteDone(bool ok);
-  // True if the stream should read on.
-  bool Healthy() const {
+  // Returns true if reading, paused by back-pressure, should resume now.
+  bool WriteDone(bool ok);
+  // True if the stream should read the next request now; false if it
+  // failed, or if it pauses for back-pressure (WriteDone resumes it).
+  bool ReadOn() {
     absl::MutexLock lock(&mu_);
-    return error_.ok() && !finishing_;
+    if (!error_.ok() || finishing_) return false;
+    read_paused_ = Congested(1);
+    return !read_paused_;
   }
   void Detach() {
     absl::MutexLock lock(&mu_);
@@ -68,6 +79,11 @@ class StreamState final : public ChunkWaiter {
     return false;
   }
   void FinishNow();
+  // Over the limits (divided by `slack`)?
+  bool Congested(int slack) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return replies_owed_ > kMaxRepliesOwed / slack ||
+           queued_bytes_ > kMaxQueuedReplyBytes / slack;
+  }
 
   mutable absl::Mutex mu_;
   ChunkStream* reactor_ ABSL_GUARDED_BY(mu_);
@@ -75,7 +91,9 @@ class StreamState final : public ChunkWaiter {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   int64_t replies_owed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -95,10 +113,14 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
       state_->Fail(s);
       return;
     }
-    if (state_->Healthy()) StartRead(&request_);
+    // A Finish from another thread may come between the check and the read;
+    // gRPC then fails the read, and OnDone waits for that reaction.
+    if (state_->ReadOn()) StartRead(&request_);
   }
 
-  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+  void OnWriteDone(bool ok) override {
+    if (state_->WriteDone(ok)) StartRead(&request_);
+  }
 
   void OnCancel() override { state_->Fail(absl::CancelledError("stream cancelled")); }
 
@@ -154,6 +176,7 @@ void StreamState::Reply(grpc::ByteBuffer frame) {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finishing_) return;
     --replies_owed_;
+    queued_bytes_ += static_cast<int64_t>(frame.Length());
     queue_.push_back(std::move(frame));
     if (writing_) return;
     writing_ = true;
@@ -163,12 +186,14 @@ void StreamState::Reply(grpc::ByteBuffer frame) {
   reactor->StartWrite(next);
 }
 
-void StreamState::WriteDone(bool ok) {
+bool StreamState::WriteDone(bool ok) {
   ChunkStream* reactor = nullptr;
   const grpc::ByteBuffer* next = nullptr;
   bool finish = false;
+  bool resume_reading = false;
   {
     absl::MutexLock lock(&mu_);
+    queued_bytes_ -= static_cast<int64_t>(queue_.front().Length());
     queue_.pop_front();
     if (!ok && error_.ok()) error_ = absl::CancelledError("write failed: stream broken");
     if (ok && !queue_.empty() && error_.ok()) {
@@ -178,12 +203,17 @@ void StreamState::WriteDone(bool ok) {
       writing_ = false;
       finish = ShouldFinish();
     }
+    if (read_paused_ && error_.ok() && !finishing_ && !Congested(2)) {
+      read_paused_ = false;
+      resume_reading = true;
+    }
   }
   if (next != nullptr) {
     reactor->StartWrite(next);
   } else if (finish) {
     FinishNow();
   }
+  return resume_reading;
 }
 
 void StreamState::Fail(const absl::Status& status) {

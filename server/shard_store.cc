@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/partition.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -33,6 +34,9 @@ struct ShardStore::Chunk {
   // Async: the last step applied per worker (-1: none), for retries.
   std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
   std::vector<Waiting> waiting ABSL_GUARDED_BY(mu);
+  // Not OK once the job is removed or the server shuts down: later requests
+  // that found the chunk before that get this error instead of waiting.
+  absl::Status closed ABSL_GUARDED_BY(mu);
 };
 
 struct ShardStore::Job {
@@ -60,11 +64,21 @@ void AnswerWaits(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.m
   chunk.waiting = std::move(still);
 }
 
-void Wait(ShardStore::Chunk& chunk, const v1::ChunkHeader& request, int64_t min_version,
-          std::shared_ptr<ChunkWaiter> waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
-  if (waiter == nullptr) return;
-  chunk.waiting.push_back(Waiting{request, min_version, std::move(waiter)});
+// Adds a wait (if any) and answers every wait the version now satisfies.
+void WaitAndAnswer(ShardStore::Chunk& chunk, const v1::ChunkHeader& request, int64_t min_version,
+                   std::shared_ptr<ChunkWaiter> waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (waiter != nullptr) {
+    chunk.waiting.push_back(Waiting{request, min_version, std::move(waiter)});
+  }
   AnswerWaits(chunk);
+}
+
+// Ends the chunk's waits with `status` and refuses later requests.
+void Close(ShardStore::Chunk& chunk, const absl::Status& status) {
+  absl::MutexLock lock(&chunk.mu);
+  chunk.closed = status;
+  for (Waiting& w : chunk.waiting) w.waiter->OnAbort(status);
+  chunk.waiting.clear();
 }
 
 }  // namespace
@@ -77,27 +91,20 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(a.spec()));
   const v1::PartitionPlan& plan = a.plan();
   const kernels::ModelShape shape = ModelShapeOf(spec);
-  if (plan.total_floats() != kernels::NumParams(shape)) {
-    return absl::InvalidArgumentError("plan does not match the model");
-  }
+  PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(plan, kernels::NumParams(shape)));
   if (a.server_index() >= plan.num_servers()) {
     return absl::InvalidArgumentError("server_index outside the plan");
   }
-  if (a.num_workers() < 1) return absl::InvalidArgumentError("num_workers must be >= 1");
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
                            kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));
 
   auto job = std::make_shared<Job>();
   job->id = a.job_id();
   job->mode = spec.mode();
-  job->num_workers = a.num_workers();
+  job->num_workers = spec.num_workers();
   job->chunks.resize(plan.chunks_size());
   for (const v1::ChunkInfo& info : plan.chunks()) {
     if (info.server() != a.server_index()) continue;
-    if (info.offset() < 0 || info.size() < 1 || info.offset() + info.size() > plan.total_floats() ||
-        info.size() * 4 > plan.chunk_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("plan chunk ", info.id(), " is malformed"));
-    }
     auto chunk = std::make_unique<Chunk>();
     absl::MutexLock lock(&chunk->mu);
     chunk->size = info.size();
@@ -137,10 +144,7 @@ void ShardStore::RemoveJob(const std::string& job_id) {
   }
   const absl::Status aborted = absl::AbortedError(absl::StrCat("job ", job_id, " was removed"));
   for (auto& chunk : job->chunks) {
-    if (chunk == nullptr) continue;
-    absl::MutexLock lock(&chunk->mu);
-    for (Waiting& w : chunk->waiting) w.waiter->OnAbort(aborted);
-    chunk->waiting.clear();
+    if (chunk != nullptr) Close(*chunk, aborted);
   }
 }
 
@@ -178,10 +182,7 @@ void ShardStore::Shutdown() {
   const absl::Status unavailable = absl::UnavailableError("parameter server is shutting down");
   for (auto& [id, job] : jobs) {
     for (auto& chunk : job->chunks) {
-      if (chunk == nullptr) continue;
-      absl::MutexLock lock(&chunk->mu);
-      for (Waiting& w : chunk->waiting) w.waiter->OnAbort(unavailable);
-      chunk->waiting.clear();
+      if (chunk != nullptr) Close(*chunk, unavailable);
     }
   }
 }
@@ -229,6 +230,7 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
 
   absl::MutexLock lock(&chunk->mu);
+  if (!chunk->closed.ok()) return chunk->closed;
   if (job->mode == v1::MODE_SYNC) {
     if (h.step() > chunk->version) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push for step ",
@@ -255,7 +257,7 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
       }
     }
     // Older steps are retries of pushes already applied: answered, not summed.
-    Wait(*chunk, h, h.step() + 1, std::move(waiter));
+    WaitAndAnswer(*chunk, h, h.step() + 1, std::move(waiter));
     return absl::OkStatus();
   }
 
@@ -272,7 +274,7 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
     ++chunk->version;
     chunk->last_step[h.worker()] = h.step();
   }
-  Wait(*chunk, h, /*min_version=*/0, std::move(waiter));
+  WaitAndAnswer(*chunk, h, /*min_version=*/0, std::move(waiter));
   return absl::OkStatus();
 }
 
@@ -281,7 +283,8 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   if (h.version() < 0) return absl::InvalidArgumentError("negative version");
   absl::MutexLock lock(&chunk->mu);
-  Wait(*chunk, h, h.version(), std::move(waiter));
+  if (!chunk->closed.ok()) return chunk->closed;
+  WaitAndAnswer(*chunk, h, h.version(), std::move(waiter));
   return absl::OkStatus();
 }
 

@@ -62,7 +62,6 @@ absl::Status InProcessServers::AddJob(const std::string& job_id, const v1::JobSp
     a.set_server_index(i);
     *a.mutable_spec() = spec;
     *a.mutable_plan() = plan;
-    a.set_num_workers(spec.num_workers());
     if (absl::Status s = servers_[i]->store().AddJob(a); !s.ok()) return s;
   }
   return absl::OkStatus();

@@ -38,8 +38,21 @@ ParameterClient::Stats ParameterClient::stats() const {
 }
 
 void ParameterClient::Cancel() {
-  cancelled_ = true;
+  {
+    absl::MutexLock lock(&cancel_mu_);
+    cancelled_ = true;
+  }
   transport_->CancelAll();
+}
+
+bool ParameterClient::cancelled() const {
+  absl::MutexLock lock(&cancel_mu_);
+  return cancelled_;
+}
+
+bool ParameterClient::SleepUnlessCancelled(absl::Duration duration) {
+  absl::MutexLock lock(&cancel_mu_);
+  return !cancel_mu_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
 }
 
 v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) const {
@@ -98,7 +111,7 @@ absl::Status ParameterClient::Exchange(
   absl::Time give_up = absl::Now() + options_.retry_window;
 
   while (!pending.empty()) {
-    if (cancelled_) return absl::CancelledError("parameter client cancelled");
+    if (cancelled()) return absl::CancelledError("parameter client cancelled");
     std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers);
     for (uint32_t c : pending) requests[plan.chunks(c).server()].push_back(make_request(c));
 
@@ -165,7 +178,7 @@ absl::Status ParameterClient::Exchange(
       stats_.bytes_pulled += attempt->bytes;
     }
     if (still.empty()) return absl::OkStatus();
-    if (cancelled_) return absl::CancelledError("parameter client cancelled");
+    if (cancelled()) return absl::CancelledError("parameter client cancelled");
     absl::Status first_error;
     for (int s = 0; s < num_servers; ++s) {
       const absl::Status& status = attempt->status[s];
@@ -178,7 +191,8 @@ absl::Status ParameterClient::Exchange(
                                    absl::StrCat("parameter server ", s, ": ", status.message()));
       }
     }
-    if (still.size() < pending.size()) {
+    const bool progress = still.size() < pending.size();
+    if (progress) {
       give_up = absl::Now() + options_.retry_window;
       backoff = options_.initial_backoff;
     }
@@ -193,8 +207,12 @@ absl::Status ParameterClient::Exchange(
       ++stats_.retries;
     }
     VLOG(1) << "retrying " << still.size() << " chunks: " << first_error;
-    if (!first_error.ok()) {
-      absl::SleepFor(backoff);
+    // Replies lost on the way are asked for again at once; a failing or
+    // silent server is given time.
+    if (!progress || !first_error.ok()) {
+      if (!SleepUnlessCancelled(backoff)) {
+        return absl::CancelledError("parameter client cancelled");
+      }
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
     pending = std::move(still);

@@ -69,12 +69,16 @@ class ParameterClient {
                         int64_t min_version, float* params);
 
   v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
+  bool cancelled() const;
+  // False if cancelled before `duration` passed.
+  bool SleepUnlessCancelled(absl::Duration duration);
   std::vector<uint32_t> AllChunks() const;
 
   const Options options_;
   ParameterTransport* const transport_;
   std::vector<int64_t> chunk_versions_;
-  std::atomic<bool> cancelled_{false};
+  mutable absl::Mutex cancel_mu_;
+  bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);
 };

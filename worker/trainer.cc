@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
+#include "common/partition.h"
 #include "common/status.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -30,9 +31,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   const v1::WorkerAssignment& a = t->options_.assignment;
   PSTRAIN_ASSIGN_OR_RETURN(t->spec_, NormalizeJobSpec(a.spec()));
   const kernels::ModelShape shape = ModelShapeOf(t->spec_);
-  if (a.plan().total_floats() != kernels::NumParams(shape)) {
-    return absl::InvalidArgumentError("partition plan does not match the model");
-  }
+  PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(a.plan(), kernels::NumParams(shape)));
   if (a.worker_index() >= static_cast<uint32_t>(t->spec_.num_workers())) {
     return absl::InvalidArgumentError("worker_index outside num_workers");
   }

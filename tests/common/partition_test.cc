@@ -1,6 +1,8 @@
 #include "common/partition.h"
 
+#include <functional>
 #include <random>
+#include <set>
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
@@ -100,6 +102,28 @@ TEST(PartitionTest, ExampleJobSplitsEvenlyOverTwoServers) {
     if (c.tensor() == 0) owners.insert(c.server());
   }
   EXPECT_EQ(owners.size(), 2u);
+}
+
+TEST(PartitionTest, ValidationRejectsEveryKindOfMalformedPlan) {
+  const std::vector<kernels::TensorDesc> tensors = Tensors({1000, 10});
+  const v1::PartitionPlan good = *ComputePartitionPlan(tensors, 400, 3);
+  ASSERT_TRUE(ValidatePartitionPlan(good, 1010).ok());
+  EXPECT_FALSE(ValidatePartitionPlan(good, 1011).ok());
+  std::vector<std::function<void(v1::PartitionPlan&)>> breakers = {
+      [](v1::PartitionPlan& p) { p.mutable_chunks(1)->set_id(7); },
+      [](v1::PartitionPlan& p) { p.mutable_chunks(1)->set_offset(5); },
+      [](v1::PartitionPlan& p) { p.mutable_chunks(0)->set_size(101); },
+      [](v1::PartitionPlan& p) { p.mutable_chunks(0)->set_size(0); },
+      [](v1::PartitionPlan& p) { p.mutable_chunks(2)->set_server(3); },
+      [](v1::PartitionPlan& p) { p.mutable_chunks()->RemoveLast(); },
+      [](v1::PartitionPlan& p) { p.set_num_servers(0); },
+      [](v1::PartitionPlan& p) { p.set_chunk_bytes(0); },
+  };
+  for (size_t i = 0; i < breakers.size(); ++i) {
+    v1::PartitionPlan bad = good;
+    breakers[i](bad);
+    EXPECT_FALSE(ValidatePartitionPlan(bad, 1010).ok()) << "breaker " << i;
+  }
 }
 
 }  // namespace

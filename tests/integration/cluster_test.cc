@@ -1,6 +1,9 @@
 // The real binaries on loopback: pstrain-coordinator, pstrain-server and
 // pstrain-worker as separate processes.
+#include <sys/wait.h>
+
 #include "cli/local_cluster.h"
+#include "common/process.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/control.grpc.pb.h"
@@ -83,6 +86,15 @@ TEST_F(ClusterTest, SyncTrainsToAccuracy) {
   EXPECT_GT(job.result().samples_per_second(), 0);
   EXPECT_LT(job.result().final_loss(), 1.0f);
   RecordProperty("test_accuracy", std::to_string(job.result().test_accuracy()));
+
+  // SIGTERM is a clean shutdown for every process: exit status 0.
+  cluster_->Stop();
+  const std::map<std::string, int> statuses = cluster_->ExitStatuses();
+  EXPECT_EQ(statuses.size(), 5u);
+  for (const auto& [name, status] : statuses) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << name << ": " << DescribeWaitStatus(status);
+  }
 }
 
 TEST_F(ClusterTest, AsyncSlowWorkerDoesNotHoldTheOtherBack) {

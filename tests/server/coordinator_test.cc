@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include <thread>
+
 #include "absl/strings/match.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
@@ -167,6 +169,84 @@ TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
   EXPECT_EQ(response.worker_jobs(0).job_id(), *id);
   EXPECT_EQ(response.worker_jobs(0).server_addresses(0), "127.0.0.1:1");
   EXPECT_GT(response.worker_jobs(0).plan().chunks_size(), 0);
+}
+
+// Watchers that come and go while progress streams in leave the coordinator
+// and the watchers that stay undisturbed.
+TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
+  absl::StatusOr<std::string> id = Submit(kValid);
+  ASSERT_TRUE(id.ok());
+  auto register_node = [&](v1::NodeRole role, const std::string& address) {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_address(address);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    EXPECT_TRUE(membership_->Register(&context, request, &response).ok());
+    return response.node_id();
+  };
+  register_node(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = register_node(v1::NODE_ROLE_WORKER, "");
+  ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+
+  // The watcher that stays: it must see the job succeed.
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  std::thread full_watch([&] {
+    v1::WatchJobRequest request;
+    request.set_job_id(*id);
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(60));
+    auto reader = control_->WatchJob(&context, request);
+    v1::JobEvent event;
+    while (reader->Read(&event)) {
+      if (event.has_state()) last_state = event.state().state();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+  });
+  std::vector<std::thread> leavers;
+  for (int i = 0; i < 30; ++i) {
+    leavers.emplace_back([&, i] {
+      v1::WatchJobRequest request;
+      request.set_job_id(*id);
+      grpc::ClientContext context;
+      SetTimeout(context, absl::Seconds(60));
+      auto reader = control_->WatchJob(&context, request);
+      v1::JobEvent event;
+      for (int n = 0; n < 1 + i % 5 && reader->Read(&event); ++n) {
+      }
+      context.TryCancel();
+      while (reader->Read(&event)) {
+      }
+      reader->Finish();
+    });
+  }
+  for (int i = 1; i <= 300; ++i) {
+    v1::ReportProgressRequest report;
+    report.set_node_id(worker);
+    report.set_job_id(*id);
+    report.set_worker(0);
+    report.set_step(std::min(i, 10));
+    report.set_loss(1.0f / i);
+    report.set_samples(8);
+    report.set_seconds(0.001);
+    if (i == 300) {
+      report.set_finished(true);
+      report.set_evaluated(true);
+      report.set_test_accuracy(0.5f);
+    }
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    ASSERT_TRUE(membership_->ReportProgress(&context, report, &response).ok());
+  }
+  for (std::thread& t : leavers) t.join();
+  full_watch.join();
+  EXPECT_EQ(last_state, v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<v1::Job> job = Get(*id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
 }
 
 }  // namespace

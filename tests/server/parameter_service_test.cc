@@ -188,5 +188,79 @@ TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
 }
 
+// A plain Push that completes the barrier must wake the push-and-wait
+// already parked there.
+TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
+  absl::Mutex mu;
+  bool done = false;
+  ExchangeResult parked;
+  transport_->StartExchange(
+      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_, 0, 0))},
+      absl::Now() + absl::Seconds(60),
+      [&](const grpc::ByteBuffer& reply) {
+        absl::MutexLock lock(&mu);
+        parked.replies.push_back(Frame::Parse(reply)->header());
+      },
+      [&](absl::Status s) {
+        absl::MutexLock lock(&mu);
+        parked.status = s;
+        done = true;
+      });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (servers_->server(0).store().OpenWaits() == 0) {
+    ASSERT_LT(absl::Now(), give_up);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
+                       {Frame(Push(own_chunk_, 0, 1))})
+                  .status.ok());
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)))
+      << "the parked push was not answered";
+  EXPECT_TRUE(parked.status.ok()) << parked.status;
+  ASSERT_EQ(parked.replies.size(), 1u);
+  EXPECT_EQ(parked.replies[0].version(), 1);
+}
+
+TEST_F(ParameterServiceTest, RemovingTheJobEndsParkedWaitsWithAborted) {
+  absl::Mutex mu;
+  bool done = false;
+  absl::Status status;
+  transport_->StartExchange(
+      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_))},
+      absl::Now() + absl::Seconds(60), [](const grpc::ByteBuffer&) {},
+      [&](absl::Status s) {
+        absl::MutexLock lock(&mu);
+        status = s;
+        done = true;
+      });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (servers_->server(0).store().OpenWaits() == 0) {
+    ASSERT_LT(absl::Now(), give_up);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  servers_->server(0).store().RemoveJob("job-1");
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_TRUE(servers_->server(0).store().JobIds().empty());
+}
+
+// Far more requests than the stream buffers: reading pauses and resumes,
+// and every request is answered.
+TEST_F(ParameterServiceTest, ThousandsOfPullsOnOneStreamAreAllAnswered) {
+  constexpr int kPulls = 5000;
+  std::vector<grpc::ByteBuffer> frames;
+  for (int i = 0; i < kPulls; ++i) {
+    v1::ChunkHeader h = Push(own_chunk_);
+    h.set_kind(v1::FRAME_KIND_PULL);
+    h.set_num_elements(0);
+    frames.push_back(EncodeFrame(h, nullptr));
+  }
+  ExchangeResult r = Exchange(*transport_, 0, worker::ParameterMethod::kPull, std::move(frames));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.replies.size(), static_cast<size_t>(kPulls));
+}
+
 }  // namespace
 }  // namespace pstrain::testing
