@@ -54,6 +54,18 @@ class CoordinatorTest : public ::testing::Test {
     return job;
   }
 
+  // Registers a node; returns its id.
+  std::string Register(v1::NodeRole role, const std::string& address) {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_address(address);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    EXPECT_TRUE(membership_->Register(&context, request, &response).ok());
+    return response.node_id();
+  }
+
   int CountJobs() {
     v1::ListJobsRequest request;
     v1::ListJobsResponse response;
@@ -69,7 +81,6 @@ class CoordinatorTest : public ::testing::Test {
 };
 
 TEST_F(CoordinatorTest, InvalidSpecsAreRejectedNamingTheFieldAndNothingIsQueued) {
-  std::string replaced = kValid;
   auto with = [](std::string from, std::string to) {
     std::string yaml = kValid;
     yaml.replace(yaml.find(from), from.size(), to);
@@ -143,18 +154,8 @@ TEST_F(CoordinatorTest, UnknownIdsAndBadRegistrations) {
 TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
   absl::StatusOr<std::string> id = Submit(kValid);
   ASSERT_TRUE(id.ok());
-  auto register_node = [&](v1::NodeRole role, const std::string& address) {
-    v1::RegisterRequest request;
-    request.set_role(role);
-    request.set_address(address);
-    v1::RegisterResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    EXPECT_TRUE(membership_->Register(&context, request, &response).ok());
-    return response.node_id();
-  };
-  const std::string server = register_node(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
-  const std::string worker = register_node(v1::NODE_ROLE_WORKER, "");
+  const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   absl::StatusOr<v1::Job> job = Get(*id);
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
@@ -176,18 +177,8 @@ TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
 TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   absl::StatusOr<std::string> id = Submit(kValid);
   ASSERT_TRUE(id.ok());
-  auto register_node = [&](v1::NodeRole role, const std::string& address) {
-    v1::RegisterRequest request;
-    request.set_role(role);
-    request.set_address(address);
-    v1::RegisterResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    EXPECT_TRUE(membership_->Register(&context, request, &response).ok());
-    return response.node_id();
-  };
-  register_node(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
-  const std::string worker = register_node(v1::NODE_ROLE_WORKER, "");
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
 
   // The watcher that stays: it must see the job succeed.

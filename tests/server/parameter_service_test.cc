@@ -14,29 +14,43 @@ struct ExchangeResult {
   std::vector<v1::ChunkHeader> replies;
 };
 
+// An exchange running in the background.
+struct PendingExchange {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  ExchangeResult result ABSL_GUARDED_BY(mu);
+
+  // The result once the exchange ends; fails the test after `patience`.
+  ExchangeResult Await(absl::Duration patience = absl::Seconds(30)) {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), patience))
+        << "the exchange did not end";
+    return result;
+  }
+};
+
+std::shared_ptr<PendingExchange> StartExchange(worker::ParameterTransport& transport, int server,
+                                               worker::ParameterMethod method,
+                                               std::vector<grpc::ByteBuffer> frames) {
+  auto pending = std::make_shared<PendingExchange>();
+  transport.StartExchange(
+      server, method, std::move(frames), absl::Now() + absl::Seconds(60),
+      [pending](const grpc::ByteBuffer& reply) {
+        absl::StatusOr<Frame> frame = Frame::Parse(reply);
+        absl::MutexLock lock(&pending->mu);
+        if (frame.ok()) pending->result.replies.push_back(frame->header());
+      },
+      [pending](absl::Status status) {
+        absl::MutexLock lock(&pending->mu);
+        pending->result.status = status;
+        pending->done = true;
+      });
+  return pending;
+}
+
 ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
                         worker::ParameterMethod method, std::vector<grpc::ByteBuffer> frames) {
-  struct State {
-    absl::Mutex mu;
-    bool done = false;
-    ExchangeResult result;
-  };
-  auto state = std::make_shared<State>();
-  transport.StartExchange(
-      server, method, std::move(frames), absl::Now() + absl::Seconds(20),
-      [state](const grpc::ByteBuffer& reply) {
-        absl::StatusOr<Frame> frame = Frame::Parse(reply);
-        absl::MutexLock lock(&state->mu);
-        if (frame.ok()) state->result.replies.push_back(frame->header());
-      },
-      [state](absl::Status status) {
-        absl::MutexLock lock(&state->mu);
-        state->result.status = status;
-        state->done = true;
-      });
-  absl::MutexLock lock(&state->mu);
-  state->mu.Await(absl::Condition(&state->done));
-  return state->result;
+  return StartExchange(transport, server, method, std::move(frames))->Await();
 }
 
 class ParameterServiceTest : public ::testing::Test {
@@ -71,6 +85,15 @@ class ParameterServiceTest : public ::testing::Test {
   grpc::ByteBuffer Frame(const v1::ChunkHeader& h) {
     std::vector<float> payload(h.num_elements(), 1.0f);
     return EncodeFrame(h, payload.data());
+  }
+
+  // Waits until server 0 has a push or pull parked.
+  void WaitUntilParked() {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (servers_->server(0).store().OpenWaits() == 0) {
+      ASSERT_LT(absl::Now(), give_up) << "nothing reached the barrier";
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
 
   // Every chunk's version and values on both servers.
@@ -164,85 +187,34 @@ TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
 
 TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
   // Only worker 0 pushes: the barrier never completes on its own.
-  absl::Mutex mu;
-  bool done = false;
-  absl::Status status;
-  transport_->StartExchange(
-      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_))},
-      absl::Now() + absl::Seconds(60), [](const grpc::ByteBuffer&) {},
-      [&](absl::Status s) {
-        absl::MutexLock lock(&mu);
-        status = s;
-        done = true;
-      });
-  // Wait until the push is parked at the barrier, then shut the server down.
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (servers_->server(0).store().OpenWaits() == 0) {
-    ASSERT_LT(absl::Now(), give_up) << "the push never reached the barrier";
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
+                              {Frame(Push(own_chunk_))});
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
   servers_->server(0).Shutdown(absl::Seconds(5));
-  absl::MutexLock lock(&mu);
-  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10)))
-      << "a push waiting at the barrier kept the server from shutting down";
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(parked->Await().status.code(), absl::StatusCode::kUnavailable);
 }
 
 // A plain Push that completes the barrier must wake the push-and-wait
 // already parked there.
 TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
-  absl::Mutex mu;
-  bool done = false;
-  ExchangeResult parked;
-  transport_->StartExchange(
-      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_, 0, 0))},
-      absl::Now() + absl::Seconds(60),
-      [&](const grpc::ByteBuffer& reply) {
-        absl::MutexLock lock(&mu);
-        parked.replies.push_back(Frame::Parse(reply)->header());
-      },
-      [&](absl::Status s) {
-        absl::MutexLock lock(&mu);
-        parked.status = s;
-        done = true;
-      });
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (servers_->server(0).store().OpenWaits() == 0) {
-    ASSERT_LT(absl::Now(), give_up);
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
+                              {Frame(Push(own_chunk_, 0, 0))});
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
   ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
                        {Frame(Push(own_chunk_, 0, 1))})
                   .status.ok());
-  absl::MutexLock lock(&mu);
-  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)))
-      << "the parked push was not answered";
-  EXPECT_TRUE(parked.status.ok()) << parked.status;
-  ASSERT_EQ(parked.replies.size(), 1u);
-  EXPECT_EQ(parked.replies[0].version(), 1);
+  const ExchangeResult result = parked->Await();
+  EXPECT_TRUE(result.status.ok()) << result.status;
+  ASSERT_EQ(result.replies.size(), 1u);
+  EXPECT_EQ(result.replies[0].version(), 1);
 }
 
 TEST_F(ParameterServiceTest, RemovingTheJobEndsParkedWaitsWithAborted) {
-  absl::Mutex mu;
-  bool done = false;
-  absl::Status status;
-  transport_->StartExchange(
-      0, worker::ParameterMethod::kPushPull, {Frame(Push(own_chunk_))},
-      absl::Now() + absl::Seconds(60), [](const grpc::ByteBuffer&) {},
-      [&](absl::Status s) {
-        absl::MutexLock lock(&mu);
-        status = s;
-        done = true;
-      });
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (servers_->server(0).store().OpenWaits() == 0) {
-    ASSERT_LT(absl::Now(), give_up);
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
+                              {Frame(Push(own_chunk_))});
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
   servers_->server(0).store().RemoveJob("job-1");
-  absl::MutexLock lock(&mu);
-  ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(20)));
-  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_EQ(parked->Await().status.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(servers_->server(0).store().JobIds().empty());
 }
 
