@@ -479,6 +479,8 @@ class CoordinatorImpl final : public Coordinator,
       return absl::OkStatus();
     }
     WorkerRun& run = record.runs[r.worker()];
+    // Progress sent before the final report may arrive after it.
+    if (run.finished) return absl::OkStatus();
     run.step = std::max(run.step, r.step());
     run.loss = r.loss();
     run.reported = true;
