@@ -30,6 +30,61 @@ absl::Status LocalCluster::Spawn(const std::string& name, std::vector<std::strin
   return absl::OkStatus();
 }
 
+absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
+  const std::string address_file = absl::StrCat(options_.run_dir, "/coordinator.address");
+  unlink(address_file.c_str());
+  std::vector<std::string> argv = {absl::StrCat(options_.bin_dir, "/pstrain-coordinator"),
+                                   absl::StrCat("--listen=", listen),
+                                   absl::StrCat("--address_file=", address_file),
+                                   absl::StrCat("--lease_s=", absl::ToInt64Seconds(options_.lease))};
+  if (!options_.state_dir.empty()) argv.push_back(absl::StrCat("--state_dir=", options_.state_dir));
+  PSTRAIN_RETURN_IF_ERROR(Spawn("coordinator", std::move(argv)));
+  const absl::Time deadline = absl::Now() + options_.startup_timeout;
+  while (true) {
+    if (absl::StatusOr<std::string> text = ReadFile(address_file); text.ok()) {
+      coordinator_address_ = std::string(absl::StripAsciiWhitespace(*text));
+      return absl::OkStatus();
+    }
+    if (std::optional<std::string> dead = CheckChildren()) {
+      return absl::InternalError(absl::StrCat("the coordinator did not start: ", *dead));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("the coordinator did not publish its address in time");
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {
+      absl::StrCat(options_.bin_dir, "/pstrain-server"), "--listen=127.0.0.1:0",
+      absl::StrCat("--coordinator=", coordinator_address_),
+      absl::StrCat("--coordinator_loss_exit_s=",
+                   absl::ToInt64Seconds(options_.coordinator_loss_exit))};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return Spawn(absl::StrCat("server-", servers_started_++), std::move(argv));
+}
+
+absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {
+      absl::StrCat(options_.bin_dir, "/pstrain-worker"),
+      absl::StrCat("--coordinator=", coordinator_address_),
+      absl::StrCat("--coordinator_loss_exit_s=",
+                   absl::ToInt64Seconds(options_.coordinator_loss_exit))};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return Spawn(absl::StrCat("worker-", workers_started_++), std::move(argv));
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  for (Child& c : children_) {
+    if (c.name != "coordinator" || c.exited) continue;
+    kill(c.pid, SIGKILL);
+    c.status = WaitOrKill(c.pid, absl::Now() + absl::Seconds(10));
+    c.exited = true;
+  }
+  return StartCoordinator(coordinator_address_);
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(std::move(options)));
   const Options& o = cluster->options_;
@@ -39,42 +94,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
       return absl::NotFoundError(absl::StrCat("cannot execute ", path));
     }
   }
-  const std::string address_file = absl::StrCat(o.run_dir, "/coordinator.address");
-  unlink(address_file.c_str());
-  PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(
-      "coordinator",
-      {absl::StrCat(o.bin_dir, "/pstrain-coordinator"), "--listen=127.0.0.1:0",
-       absl::StrCat("--address_file=", address_file),
-       absl::StrCat("--lease_s=", absl::ToInt64Seconds(o.lease))}));
-  const absl::Time deadline = absl::Now() + o.startup_timeout;
-  while (true) {
-    if (absl::StatusOr<std::string> text = ReadFile(address_file); text.ok()) {
-      cluster->coordinator_address_ = std::string(absl::StripAsciiWhitespace(*text));
-      break;
-    }
-    if (std::optional<std::string> dead = cluster->CheckChildren()) {
-      return absl::InternalError(absl::StrCat("the coordinator did not start: ", *dead));
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError("the coordinator did not publish its address in time");
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  const std::string coordinator = absl::StrCat("--coordinator=", cluster->coordinator_address_);
-  const std::string loss_exit = absl::StrCat("--coordinator_loss_exit_s=",
-                                             absl::ToInt64Seconds(o.coordinator_loss_exit));
+  PSTRAIN_RETURN_IF_ERROR(cluster->StartCoordinator("127.0.0.1:0"));
   for (int s = 0; s < o.num_servers; ++s) {
-    PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(
-        absl::StrCat("server-", s), {absl::StrCat(o.bin_dir, "/pstrain-server"),
-                                     "--listen=127.0.0.1:0", coordinator, loss_exit}));
+    auto it = o.server_flags.find(s);
+    PSTRAIN_RETURN_IF_ERROR(
+        cluster->StartServer(it == o.server_flags.end() ? std::vector<std::string>{} : it->second));
   }
   for (int w = 0; w < o.num_workers; ++w) {
-    std::vector<std::string> argv = {absl::StrCat(o.bin_dir, "/pstrain-worker"), coordinator,
-                                     loss_exit};
-    if (auto it = o.worker_flags.find(w); it != o.worker_flags.end()) {
-      argv.insert(argv.end(), it->second.begin(), it->second.end());
-    }
-    PSTRAIN_RETURN_IF_ERROR(cluster->Spawn(absl::StrCat("worker-", w), std::move(argv)));
+    auto it = o.worker_flags.find(w);
+    PSTRAIN_RETURN_IF_ERROR(
+        cluster->StartWorker(it == o.worker_flags.end() ? std::vector<std::string>{} : it->second));
   }
   return cluster;
 }

@@ -30,8 +30,11 @@ class LocalCluster {
     // Children exit when the coordinator has been silent this long (a
     // second guard, beside the parent-death signal, against orphans).
     absl::Duration coordinator_loss_exit = absl::Seconds(30);
-    // Extra flags for worker i.
+    // Extra flags for worker i and server i.
     std::map<int, std::vector<std::string>> worker_flags;
+    std::map<int, std::vector<std::string>> server_flags;
+    // The coordinator's --state_dir; empty: none.
+    std::string state_dir;
     absl::Duration startup_timeout = absl::Seconds(30);
   };
 
@@ -42,6 +45,14 @@ class LocalCluster {
   ~LocalCluster();  // Stop()
 
   const std::string& coordinator_address() const { return coordinator_address_; }
+
+  // Starts one more server or worker process (named server-N / worker-N).
+  absl::Status StartServer(const std::vector<std::string>& flags = {});
+  absl::Status StartWorker(const std::vector<std::string>& flags = {});
+
+  // Kills the coordinator with SIGKILL and starts it again on the same
+  // address (and state directory); returns once it serves.
+  absl::Status RestartCoordinator();
 
   // Children still running, with their names ("coordinator", "server-0", ...).
   std::vector<std::pair<std::string, pid_t>> children() const;
@@ -60,9 +71,13 @@ class LocalCluster {
  private:
   explicit LocalCluster(Options options) : options_(std::move(options)) {}
   absl::Status Spawn(const std::string& name, std::vector<std::string> argv);
+  // Starts the coordinator listening on `listen` and waits for its address.
+  absl::Status StartCoordinator(const std::string& listen);
 
   const Options options_;
   std::string coordinator_address_;
+  int servers_started_ = 0;
+  int workers_started_ = 0;
   struct Child {
     std::string name;
     pid_t pid;

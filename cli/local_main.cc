@@ -162,6 +162,7 @@ int Run() {
   options.num_servers = spec->num_servers();
   options.num_workers = spec->num_workers();
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
+  options.state_dir = run_dir + "/state";
   std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s\n", spec->num_servers(),
               spec->num_workers(), run_dir.c_str());
   std::fflush(stdout);

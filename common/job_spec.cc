@@ -234,6 +234,17 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       return FieldError("model.type", "required (softmax or mlp)");
   }
 
+  if (model.input_dim() != 0 && model.input_dim() != kFashionInputDim) {
+    return FieldError("model.input_dim", absl::StrCat(model.input_dim(),
+                                                      " does not match the data's ",
+                                                      kFashionInputDim, " inputs"));
+  }
+  if (model.num_classes() != 0 && model.num_classes() != kFashionClasses) {
+    return FieldError("model.num_classes", absl::StrCat(model.num_classes(),
+                                                        " does not match the data's ",
+                                                        kFashionClasses, " classes"));
+  }
+
   // Data.
   v1::DataSpec& data = *spec.mutable_data();
   if (data.dataset() == v1::DATASET_UNSPECIFIED) data.set_dataset(v1::DATASET_FASHION_MNIST);

@@ -38,6 +38,8 @@ absl::Status MembershipClient::Register() {
   gethostname(host, sizeof(host) - 1);
   request.set_hostname(host);
   request.set_pid(getpid());
+  request.set_node_id(node_id());  // keep the id across coordinator restarts
+  request.set_max_memory_bytes(options_.max_memory_bytes);
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetTimeout(context, options_.rpc_timeout);
@@ -105,18 +107,16 @@ void MembershipClient::Loop() {
   }
 }
 
-absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest request,
-                                                      absl::Duration patience) {
+absl::Status MembershipClient::Retry(absl::Duration patience,
+                                     const std::function<absl::Status()>& call) {
   const absl::Time give_up = absl::Now() + patience;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
-    request.set_node_id(node_id());
-    v1::ReportProgressResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, options_.rpc_timeout);
-    absl::Status status = FromGrpcStatus(stub_->ReportProgress(&context, request, &response));
-    if (status.ok()) return response.job_active();
-    if (status.code() == absl::StatusCode::kInvalidArgument || absl::Now() + backoff > give_up) {
+    absl::Status status = call();
+    if (status.ok() || status.code() == absl::StatusCode::kInvalidArgument ||
+        status.code() == absl::StatusCode::kFailedPrecondition ||
+        status.code() == absl::StatusCode::kPermissionDenied ||
+        absl::Now() + backoff > give_up) {
       return status;
     }
     {
@@ -125,6 +125,45 @@ absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest 
     }
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest request,
+                                                      absl::Duration patience) {
+  bool active = false;
+  absl::Status status = Retry(patience, [&] {
+    request.set_node_id(node_id());
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, options_.rpc_timeout);
+    absl::Status s = FromGrpcStatus(stub_->ReportProgress(&context, request, &response));
+    active = response.job_active();
+    return s;
+  });
+  if (!status.ok()) return status;
+  return active;
+}
+
+absl::Status MembershipClient::UploadModel(const std::string& job_id, const std::string& file,
+                                           absl::Duration patience) {
+  constexpr size_t kPiece = 1 << 20;
+  return Retry(patience, [&] {
+    grpc::ClientContext context;
+    SetTimeout(context, options_.rpc_timeout + absl::Seconds(file.size() / (10 << 20)));
+    v1::UploadModelResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadModelRequest>> writer =
+        stub_->UploadModel(&context, &response);
+    v1::UploadModelRequest piece;
+    piece.set_node_id(node_id());
+    piece.set_job_id(job_id);
+    for (size_t at = 0; at == 0 || at < file.size(); at += kPiece) {
+      piece.set_data(file.substr(at, kPiece));
+      if (!writer->Write(piece)) break;
+      piece.clear_node_id();
+      piece.clear_job_id();
+    }
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  });
 }
 
 }  // namespace pstrain

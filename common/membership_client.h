@@ -24,6 +24,7 @@ class MembershipClient {
     std::string coordinator_address;  // host:port
     v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
     std::string address;  // what the node serves on, if anything
+    int64_t max_memory_bytes = 0;  // servers: capacity; 0 = unlimited
     // Used until the coordinator suggests its own interval at registration.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration rpc_timeout = absl::Seconds(5);
@@ -51,12 +52,19 @@ class MembershipClient {
   // `patience` runs out. Returns whether the job is still active there.
   absl::StatusOr<bool> ReportProgress(v1::ReportProgressRequest request, absl::Duration patience);
 
+  // Uploads a job's model file (worker 0, at the end of a job); retries
+  // until the coordinator answers or `patience` runs out.
+  absl::Status UploadModel(const std::string& job_id, const std::string& file,
+                           absl::Duration patience);
+
   std::string node_id() const;
 
  private:
   void Loop();
   absl::Status Register();
   absl::Status Heartbeat();
+  // Retries `call` on transient errors until `patience` runs out or Stop().
+  absl::Status Retry(absl::Duration patience, const std::function<absl::Status()>& call);
 
   const Options options_;
   const Callbacks callbacks_;

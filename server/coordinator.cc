@@ -1,27 +1,38 @@
 #include "server/coordinator.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <deque>
+#include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/files.h"
 #include "common/job_spec.h"
+#include "common/model_file.h"
 #include "common/partition.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "glog/logging.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
+#include "server/job_log.h"
+#include "server/shard_store.h"
+#include "server/watch_queue.h"
 
 namespace pstrain::server {
 namespace {
+
+constexpr size_t kModelPieceBytes = 1 << 20;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -35,164 +46,106 @@ std::string StateName(v1::JobState s) {
   return absl::AsciiStrToLower(name.substr(std::string("JOB_STATE_").size()));
 }
 
-class JobWatch;
-
-// The queue of one WatchJob stream, shared between the reactor and the job
-// record that publishes to it; outlives the reactor.
-class WatchQueue {
- public:
-  explicit WatchQueue(JobWatch* reactor, size_t max_queued)
-      : reactor_(reactor), max_queued_(max_queued) {}
-
-  // Queues an event; `last` ends the stream once it is written.
-  void Publish(const v1::JobEvent& event, bool last);
-  // Ends the stream with `status` after the events already queued.
-  void End(const grpc::Status& status);
-  void WriteDone(bool ok);
-  void Detach() {
-    absl::MutexLock lock(&mu_);
-    reactor_ = nullptr;
-  }
-  bool Gone() const {
-    absl::MutexLock lock(&mu_);
-    return reactor_ == nullptr || ended_;
-  }
-
- private:
-  // Starts the next write or the finish, outside the lock.
-  void Next();
-  // Drops the events not yet written; the one being written stays until its
-  // write completes.
-  void DropQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    queue_.erase(writing_ ? queue_.begin() + 1 : queue_.begin(), queue_.end());
-  }
-
-  mutable absl::Mutex mu_;
-  JobWatch* reactor_ ABSL_GUARDED_BY(mu_);
-  const size_t max_queued_;
-  std::deque<v1::JobEvent> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // no more events accepted
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
-};
-
-class JobWatch final : public grpc::ServerWriteReactor<v1::JobEvent> {
- public:
-  explicit JobWatch(size_t max_queued) : queue_(std::make_shared<WatchQueue>(this, max_queued)) {}
-  std::shared_ptr<WatchQueue> queue() { return queue_; }
-  void OnWriteDone(bool ok) override { queue_->WriteDone(ok); }
-  void OnCancel() override { queue_->End(grpc::Status::CANCELLED); }
-  void OnDone() override {
-    queue_->Detach();
-    delete this;
-  }
-
- private:
-  std::shared_ptr<WatchQueue> queue_;
-};
-
-void WatchQueue::Publish(const v1::JobEvent& event, bool last) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (ended_ || reactor_ == nullptr) return;
-    // A watcher that falls far behind loses progress events, never state.
-    if (queue_.size() >= max_queued_ && event.has_progress()) return;
-    queue_.push_back(event);
-    if (last) {
-      ended_ = true;
-      status_ = grpc::Status::OK;
-    }
-  }
-  Next();
+std::string RolePrefix(v1::NodeRole role) {
+  return role == v1::NODE_ROLE_SERVER ? "server-" : "worker-";
 }
 
-void WatchQueue::End(const grpc::Status& status) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (ended_) return;
-    ended_ = true;
-    status_ = status;
-    if (!status.ok()) DropQueued();
-  }
-  Next();
+// Node ids are the role and 8 hex digits: "worker-3f9a2c1b".
+bool IsNodeIdOfRole(const std::string& id, v1::NodeRole role) {
+  const std::string prefix = RolePrefix(role);
+  if (!absl::StartsWith(id, prefix) || id.size() != prefix.size() + 8) return false;
+  return std::all_of(id.begin() + prefix.size(), id.end(),
+                     [](char c) { return absl::ascii_isxdigit(c) && !absl::ascii_isupper(c); });
 }
 
-void WatchQueue::WriteDone(bool ok) {
-  {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    queue_.pop_front();
-    if (!ok) {
-      ended_ = true;
-      status_ = grpc::Status::CANCELLED;
-      DropQueued();
-    }
-  }
-  Next();
-}
-
-void WatchQueue::Next() {
-  JobWatch* reactor;
-  const v1::JobEvent* event = nullptr;
-  grpc::Status status;
-  {
-    absl::MutexLock lock(&mu_);
-    if (writing_ || finished_ || reactor_ == nullptr) return;
-    reactor = reactor_;
-    if (!queue_.empty()) {
-      writing_ = true;
-      event = &queue_.front();
-    } else if (ended_) {
-      finished_ = true;
-      status = status_;
-    } else {
-      return;
-    }
-  }
-  // Neither call can lead to OnDone before it returns.
-  if (event != nullptr) {
-    reactor->StartWrite(event);
-  } else {
-    reactor->Finish(status);
-  }
-}
+std::string MegaBytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1e6); }
 
 struct Node {
-  std::string id;
-  v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
-  std::string address;
-  std::string hostname;
-  int pid = 0;
+  v1::Node info;
   absl::Time last_heartbeat;
-  bool lost = false;
-};
-
-struct WorkerRun {
-  int64_t step = 0;
-  float loss = 0;
-  bool reported = false;
-  double samples_per_second = 0;
-  bool finished = false;
-  double train_seconds = 0;
 };
 
 struct JobRecord {
   v1::Job job;
-  v1::PartitionPlan plan;
-  std::vector<std::string> server_addresses;
-  std::vector<WorkerRun> runs;
+  v1::PartitionPlan plan;  // once scheduled
   std::vector<std::shared_ptr<WatchQueue>> watchers;
+};
+
+class CoordinatorImpl;
+
+// Receives worker 0's model file (UploadModel).
+class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest> {
+ public:
+  explicit ModelUpload(CoordinatorImpl* coordinator) : coordinator_(coordinator) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override;
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorImpl* const coordinator_;
+  v1::UploadModelRequest request_;
+  std::string node_id_, job_id_, data_;
+  bool first_ = true;
+  int64_t limit_ = 0;
+};
+
+// Sends a model file in pieces (ExportModel).
+class ModelExport final : public grpc::ServerWriteReactor<v1::ModelFileChunk> {
+ public:
+  ModelExport(absl::StatusOr<std::string> file) {
+    if (!file.ok()) {
+      Finish(ToGrpcStatus(file.status()));
+      return;
+    }
+    file_ = std::move(*file);
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (sent_ >= file_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const size_t n = std::min(kModelPieceBytes, file_.size() - sent_);
+    piece_.set_data(file_.substr(sent_, n));
+    sent_ += n;
+    StartWrite(&piece_);
+  }
+
+  std::string file_;
+  size_t sent_ = 0;
+  v1::ModelFileChunk piece_;
 };
 
 class CoordinatorImpl final : public Coordinator,
                               public v1::Control::CallbackService,
                               public v1::Membership::CallbackService {
  public:
-  explicit CoordinatorImpl(Options options) : options_(std::move(options)) {}
+  explicit CoordinatorImpl(Options options)
+      : options_(std::move(options)), rng_(std::random_device{}()) {}
   ~CoordinatorImpl() override { Shutdown(absl::Seconds(1)); }
 
   absl::Status Start() {
+    if (!options_.state_dir.empty()) {
+      std::vector<v1::Job> jobs;
+      PSTRAIN_ASSIGN_OR_RETURN(log_, JobLog::Open(options_.state_dir, &jobs));
+      const std::string models = ModelsDir();
+      if (mkdir(models.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrCat("cannot create ", models));
+      }
+      absl::MutexLock lock(&mu_);
+      Recover(std::move(jobs));
+    }
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder);
     int port = 0;
@@ -203,8 +156,8 @@ class CoordinatorImpl final : public Coordinator,
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen_address));
     }
-    const std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-    address_ = absl::StrCat(host, ":", port);
+    address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')),
+                            ":", port);
     lease_thread_ = std::thread([this] { LeaseLoop(); });
     return absl::OkStatus();
   }
@@ -231,56 +184,42 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override {
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(Submit(*request, response)));
-    return reactor;
+    return Reply(ctx, Submit(*request, response));
   }
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
                                    const v1::GetJobRequest* request, v1::Job* response) override {
-    auto* reactor = ctx->DefaultReactor();
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) {
-      reactor->Finish(ToGrpcStatus(UnknownJob(request->job_id())));
-    } else {
-      *response = it->second.job;
-      reactor->Finish(grpc::Status::OK);
-    }
-    return reactor;
+    if (it == jobs_.end()) return Reply(ctx, UnknownJob(request->job_id()));
+    *response = it->second.job;
+    return Reply(ctx, absl::OkStatus());
   }
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* request,
                                      v1::ListJobsResponse* response) override {
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(List(*request, response)));
-    return reactor;
+    return Reply(ctx, List(*request, response));
   }
 
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* request,
                                       v1::Job* response) override {
-    auto* reactor = ctx->DefaultReactor();
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) {
-      reactor->Finish(ToGrpcStatus(UnknownJob(request->job_id())));
-      return reactor;
-    }
+    if (it == jobs_.end()) return Reply(ctx, UnknownJob(request->job_id()));
     if (!IsTerminal(it->second.job.state())) {
       SetState(it->second, v1::JOB_STATE_CANCELLED, "cancelled by request");
       Schedule();
     }
     *response = it->second.job;
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Reply(ctx, absl::OkStatus());
   }
 
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* ctx,
                                                    const v1::WatchJobRequest* request) override {
     auto* watch = new JobWatch(options_.max_queued_events);
-    std::shared_ptr<WatchQueue> queue = watch->queue();
+    const std::shared_ptr<WatchQueue> queue = watch->queue();
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
     if (shut_down_) {
@@ -301,107 +240,175 @@ class CoordinatorImpl final : public Coordinator,
     return watch;
   }
 
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
+                                      const v1::ListNodesRequest*,
+                                      v1::ListNodesResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    const std::map<std::string, int64_t> reserved = ReservedBytes();
+    for (const auto& [id, node] : nodes_) {
+      v1::Node* out = response->add_nodes();
+      *out = node.info;
+      if (auto it = reserved.find(id); it != reserved.end()) out->set_reserved_bytes(it->second);
+    }
+    return Reply(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerWriteReactor<v1::ModelFileChunk>* ExportModel(
+      grpc::CallbackServerContext*, const v1::ExportModelRequest* request) override {
+    return new ModelExport(LoadModel(request->job_id()));
+  }
+
   // ---- Membership ----
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (request->role() != v1::NODE_ROLE_SERVER && request->role() != v1::NODE_ROLE_WORKER) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "role: must be server or worker"));
-      return reactor;
-    }
-    if (request->role() == v1::NODE_ROLE_SERVER && request->address().empty()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "address: a server must give its address"));
-      return reactor;
-    }
-    absl::MutexLock lock(&mu_);
-    Node node;
-    node.id = absl::StrFormat("%s-%d", request->role() == v1::NODE_ROLE_SERVER ? "server" : "worker",
-                              ++node_counter_);
-    node.role = request->role();
-    node.address = request->address();
-    node.hostname = request->hostname();
-    node.pid = request->pid();
-    node.last_heartbeat = absl::Now();
-    LOG(INFO) << "node " << node.id << " registered (" << node.address << ", pid " << node.pid
-              << ")";
-    response->set_node_id(node.id);
-    response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
-    response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-    nodes_.emplace(node.id, std::move(node));
-    Schedule();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Reply(ctx, RegisterNode(*request, response));
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override {
-    auto* reactor = ctx->DefaultReactor();
     absl::MutexLock lock(&mu_);
-    auto it = nodes_.find(request->node_id());
-    if (it == nodes_.end()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                   absl::StrCat("unknown node '", request->node_id(), "'")));
-      return reactor;
-    }
-    Node& node = it->second;
-    node.last_heartbeat = absl::Now();
-    if (node.lost) {
-      LOG(INFO) << "node " << node.id << " is back";
-      node.lost = false;
-      Schedule();
-    }
-    const std::set<std::string> held(request->held_jobs().begin(), request->held_jobs().end());
-    for (const std::string& id : running_) {
-      const JobRecord& record = jobs_.at(id);
-      const v1::Job& job = record.job;
-      if (node.role == v1::NODE_ROLE_SERVER) {
-        for (int s = 0; s < job.server_nodes_size(); ++s) {
-          if (job.server_nodes(s) != node.id) continue;
-          v1::ServerAssignment* a = response->add_server_jobs();
-          a->set_job_id(id);
-          a->set_server_index(s);
-          if (!held.contains(id)) {
-            *a->mutable_spec() = job.spec();
-            *a->mutable_plan() = record.plan;
-          }
-        }
-      } else {
-        for (int w = 0; w < job.worker_nodes_size(); ++w) {
-          if (job.worker_nodes(w) != node.id || record.runs[w].finished) continue;
-          v1::WorkerAssignment* a = response->add_worker_jobs();
-          a->set_job_id(id);
-          a->set_worker_index(w);
-          if (!held.contains(id)) {
-            *a->mutable_spec() = job.spec();
-            *a->mutable_plan() = record.plan;
-            for (const std::string& address : record.server_addresses) {
-              a->add_server_addresses(address);
-            }
-          }
-        }
-      }
-    }
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Reply(ctx, HeartbeatNode(*request, response));
   }
 
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
                                            const v1::ReportProgressRequest* request,
                                            v1::ReportProgressResponse* response) override {
-    auto* reactor = ctx->DefaultReactor();
     absl::MutexLock lock(&mu_);
-    reactor->Finish(ToGrpcStatus(Progress(*request, response)));
-    return reactor;
+    return Reply(ctx, Progress(*request, response));
+  }
+
+  grpc::ServerReadReactor<v1::UploadModelRequest>* UploadModel(
+      grpc::CallbackServerContext*, v1::UploadModelResponse*) override {
+    return new ModelUpload(this);
+  }
+
+  // Largest upload accepted for a job: its model file's size, or 0 if the
+  // job is unknown or not running.
+  int64_t ModelFileLimit(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return 0;
+    const v1::JobSpec& spec = it->second.job.spec();
+    return kernels::NumParams(ModelShapeOf(spec)) * 4 + 64 * 1024;
+  }
+
+  // Keeps worker 0's upload as the job's model file.
+  absl::Status StoreModel(const std::string& node_id, const std::string& job_id,
+                          const std::string& bytes) {
+    PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, DecodeModelFile(bytes));
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return UnknownJob(job_id);
+    JobRecord& record = it->second;
+    if (record.job.state() != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(job_id, " is not running"));
+    }
+    if (record.job.worker_nodes_size() == 0 || record.job.worker_nodes(0) != node_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("node '", node_id, "' is not worker 0 of ", job_id));
+    }
+    if (file.header.job_id() != job_id ||
+        kernels::NumParams(ModelShapeOf(record.job.spec())) != file.header.total_floats()) {
+      return absl::InvalidArgumentError("the model file does not belong to this job");
+    }
+    if (log_ != nullptr) {
+      PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(ModelPath(job_id), bytes));
+    } else {
+      models_[job_id] = bytes;
+    }
+    record.job.set_has_model(true);
+    Persist(record);
+    return absl::OkStatus();
   }
 
  private:
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+
   static absl::Status UnknownJob(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("job_id: no job '", id, "'"));
+  }
+
+  std::string ModelsDir() const { return options_.state_dir + "/models"; }
+  std::string ModelPath(const std::string& job_id) const {
+    return absl::StrCat(ModelsDir(), "/", job_id, ".pstm");
+  }
+
+  absl::StatusOr<std::string> LoadModel(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return UnknownJob(job_id);
+    const v1::Job& job = it->second.job;
+    if (!job.has_model()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " has no model to export (it is ", StateName(job.state()), ")"));
+    }
+    if (log_ == nullptr) return models_.at(job_id);
+    return ReadFile(ModelPath(job_id));
+  }
+
+  // Writes the job's snapshot to the log; compacts the log when it has grown.
+  absl::Status Persist(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (log_ == nullptr) return absl::OkStatus();
+    absl::Status status = log_->Append(record.job);
+    if (!status.ok()) {
+      LOG(ERROR) << "cannot record job " << record.job.id() << ": " << status;
+      return status;
+    }
+    if (log_->appended() > 1000 + 2 * static_cast<int64_t>(jobs_.size())) {
+      std::vector<const v1::Job*> all;
+      for (const std::string& id : order_) all.push_back(&jobs_.at(id).job);
+      if (absl::Status s = log_->Compact(all); !s.ok()) LOG(ERROR) << "compaction: " << s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Rebuilds the tables from the log: pending jobs queue again, running jobs
+  // wait for their nodes to come back (for one lease).
+  void Recover(std::vector<v1::Job> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (v1::Job& job : jobs) {
+      int64_t number = 0;
+      if (absl::SimpleAtoi(job.id().substr(job.id().rfind('-') + 1), &number)) {
+        job_counter_ = std::max(job_counter_, number);
+      }
+      const std::string id = job.id();
+      JobRecord& record = jobs_[id];
+      record.job = std::move(job);
+      order_.push_back(id);
+      if (record.job.state() == v1::JOB_STATE_PENDING) pending_.push_back(id);
+      if (record.job.state() != v1::JOB_STATE_RUNNING) continue;
+      running_.push_back(id);
+      absl::StatusOr<v1::PartitionPlan> plan = PlanFor(record.job.spec());
+      if (plan.ok()) record.plan = std::move(*plan);
+      for (int s = 0; s < record.job.server_nodes_size(); ++s) {
+        Await(record.job.server_nodes(s), v1::NODE_ROLE_SERVER,
+              s < record.job.server_addresses_size() ? record.job.server_addresses(s) : "");
+      }
+      for (const std::string& w : record.job.worker_nodes()) Await(w, v1::NODE_ROLE_WORKER, "");
+    }
+    LOG(INFO) << "recovered " << jobs_.size() << " jobs (" << pending_.size() << " pending, "
+              << running_.size() << " running) from " << options_.state_dir;
+  }
+
+  void Await(const std::string& id, v1::NodeRole role, const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Node& node = nodes_[id];
+    node.info.set_id(id);
+    node.info.set_role(role);
+    node.info.set_address(address);
+    node.info.set_state(v1::NODE_STATE_AWAITED);
+    node.last_heartbeat = absl::Now();
+  }
+
+  static absl::StatusOr<v1::PartitionPlan> PlanFor(const v1::JobSpec& spec) {
+    return ComputePartitionPlan(kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(),
+                                spec.num_servers());
   }
 
   absl::Status Submit(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response) {
@@ -420,16 +427,23 @@ class CoordinatorImpl final : public Coordinator,
     PSTRAIN_ASSIGN_OR_RETURN(spec, NormalizeJobSpec(std::move(spec)));
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("coordinator shutting down");
-    const std::string id = absl::StrFormat("job-%06d", ++job_counter_);
-    JobRecord& record = jobs_[id];
+    const std::string id = absl::StrFormat("job-%06d", job_counter_ + 1);
+    JobRecord record;
     record.job.set_id(id);
     *record.job.mutable_spec() = std::move(spec);
     record.job.set_state(v1::JOB_STATE_PENDING);
     record.job.set_create_time_ms(NowMs());
-    record.job.mutable_progress()->set_total_steps(TotalSteps(record.job.spec()));
-    record.job.mutable_progress()->set_total_epochs(static_cast<int32_t>(
-        (TotalSteps(record.job.spec()) + StepsPerEpoch(record.job.spec()) - 1) /
-        StepsPerEpoch(record.job.spec())));
+    const int64_t total = TotalSteps(record.job.spec());
+    const int64_t per_epoch = StepsPerEpoch(record.job.spec());
+    record.job.mutable_progress()->set_total_steps(total);
+    record.job.mutable_progress()->set_total_epochs(
+        static_cast<int32_t>((total + per_epoch - 1) / per_epoch));
+    // Acknowledged only once durable.
+    if (absl::Status s = Persist(record); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot record the job: ", s.message()));
+    }
+    ++job_counter_;
+    jobs_.emplace(id, std::move(record));
     order_.push_back(id);
     pending_.push_back(id);
     LOG(INFO) << "job " << id << " submitted";
@@ -452,6 +466,98 @@ class CoordinatorImpl final : public Coordinator,
       if (states.empty() || states.contains(job.state())) *response->add_jobs() = job;
     }
     if (i < order_.size()) response->set_next_page_token(absl::StrCat(i));
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterNode(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
+    if (request.role() != v1::NODE_ROLE_SERVER && request.role() != v1::NODE_ROLE_WORKER) {
+      return absl::InvalidArgumentError("role: must be server or worker");
+    }
+    if (request.role() == v1::NODE_ROLE_SERVER && request.address().empty()) {
+      return absl::InvalidArgumentError("address: a server must give its address");
+    }
+    if (request.max_memory_bytes() < 0) {
+      return absl::InvalidArgumentError("max_memory_bytes: must be >= 0");
+    }
+    absl::MutexLock lock(&mu_);
+    // A node that had an id keeps it, unless a live node of another process
+    // holds it.
+    std::string id = request.node_id();
+    bool reuse = IsNodeIdOfRole(id, request.role());
+    if (reuse) {
+      auto it = nodes_.find(id);
+      reuse = it == nodes_.end() || it->second.info.state() != v1::NODE_STATE_ALIVE ||
+              (it->second.info.pid() == request.pid() &&
+               it->second.info.hostname() == request.hostname());
+    }
+    while (!reuse && (id.empty() || nodes_.contains(id))) {
+      id = absl::StrFormat("%s%08x", RolePrefix(request.role()),
+                           static_cast<uint32_t>(rng_()));
+    }
+    Node& node = nodes_[id];
+    node.info.set_id(id);
+    node.info.set_role(request.role());
+    node.info.set_address(request.address());
+    node.info.set_hostname(request.hostname());
+    node.info.set_pid(request.pid());
+    node.info.set_max_memory_bytes(request.max_memory_bytes());
+    node.info.set_state(v1::NODE_STATE_ALIVE);
+    node.info.set_last_heartbeat_ms(NowMs());
+    node.last_heartbeat = absl::Now();
+    LOG(INFO) << "node " << id << " registered (" << request.address() << ", pid "
+              << request.pid() << ")";
+    response->set_node_id(id);
+    response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+    response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    Schedule();
+    return absl::OkStatus();
+  }
+
+  absl::Status HeartbeatNode(const v1::HeartbeatRequest& request,
+                             v1::HeartbeatResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = nodes_.find(request.node_id());
+    // An awaited node registers again, so that its details are known.
+    if (it == nodes_.end() || it->second.info.state() == v1::NODE_STATE_AWAITED) {
+      return absl::NotFoundError(absl::StrCat("unknown node '", request.node_id(), "'"));
+    }
+    Node& node = it->second;
+    node.last_heartbeat = absl::Now();
+    node.info.set_last_heartbeat_ms(NowMs());
+    node.info.mutable_jobs()->Assign(request.held_jobs().begin(), request.held_jobs().end());
+    if (node.info.state() == v1::NODE_STATE_LOST) {
+      LOG(INFO) << "node " << node.info.id() << " is back";
+      node.info.set_state(v1::NODE_STATE_ALIVE);
+      Schedule();
+    }
+    const std::set<std::string> held(request.held_jobs().begin(), request.held_jobs().end());
+    for (const std::string& id : running_) {
+      const JobRecord& record = jobs_.at(id);
+      const v1::Job& job = record.job;
+      if (node.info.role() == v1::NODE_ROLE_SERVER) {
+        for (int s = 0; s < job.server_nodes_size(); ++s) {
+          if (job.server_nodes(s) != node.info.id()) continue;
+          v1::ServerAssignment* a = response->add_server_jobs();
+          a->set_job_id(id);
+          a->set_server_index(s);
+          if (!held.contains(id)) {
+            *a->mutable_spec() = job.spec();
+            *a->mutable_plan() = record.plan;
+          }
+        }
+      } else {
+        for (int w = 0; w < job.worker_nodes_size(); ++w) {
+          if (job.worker_nodes(w) != node.info.id() || job.workers(w).finished()) continue;
+          v1::WorkerAssignment* a = response->add_worker_jobs();
+          a->set_job_id(id);
+          a->set_worker_index(w);
+          if (!held.contains(id)) {
+            *a->mutable_spec() = job.spec();
+            *a->mutable_plan() = record.plan;
+            *a->mutable_server_addresses() = job.server_addresses();
+          }
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -478,32 +584,26 @@ class CoordinatorImpl final : public Coordinator,
       Schedule();
       return absl::OkStatus();
     }
-    WorkerRun& run = record.runs[r.worker()];
+    v1::WorkerStatus& worker = *job.mutable_workers(r.worker());
     // Progress sent before the final report may arrive after it.
-    if (run.finished) return absl::OkStatus();
-    run.step = std::max(run.step, r.step());
-    run.loss = r.loss();
-    run.reported = true;
-    if (r.seconds() > 0) run.samples_per_second = r.samples() / r.seconds();
+    if (worker.finished()) return absl::OkStatus();
+    worker.set_step(std::max(worker.step(), r.step()));
+    worker.set_loss(r.loss());
+    if (r.seconds() > 0) worker.set_samples_per_second(r.samples() / r.seconds());
 
-    v1::WorkerStatus& status = *job.mutable_workers(r.worker());
-    status.set_step(run.step);
-    status.set_loss(run.loss);
-    status.set_finished(r.finished());
-
-    // The job's progress: the slowest worker's step, the workers' mean loss
-    // and their summed throughput.
+    // The job's progress: the slowest worker's step, the mean of the
+    // workers' latest losses and their summed throughput.
     v1::Progress& p = *job.mutable_progress();
-    int64_t min_step = INT64_MAX;
+    int64_t min_step = std::numeric_limits<int64_t>::max();
     double loss_sum = 0, rate = 0;
     int reported = 0;
-    for (const WorkerRun& w : record.runs) {
-      min_step = std::min(min_step, w.step);
-      if (w.reported) {
-        loss_sum += w.loss;
+    for (const v1::WorkerStatus& w : job.workers()) {
+      min_step = std::min(min_step, w.step());
+      if (w.step() > 0) {
+        loss_sum += w.loss();
         ++reported;
       }
-      if (!w.finished) rate += w.samples_per_second;
+      if (!w.finished()) rate += w.samples_per_second();
     }
     p.set_step(min_step);
     p.set_epoch(static_cast<int32_t>(
@@ -527,11 +627,13 @@ class CoordinatorImpl final : public Coordinator,
       Publish(record, eval);
     }
     if (r.finished()) {
-      run.finished = true;
-      run.train_seconds = r.train_seconds();
-      if (std::all_of(record.runs.begin(), record.runs.end(),
-                      [](const WorkerRun& w) { return w.finished; })) {
+      worker.set_finished(true);
+      worker.set_train_seconds(r.train_seconds());
+      if (std::all_of(job.workers().begin(), job.workers().end(),
+                      [](const v1::WorkerStatus& w) { return w.finished(); })) {
         Complete(record);
+      } else {
+        Persist(record);
       }
     }
     return absl::OkStatus();
@@ -541,9 +643,9 @@ class CoordinatorImpl final : public Coordinator,
     v1::Job& job = record.job;
     v1::JobResult& result = *job.mutable_result();
     double seconds = 0, loss = 0;
-    for (const WorkerRun& w : record.runs) {
-      seconds = std::max(seconds, w.train_seconds);
-      loss += w.loss;
+    for (const v1::WorkerStatus& w : job.workers()) {
+      seconds = std::max(seconds, w.train_seconds());
+      loss += w.loss();
     }
     const int64_t steps = TotalSteps(job.spec());
     result.set_steps(steps);
@@ -551,7 +653,7 @@ class CoordinatorImpl final : public Coordinator,
     const double samples =
         static_cast<double>(steps) * job.spec().num_workers() * job.spec().batch_size();
     result.set_samples_per_second(seconds > 0 ? samples / seconds : 0);
-    result.set_final_loss(static_cast<float>(loss / record.runs.size()));
+    result.set_final_loss(static_cast<float>(loss / job.workers_size()));
     job.mutable_progress()->set_samples_per_second(result.samples_per_second());
     v1::JobEvent event;
     event.set_time_ms(NowMs());
@@ -567,6 +669,7 @@ class CoordinatorImpl final : public Coordinator,
     for (auto& w : record.watchers) w->Publish(event, last);
   }
 
+  // Changes the state durably and tells the watchers.
   void SetState(JobRecord& record, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::Job& job = record.job;
@@ -578,6 +681,7 @@ class CoordinatorImpl final : public Coordinator,
     if (old == v1::JOB_STATE_PENDING) std::erase(pending_, job.id());
     if (old == v1::JOB_STATE_RUNNING) std::erase(running_, job.id());
     if (state == v1::JOB_STATE_RUNNING) running_.push_back(job.id());
+    Persist(record);
     LOG(INFO) << "job " << job.id() << " " << StateName(old) << " -> " << StateName(state)
               << (reason.empty() ? "" : ": ") << reason;
     v1::JobEvent event;
@@ -588,57 +692,108 @@ class CoordinatorImpl final : public Coordinator,
     if (IsTerminal(state)) record.watchers.clear();
   }
 
+  // Bytes that running jobs need on each server node.
+  std::map<std::string, int64_t> ReservedBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::map<std::string, int64_t> reserved;
+    for (const std::string& id : running_) {
+      const JobRecord& record = jobs_.at(id);
+      for (int s = 0; s < record.job.server_nodes_size(); ++s) {
+        reserved[record.job.server_nodes(s)] +=
+            ShardStore::BytesNeeded(record.job.spec(), record.plan, s);
+      }
+    }
+    return reserved;
+  }
+
   // Starts every pending job, oldest first, for which enough live nodes are
-  // free: a worker runs one job at a time; servers may hold several.
+  // free: a worker runs one job at a time; a server holds several jobs as
+  // long as their state fits in its max_memory_bytes.
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pending_.empty()) return;
     std::set<std::string> busy;
-    std::map<std::string, int> server_load;
     for (const std::string& id : running_) {
       const v1::Job& job = jobs_.at(id).job;
       busy.insert(job.worker_nodes().begin(), job.worker_nodes().end());
-      for (const std::string& s : job.server_nodes()) ++server_load[s];
     }
+    std::map<std::string, int64_t> reserved = ReservedBytes();
     const std::vector<std::string> pending = pending_;
     for (const std::string& id : pending) {
       JobRecord& record = jobs_.at(id);
-      const v1::JobSpec& spec = record.job.spec();
+      v1::Job& job = record.job;
+      const v1::JobSpec& spec = job.spec();
       std::vector<const Node*> workers, servers;
       for (const auto& [node_id, node] : nodes_) {
-        if (node.lost) continue;
-        if (node.role == v1::NODE_ROLE_WORKER && !busy.contains(node_id)) {
+        if (node.info.state() != v1::NODE_STATE_ALIVE) continue;
+        if (node.info.role() == v1::NODE_ROLE_WORKER && !busy.contains(node_id)) {
           workers.push_back(&node);
-        } else if (node.role == v1::NODE_ROLE_SERVER) {
+        } else if (node.info.role() == v1::NODE_ROLE_SERVER) {
           servers.push_back(&node);
         }
       }
-      if (static_cast<int>(workers.size()) < spec.num_workers() ||
-          static_cast<int>(servers.size()) < spec.num_servers()) {
+      if (static_cast<int>(workers.size()) < spec.num_workers()) {
+        job.set_reason(absl::StrCat("waiting for ", spec.num_workers(), " free workers (",
+                                    workers.size(), " free)"));
         continue;
       }
-      std::stable_sort(servers.begin(), servers.end(), [&](const Node* a, const Node* b) {
-        return server_load[a->id] < server_load[b->id];
-      });
-      absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
-          kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(), spec.num_servers());
-      if (!plan.ok()) {
-        SetState(record, v1::JOB_STATE_FAILED, std::string(plan.status().message()));
+      if (static_cast<int>(servers.size()) < spec.num_servers()) {
+        job.set_reason(absl::StrCat("waiting for ", spec.num_servers(), " servers (",
+                                    servers.size(), " alive)"));
         continue;
       }
-      record.plan = std::move(*plan);
-      v1::Job& job = record.job;
+      if (record.plan.chunks_size() == 0) {
+        absl::StatusOr<v1::PartitionPlan> plan = PlanFor(spec);
+        if (!plan.ok()) {
+          SetState(record, v1::JOB_STATE_FAILED, std::string(plan.status().message()));
+          continue;
+        }
+        record.plan = std::move(*plan);
+      }
+      // The largest shard first, each on the server with the most room.
+      std::vector<int> order(spec.num_servers());
+      std::vector<int64_t> need(spec.num_servers());
       for (int s = 0; s < spec.num_servers(); ++s) {
-        job.add_server_nodes(servers[s]->id);
-        record.server_addresses.push_back(servers[s]->address);
-        ++server_load[servers[s]->id];
+        order[s] = s;
+        need[s] = ShardStore::BytesNeeded(spec, record.plan, s);
       }
-      record.runs.assign(spec.num_workers(), WorkerRun{});
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return need[a] > need[b]; });
+      auto room = [&](const Node* n) {
+        return n->info.max_memory_bytes() == 0 ? std::numeric_limits<int64_t>::max()
+                                               : n->info.max_memory_bytes() - reserved[n->info.id()];
+      };
+      std::vector<const Node*> chosen(spec.num_servers(), nullptr);
+      std::set<const Node*> taken;
+      bool fits = true;
+      for (int s : order) {
+        const Node* best = nullptr;
+        for (const Node* n : servers) {
+          if (taken.contains(n) || room(n) < need[s]) continue;
+          if (best == nullptr || room(n) > room(best)) best = n;
+        }
+        if (best == nullptr) {
+          fits = false;
+          job.set_reason(absl::StrCat("waiting for room: a shard needs ", MegaBytes(need[s]),
+                                      " on a server"));
+          break;
+        }
+        chosen[s] = best;
+        taken.insert(best);
+      }
+      if (!fits) continue;
+      job.clear_server_nodes();
+      job.clear_server_addresses();
+      job.clear_worker_nodes();
+      job.clear_workers();
+      for (int s = 0; s < spec.num_servers(); ++s) {
+        job.add_server_nodes(chosen[s]->info.id());
+        job.add_server_addresses(chosen[s]->info.address());
+        reserved[chosen[s]->info.id()] += need[s];
+      }
       for (int w = 0; w < spec.num_workers(); ++w) {
-        job.add_worker_nodes(workers[w]->id);
-        busy.insert(workers[w]->id);
+        job.add_worker_nodes(workers[w]->info.id());
+        busy.insert(workers[w]->info.id());
         v1::WorkerStatus* status = job.add_workers();
         status->set_worker(w);
-        status->set_node_id(workers[w]->id);
+        status->set_node_id(workers[w]->info.id());
       }
       SetState(record, v1::JOB_STATE_RUNNING, "");
     }
@@ -650,10 +805,17 @@ class CoordinatorImpl final : public Coordinator,
     while (!mu_.AwaitWithTimeout(absl::Condition(&shut_down_), tick)) {
       const absl::Time now = absl::Now();
       for (auto& [id, node] : nodes_) {
-        if (node.lost || now - node.last_heartbeat <= options_.lease) continue;
-        node.lost = true;
-        const std::string why = absl::StrCat("node ", id, " lost: no heartbeat for ",
-                                             absl::FormatDuration(now - node.last_heartbeat));
+        if (node.info.state() == v1::NODE_STATE_LOST || now - node.last_heartbeat <= options_.lease) {
+          continue;
+        }
+        const std::string why =
+            node.info.state() == v1::NODE_STATE_AWAITED
+                ? absl::StrCat("node ", id, " did not come back within ",
+                               absl::FormatDuration(options_.lease), " of a coordinator restart")
+                : absl::StrCat("node ", id, " lost: no heartbeat for ",
+                               absl::FormatDuration(now - node.last_heartbeat));
+        node.info.set_state(v1::NODE_STATE_LOST);
+        node.info.clear_jobs();
         LOG(WARNING) << why;
         const std::vector<std::string> running = running_;
         for (const std::string& job_id : running) {
@@ -677,14 +839,41 @@ class CoordinatorImpl final : public Coordinator,
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<JobLog> log_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t node_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Node> nodes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);    // by submission
   std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::vector<std::string> running_ ABSL_GUARDED_BY(mu_);
+  // Model files, without a state directory.
+  std::map<std::string, std::string> models_ ABSL_GUARDED_BY(mu_);
 };
+
+void ModelUpload::OnReadDone(bool ok) {
+  if (!ok) {  // the client is done sending
+    Finish(ToGrpcStatus(coordinator_->StoreModel(node_id_, job_id_, data_)));
+    return;
+  }
+  if (first_) {
+    first_ = false;
+    node_id_ = request_.node_id();
+    job_id_ = request_.job_id();
+    limit_ = coordinator_->ModelFileLimit(job_id_);
+    if (limit_ == 0) {
+      Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job '", job_id_, "' is not running")));
+      return;
+    }
+  }
+  if (static_cast<int64_t>(data_.size() + request_.data().size()) > limit_) {
+    Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model file larger than the model"));
+    return;
+  }
+  data_ += request_.data();
+  StartRead(&request_);
+}
 
 }  // namespace
 

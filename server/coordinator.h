@@ -19,6 +19,9 @@ class Coordinator {
   struct Options {
     // Address to listen on; port 0 picks a free port (see address()).
     std::string listen_address = "127.0.0.1:0";
+    // Where jobs and model files are kept durably (created if missing).
+    // Empty: in memory only, lost when the process ends.
+    std::string state_dir;
     // A node that has not heartbeat for this long is lost, and so are its jobs.
     absl::Duration lease = absl::Seconds(10);
     // The heartbeat interval suggested to nodes.
@@ -27,7 +30,8 @@ class Coordinator {
     int max_queued_events = 10000;
   };
 
-  // Starts serving. UNAVAILABLE if the address cannot be bound.
+  // Recovers the state directory, then starts serving. UNAVAILABLE if the
+  // address cannot be bound; the job log's error if it cannot be read.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   virtual ~Coordinator() = default;
 

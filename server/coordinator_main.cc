@@ -11,6 +11,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50050",
           "host:port for the control and membership APIs; port 0 picks a free port");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory for the durable job log and model files; empty: keep nothing");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat interval suggested to nodes");
 
@@ -18,6 +20,7 @@ int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-coordinator [--listen=host:port] [flags]");
   pstrain::server::Coordinator::Options options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   if (options.lease <= absl::ZeroDuration() || options.heartbeat_interval <= absl::ZeroDuration()) {

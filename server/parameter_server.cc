@@ -36,6 +36,7 @@ class ParameterServerImpl final : public ParameterServer {
       m.coordinator_address = options_.coordinator_address;
       m.role = v1::NODE_ROLE_SERVER;
       m.address = address_;
+      m.max_memory_bytes = options_.store.max_memory_bytes;
       m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
       MembershipClient::Callbacks callbacks;
       callbacks.held_jobs = [this] { return store_.JobIds(); };

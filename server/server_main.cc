@@ -12,6 +12,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
+ABSL_FLAG(int64_t, max_memory_bytes, 0,
+          "bytes of job state this server may hold (jobs are scheduled to fit); 0: unlimited");
 ABSL_FLAG(int, coordinator_loss_exit_s, 0,
           "exit when the coordinator has not answered for this many seconds; 0: never");
 
@@ -21,8 +23,13 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
+  options.store.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-server: --coordinator is required\n";
+    return 2;
+  }
+  if (options.store.max_memory_bytes < 0) {
+    std::cerr << "pstrain-server: --max_memory_bytes must be >= 0\n";
     return 2;
   }
   pstrain::StopOnSignal signals;

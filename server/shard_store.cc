@@ -41,6 +41,7 @@ struct ShardStore::Chunk {
 
 struct ShardStore::Job {
   std::string id;
+  int64_t bytes = 0;  // BytesNeeded
   v1::Mode mode = v1::MODE_SYNC;
   uint32_t num_workers = 0;
   std::unique_ptr<kernels::Optimizer> optimizer;
@@ -87,6 +88,29 @@ ShardStore::ShardStore(Options options) : options_(options) {}
 
 ShardStore::~ShardStore() { Shutdown(); }
 
+int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
+                                uint32_t server) {
+  absl::StatusOr<std::unique_ptr<kernels::Optimizer>> optimizer =
+      kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer()));
+  const int64_t state = optimizer.ok() ? (*optimizer)->StateFloatsPerParam() : 2;
+  // Values, optimizer state and the sum (or async scratch) buffer; sync
+  // keeps each worker's gradient of the open step too.
+  const int64_t copies =
+      2 + state + (spec.mode() == v1::MODE_SYNC ? spec.num_workers() : 0);
+  int64_t floats = 0;
+  for (const v1::ChunkInfo& c : plan.chunks()) {
+    if (c.server() == server) floats += c.size();
+  }
+  return floats * copies * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t ShardStore::HeldBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [id, job] : jobs_) bytes += job->bytes;
+  return bytes;
+}
+
 absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(a.spec()));
   const v1::PartitionPlan& plan = a.plan();
@@ -98,8 +122,15 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
                            kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));
 
+  const int64_t bytes = BytesNeeded(spec, plan, a.server_index());
+  if (options_.max_memory_bytes > 0 && HeldBytes() + bytes > options_.max_memory_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job ", a.job_id(), " needs ", bytes, " bytes; ", HeldBytes(), " of ",
+                     options_.max_memory_bytes, " are in use"));
+  }
   auto job = std::make_shared<Job>();
   job->id = a.job_id();
+  job->bytes = bytes;
   job->mode = spec.mode();
   job->num_workers = spec.num_workers();
   job->chunks.resize(plan.chunks_size());

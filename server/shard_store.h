@@ -38,6 +38,9 @@ class ChunkWaiter {
 class ShardStore {
  public:
   struct Options {
+    // Bytes of job state this server may hold; 0 = unlimited. AddJob
+    // refuses a job that would exceed it.
+    int64_t max_memory_bytes = 0;
     // Mutation testing only: in sync mode, leave this worker's gradient out of
     // every sum. -1 (the default) sums every worker.
     int ignore_worker_for_testing = -1;
@@ -46,10 +49,20 @@ class ShardStore {
   explicit ShardStore(Options options);
   ~ShardStore();
 
+  // Bytes a server needs to hold the chunks of `plan` it owns as server
+  // `server` (values, optimizer state, and in sync mode one gradient buffer
+  // per worker). The coordinator schedules with the same figure.
+  static int64_t BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
+                             uint32_t server);
+
   // Starts holding `assignment.job_id`: allocates and initialises the chunks
   // of the plan owned by assignment.server_index. ALREADY_EXISTS if held;
-  // INVALID_ARGUMENT on an inconsistent spec or plan.
+  // INVALID_ARGUMENT on an inconsistent spec or plan; RESOURCE_EXHAUSTED if
+  // it would exceed max_memory_bytes.
   absl::Status AddJob(const v1::ServerAssignment& assignment);
+
+  // Bytes of job state held now.
+  int64_t HeldBytes() const;
 
   // Drops a job and its memory; its open waits end with ABORTED.
   void RemoveJob(const std::string& job_id);

@@ -51,6 +51,8 @@ class Trainer {
   // Thread-safe; Run returns soon after.
   void Cancel();
 
+  // The job's spec, normalized.
+  const v1::JobSpec& spec() const { return spec_; }
   // The parameters as this worker last received them.
   const std::vector<float>& params() const { return params_; }
   int64_t steps_done() const { return steps_done_; }

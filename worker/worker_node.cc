@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/dataset.h"
 #include "common/membership_client.h"
+#include "common/model_file.h"
 #include "glog/logging.h"
 #include "worker/trainer.h"
 
@@ -105,6 +106,7 @@ class WorkerNodeImpl final : public WorkerNode {
       }
     };
     absl::Status status;
+    std::string final_model;
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(std::move(t));
     if (trainer.ok()) {
       {
@@ -113,6 +115,11 @@ class WorkerNodeImpl final : public WorkerNode {
         if (shut_down_) running_trainer_->Cancel();
       }
       status = (*trainer)->Run();
+      // Worker 0 ends with the final parameters: they become the job's model.
+      if (status.ok() && assignment.worker_index() == 0) {
+        final_model = EncodeModelFile(assignment.job_id(), (*trainer)->spec(),
+                                      (*trainer)->params());
+      }
       absl::MutexLock lock(&mu_);
       running_trainer_ = nullptr;
     } else {
@@ -120,6 +127,11 @@ class WorkerNodeImpl final : public WorkerNode {
     }
     if (status.ok() && finished) {
       LOG(INFO) << "job " << assignment.job_id() << " finished";
+      if (!final_model.empty()) {
+        absl::Status uploaded =
+            membership_->UploadModel(assignment.job_id(), final_model, absl::Minutes(10));
+        if (!uploaded.ok()) LOG(ERROR) << "model upload failed: " << uploaded;
+      }
       Send(final_report, absl::Minutes(10));
     } else if (status.code() == absl::StatusCode::kCancelled) {
       LOG(INFO) << "job " << assignment.job_id() << " stopped: " << status;

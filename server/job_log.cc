@@ -1,0 +1,153 @@
+#include "server/job_log.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "glog/logging.h"
+
+namespace pstrain::server {
+namespace {
+
+absl::Status Errno(absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t GetU32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) {
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  }
+  return v;
+}
+
+uint32_t Crc(const std::string& bytes) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+}
+
+std::string Record(const v1::Job& job) {
+  const std::string body = job.SerializeAsString();
+  std::string out;
+  PutU32(out, static_cast<uint32_t>(body.size()));
+  PutU32(out, Crc(body));
+  return out + body;
+}
+
+absl::Status WriteAll(int fd, const std::string& bytes, absl::string_view path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(absl::StrCat("write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("open ", dir));
+  const int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", dir));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobLog>> JobLog::Open(const std::string& dir,
+                                                     std::vector<v1::Job>* jobs) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir));
+  const std::string path = dir + "/jobs.log";
+  std::string bytes;
+  if (absl::StatusOr<std::string> existing = ReadFile(path); existing.ok()) {
+    bytes = std::move(*existing);
+  }
+  // Replay: the latest record of each job wins; keep first-seen order.
+  std::map<std::string, size_t> index;
+  jobs->clear();
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const bool header_fits = bytes.size() - at >= 8;
+    const uint32_t len = header_fits ? GetU32(bytes, at) : 0;
+    const bool body_fits = header_fits && bytes.size() - at - 8 >= len;
+    v1::Job job;
+    const bool good = body_fits && Crc(bytes.substr(at + 8, len)) == GetU32(bytes, at + 4) &&
+                      job.ParseFromArray(bytes.data() + at + 8, static_cast<int>(len));
+    if (!good) {
+      // A crash in the middle of an append leaves a torn last record.
+      if (!body_fits || at + 8 + len == bytes.size()) {
+        LOG(WARNING) << path << ": dropping a torn record at byte " << at << " ("
+                     << bytes.size() - at << " bytes)";
+        if (truncate(path.c_str(), static_cast<off_t>(at)) != 0) {
+          return Errno(absl::StrCat("truncate ", path));
+        }
+        break;
+      }
+      return absl::DataLossError(absl::StrCat(path, ": corrupt record at byte ", at));
+    }
+    auto [it, inserted] = index.emplace(job.id(), jobs->size());
+    if (inserted) {
+      jobs->push_back(std::move(job));
+    } else {
+      (*jobs)[it->second] = std::move(job);
+    }
+    at += 8 + len;
+  }
+  const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno(absl::StrCat("open ", path));
+  if (absl::Status s = SyncDir(dir); !s.ok()) {
+    close(fd);
+    return s;
+  }
+  return std::unique_ptr<JobLog>(new JobLog(dir, fd));
+}
+
+JobLog::~JobLog() { close(fd_); }
+
+absl::Status JobLog::Append(const v1::Job& job) {
+  const std::string path = dir_ + "/jobs.log";
+  if (absl::Status s = WriteAll(fd_, Record(job), path); !s.ok()) return s;
+  if (fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path));
+  ++appended_;
+  return absl::OkStatus();
+}
+
+absl::Status JobLog::Compact(const std::vector<const v1::Job*>& jobs) {
+  const std::string path = dir_ + "/jobs.log";
+  const std::string tmp = path + ".compact";
+  std::string bytes;
+  for (const v1::Job* job : jobs) bytes += Record(*job);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno(absl::StrCat("open ", tmp));
+  absl::Status s = WriteAll(fd, bytes, tmp);
+  if (s.ok() && fsync(fd) != 0) s = Errno(absl::StrCat("fsync ", tmp));
+  close(fd);
+  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) s = Errno(absl::StrCat("rename ", tmp));
+  if (s.ok()) s = SyncDir(dir_);
+  if (!s.ok()) {
+    unlink(tmp.c_str());
+    return s;
+  }
+  const int new_fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (new_fd < 0) return Errno(absl::StrCat("open ", path));
+  close(fd_);
+  fd_ = new_fd;
+  appended_ = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain::server
