@@ -12,14 +12,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "cli/job_output.h"
 #include "cli/local_cluster.h"
+#include "common/dataset.h"
+#include "common/model_file.h"
 #include "common/init.h"
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "common/rpc.h"
 #include "pstrain/v1/control.grpc.pb.h"
+#include "worker/in_process.h"
 
 ABSL_FLAG(std::string, job, "", "job file (YAML), e.g. examples/fashion_mlp.yaml");
+ABSL_FLAG(std::string, eval, "",
+          "instead of training: evaluate this model file (psctl export) on the test set");
+ABSL_FLAG(std::string, data_dir, "",
+          "with --eval: the Fashion-MNIST directory; default: the job's data.dir");
 ABSL_FLAG(std::string, bin_dir, "",
           "directory of the pstrain binaries; default: the directory of pstrain-local");
 ABSL_FLAG(std::string, run_dir, "",
@@ -33,21 +41,6 @@ namespace {
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string ResultJson(const v1::Job& job) {
   const v1::JobSpec& spec = job.spec();
   const v1::JobResult& r = job.result();
@@ -55,68 +48,51 @@ std::string ResultJson(const v1::Job& job) {
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
       "\"test_accuracy\":%.4f}",
-      JsonString(job.id()), JsonString(spec.name()), JsonString(ModeName(spec.mode())),
+      JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(ModeName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
       r.samples_per_second(), r.final_loss(), r.test_accuracy());
 }
 
-void PrintProgress(const v1::Progress& p) {
-  std::printf("epoch %d/%d  step %lld/%lld  loss %.4f  %.0f samples/s\n", p.epoch() + 1,
-              p.total_epochs(), static_cast<long long>(p.step()),
-              static_cast<long long>(p.total_steps()), p.loss(), p.samples_per_second());
-  std::fflush(stdout);
-}
-
-// Watches the job until it ends; returns its final state. Cancelling
-// `context` (on a signal or a dead child) ends the watch early.
-absl::StatusOr<v1::Job> Follow(v1::Control::Stub& stub, const std::string& job_id,
-                               grpc::ClientContext& context, absl::Duration progress_interval) {
-  v1::WatchJobRequest request;
-  request.set_job_id(job_id);
-  auto reader = stub.WatchJob(&context, request);
-  v1::JobEvent event;
-  v1::Job job;
-  absl::Time last_print = absl::InfinitePast();
-  while (reader->Read(&event)) {
-    switch (event.kind_case()) {
-      case v1::JobEvent::kSnapshot:
-        job = event.snapshot();
-        break;
-      case v1::JobEvent::kState:
-        job.set_state(event.state().state());
-        job.set_reason(event.state().reason());
-        if (event.state().state() == v1::JOB_STATE_RUNNING) {
-          std::printf("job %s running\n", job_id.c_str());
-        }
-        break;
-      case v1::JobEvent::kProgress:
-        *job.mutable_progress() = event.progress();
-        if (absl::Now() - last_print >= progress_interval) {
-          PrintProgress(event.progress());
-          last_print = absl::Now();
-        }
-        break;
-      case v1::JobEvent::kEvaluation:
-        std::printf("test accuracy %.4f  test loss %.4f\n", event.evaluation().test_accuracy(),
-                    event.evaluation().test_loss());
-        break;
-      case v1::JobEvent::kCompleted:
-        *job.mutable_result() = event.completed();
-        break;
-      default:
-        break;
-    }
-    std::fflush(stdout);
+// --eval: a model file's accuracy on the test set.
+int Evaluate(const std::string& path) {
+  absl::StatusOr<ModelFile> model = ReadModelFile(path);
+  if (!model.ok()) {
+    std::cerr << "pstrain-local: " << model.status().message() << "\n";
+    return kExitUsage;
   }
-  absl::Status status = FromGrpcStatus(reader->Finish());
-  if (!status.ok()) return status;
-  return job;
+  const v1::JobSpec& spec = model->header.spec();
+  const std::string dir =
+      absl::GetFlag(FLAGS_data_dir).empty() ? spec.data().dir() : absl::GetFlag(FLAGS_data_dir);
+  absl::StatusOr<Dataset> test = LoadFashionMnist(dir, /*train=*/false);
+  if (!test.ok()) {
+    std::cerr << "pstrain-local: " << test.status().message() << "\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<worker::Evaluation> eval = worker::Evaluate(spec, model->params, *test);
+  if (!eval.ok()) {
+    std::cerr << "pstrain-local: " << eval.status().message() << "\n";
+    return kExitFailed;
+  }
+  std::printf("%s (%s, job %s): test accuracy %.4f, test loss %.4f\n", path.c_str(),
+              ModelSummary(spec).c_str(), model->header.job_id().c_str(), eval->accuracy,
+              eval->loss);
+  std::printf("{\"model\":%s,\"job\":%s,\"test_accuracy\":%.4f,\"test_loss\":%.6f}\n",
+              JsonQuote(path).c_str(), JsonQuote(model->header.job_id()).c_str(),
+              eval->accuracy, eval->loss);
+  return 0;
 }
 
 int Run() {
   const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (!absl::GetFlag(FLAGS_eval).empty()) {
+    if (!job_path.empty()) {
+      std::cerr << "pstrain-local: give --job or --eval, not both\n";
+      return kExitUsage;
+    }
+    return Evaluate(absl::GetFlag(FLAGS_eval));
+  }
   if (job_path.empty()) {
-    std::cerr << "pstrain-local: --job FILE is required\n";
+    std::cerr << "pstrain-local: --job FILE (train) or --eval FILE (evaluate) is required\n";
     return kExitUsage;
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_path);
@@ -207,14 +183,16 @@ int Run() {
     return finish(s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
   }
   std::printf("job %s submitted: %s, %s, %d worker(s) x batch %d, %d server(s)\n",
-              submitted.job_id().c_str(), ModelTypeName(spec->model().type()).c_str(),
+              submitted.job_id().c_str(), ModelSummary(*spec).c_str(),
               ModeName(spec->mode()).c_str(), spec->num_workers(), spec->batch_size(),
               spec->num_servers());
   std::fflush(stdout);
 
-  absl::StatusOr<v1::Job> job =
-      Follow(*stub, submitted.job_id(), watch_context,
-             absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
+  ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
+                          absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
+  absl::StatusOr<v1::Job> job = FollowJob(
+      *stub, submitted.job_id(), watch_context,
+      [&](const v1::JobEvent& event, const v1::Job& now) { display.OnEvent(event, now); });
   int signo;
   std::string dead;
   {
@@ -241,10 +219,7 @@ int Run() {
     return finish(kExitFailed);
   }
   const int code = finish(0);
-  const v1::JobResult& r = job->result();
-  std::printf("done: %lld steps in %.1f s, %.0f samples/s, final loss %.4f, test accuracy %.4f\n",
-              static_cast<long long>(r.steps()), r.train_seconds(), r.samples_per_second(),
-              r.final_loss(), r.test_accuracy());
+  std::printf("%s\n", ResultSummary(*job).c_str());
   std::printf("%s\n", ResultJson(*job).c_str());
   std::fflush(stdout);
   return code;
@@ -254,6 +229,6 @@ int Run() {
 }  // namespace pstrain::cli
 
 int main(int argc, char** argv) {
-  pstrain::InitMain(argc, argv, "pstrain-local --job FILE [flags]");
+  pstrain::InitMain(argc, argv, "pstrain-local --job FILE [flags] | pstrain-local --eval FILE");
   return pstrain::cli::Run();
 }

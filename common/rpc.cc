@@ -20,6 +20,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Reconnect soon after a peer restarts (gRPC's default backoff grows to
+  // two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // A distinct argument per pool member keeps gRPC from sharing one subchannel.
   args.SetInt("pstrain.channel_pool_index", pool_index);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);

@@ -38,4 +38,27 @@ absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, i
   return params;
 }
 
+absl::StatusOr<Evaluation> Evaluate(const v1::JobSpec& spec, const std::vector<float>& params,
+                                    const Dataset& data) {
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  if (static_cast<int64_t>(params.size()) != kernels::NumParams(shape)) {
+    return absl::InvalidArgumentError("parameters do not match the model");
+  }
+  if (data.input_dim != shape.input_dim) {
+    return absl::InvalidArgumentError("the data does not match the model's input");
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ModelKernels> model,
+                           kernels::CreateCpuModelKernels(shape, spec.batch_size()));
+  std::vector<float> x(static_cast<size_t>(data.num_samples) * data.input_dim);
+  std::vector<int32_t> y(data.num_samples);
+  std::vector<int64_t> all(data.num_samples);
+  for (int64_t i = 0; i < data.num_samples; ++i) all[i] = i;
+  data.Gather(all.data(), static_cast<int>(data.num_samples), x.data(), y.data());
+  kernels::BatchStats stats;
+  PSTRAIN_RETURN_IF_ERROR(model->Evaluate(params.data(), x.data(), y.data(), data.num_samples,
+                                          &stats));
+  return Evaluation{static_cast<double>(stats.correct) / data.num_samples,
+                    stats.loss_sum / data.num_samples};
+}
+
 }  // namespace pstrain::worker

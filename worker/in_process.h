@@ -18,6 +18,16 @@ namespace pstrain::worker {
 absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& spec, int64_t steps,
                                                   const Dataset& train);
 
+struct Evaluation {
+  double accuracy = 0;
+  double loss = 0;  // mean cross-entropy
+};
+
+// Evaluates parameters of `spec`'s model (normalized) on `data`, exactly as
+// worker 0 does at the end of a job.
+absl::StatusOr<Evaluation> Evaluate(const v1::JobSpec& spec, const std::vector<float>& params,
+                                    const Dataset& data);
+
 }  // namespace pstrain::worker
 
 #endif  // PSTRAIN_WORKER_IN_PROCESS_H_

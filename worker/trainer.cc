@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "worker/in_process.h"
 
 namespace pstrain::worker {
 namespace {
@@ -142,17 +143,10 @@ absl::Status Trainer::Run() {
     // The final model: every worker's last push applied on every chunk.
     const int64_t final_version = sync ? total_steps : workers * total_steps;
     PSTRAIN_RETURN_IF_ERROR(client_->PullAll(final_version, params_.data()));
-    std::vector<float> test_x(static_cast<size_t>(test_->num_samples) * test_->input_dim);
-    std::vector<int32_t> test_y(test_->num_samples);
-    std::vector<int64_t> all(test_->num_samples);
-    for (int64_t i = 0; i < test_->num_samples; ++i) all[i] = i;
-    test_->Gather(all.data(), static_cast<int>(test_->num_samples), test_x.data(), test_y.data());
-    kernels::BatchStats stats;
-    PSTRAIN_RETURN_IF_ERROR(kernels_->Evaluate(params_.data(), test_x.data(), test_y.data(),
-                                               test_->num_samples, &stats));
+    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(spec_, params_, *test_));
     report.set_evaluated(true);
-    report.set_test_accuracy(static_cast<float>(stats.correct) / test_->num_samples);
-    report.set_test_loss(static_cast<float>(stats.loss_sum / test_->num_samples));
+    report.set_test_accuracy(static_cast<float>(eval.accuracy));
+    report.set_test_loss(static_cast<float>(eval.loss));
   }
   if (options_.report) options_.report(report);
   return absl::OkStatus();

@@ -1,0 +1,137 @@
+#include "cli/job_output.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/rpc.h"
+
+namespace pstrain::cli {
+
+std::string JsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JobStateName(v1::JobState state) {
+  const std::string name = v1::JobState_Name(state);
+  return absl::AsciiStrToLower(name.substr(std::string("JOB_STATE_").size()));
+}
+
+std::string ModelSummary(const v1::JobSpec& spec) {
+  std::vector<int> widths = {kFashionInputDim};
+  widths.insert(widths.end(), spec.model().hidden().begin(), spec.model().hidden().end());
+  widths.push_back(kFashionClasses);
+  return absl::StrCat(ModelTypeName(spec.model().type()), " ", absl::StrJoin(widths, "-"));
+}
+
+std::string ResultSummary(const v1::Job& job) {
+  if (job.state() != v1::JOB_STATE_SUCCEEDED) {
+    return absl::StrCat(job.id(), " ", JobStateName(job.state()),
+                        job.reason().empty() ? "" : ": ", job.reason());
+  }
+  const v1::JobResult& r = job.result();
+  return absl::StrFormat(
+      "%s succeeded: test accuracy %.4f, final loss %.4f, %d steps in %.1f s (%.0f samples/s)",
+      job.id(), r.test_accuracy(), r.final_loss(), r.steps(), r.train_seconds(),
+      r.samples_per_second());
+}
+
+absl::StatusOr<v1::Job> FollowJob(
+    v1::Control::Stub& stub, const std::string& job_id, grpc::ClientContext& context,
+    const std::function<void(const v1::JobEvent&, const v1::Job&)>& on_event) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = stub.WatchJob(&context, request);
+  v1::JobEvent event;
+  v1::Job job;
+  while (reader->Read(&event)) {
+    switch (event.kind_case()) {
+      case v1::JobEvent::kSnapshot:
+        job = event.snapshot();
+        break;
+      case v1::JobEvent::kState:
+        job.set_state(event.state().state());
+        job.set_reason(event.state().reason());
+        break;
+      case v1::JobEvent::kProgress:
+        *job.mutable_progress() = event.progress();
+        break;
+      case v1::JobEvent::kEvaluation:
+        job.mutable_result()->set_test_accuracy(event.evaluation().test_accuracy());
+        job.mutable_result()->set_test_loss(event.evaluation().test_loss());
+        break;
+      case v1::JobEvent::kCompleted:
+        *job.mutable_result() = event.completed();
+        break;
+      default:
+        break;
+    }
+    if (on_event) on_event(event, job);
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (!status.ok()) return status;
+  return job;
+}
+
+void ProgressDisplay::EndLine() {
+  if (line_open_) std::fputc('\n', out_);
+  line_open_ = false;
+}
+
+void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
+  switch (event.kind_case()) {
+    case v1::JobEvent::kState:
+      EndLine();
+      std::fprintf(out_, "%s %s%s%s\n", job.id().c_str(), JobStateName(job.state()).c_str(),
+                   job.reason().empty() ? "" : ": ", job.reason().c_str());
+      break;
+    case v1::JobEvent::kSnapshot:
+      if (job.state() == v1::JOB_STATE_PENDING || job.state() == v1::JOB_STATE_RUNNING) {
+        std::fprintf(out_, "%s %s%s%s\n", job.id().c_str(), JobStateName(job.state()).c_str(),
+                     job.reason().empty() ? "" : ": ", job.reason().c_str());
+      }
+      break;
+    case v1::JobEvent::kProgress: {
+      const absl::Time now = absl::Now();
+      if (now - last_ < (terminal_ ? absl::Milliseconds(100) : interval_)) break;
+      last_ = now;
+      const v1::Progress& p = event.progress();
+      const std::string text = absl::StrFormat(
+          "epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s", p.epoch() + 1, p.total_epochs(),
+          p.step(), p.total_steps(), p.loss(), p.samples_per_second());
+      if (terminal_) {
+        constexpr int kWidth = 24;
+        const double done = p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps() : 0;
+        const int filled = static_cast<int>(done * kWidth);
+        std::fprintf(out_, "\r[%s%s] %3.0f%%  %s   ", std::string(filled, '#').c_str(),
+                     std::string(kWidth - filled, '.').c_str(), done * 100, text.c_str());
+        line_open_ = true;
+      } else {
+        std::fprintf(out_, "%s\n", text.c_str());
+      }
+      break;
+    }
+    case v1::JobEvent::kEvaluation:
+      EndLine();
+      std::fprintf(out_, "test accuracy %.4f  test loss %.4f\n", event.evaluation().test_accuracy(),
+                   event.evaluation().test_loss());
+      break;
+    default:
+      break;
+  }
+  std::fflush(out_);
+}
+
+}  // namespace pstrain::cli

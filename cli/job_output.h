@@ -1,0 +1,53 @@
+// What the command-line tools show of jobs: following a job's events, a
+// live progress display, and short summaries.
+#ifndef PSTRAIN_CLI_JOB_OUTPUT_H_
+#define PSTRAIN_CLI_JOB_OUTPUT_H_
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "pstrain/v1/control.grpc.pb.h"
+
+namespace pstrain::cli {
+
+// Follows the job through WatchJob until it ends (or `context` is
+// cancelled), calling on_event with each event and the job as known after
+// it. Returns the job as last known.
+absl::StatusOr<v1::Job> FollowJob(
+    v1::Control::Stub& stub, const std::string& job_id, grpc::ClientContext& context,
+    const std::function<void(const v1::JobEvent&, const v1::Job&)>& on_event);
+
+// Shows a job's progress: on a terminal, one line redrawn in place with a
+// bar; elsewhere, a line every `interval`.
+class ProgressDisplay {
+ public:
+  ProgressDisplay(std::FILE* out, bool terminal, absl::Duration interval)
+      : out_(out), terminal_(terminal), interval_(interval) {}
+  // Call with every event of FollowJob.
+  void OnEvent(const v1::JobEvent& event, const v1::Job& job);
+
+ private:
+  void EndLine();
+
+  std::FILE* const out_;
+  const bool terminal_;
+  const absl::Duration interval_;
+  absl::Time last_ = absl::InfinitePast();
+  bool line_open_ = false;
+};
+
+// "mlp 784-256-128-10".
+std::string ModelSummary(const v1::JobSpec& spec);
+// "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404 steps in 16.9 s (10623 samples/s)".
+std::string ResultSummary(const v1::Job& job);
+// `s` as a JSON string literal, quotes included.
+std::string JsonQuote(const std::string& s);
+// "running", "succeeded", ...
+std::string JobStateName(v1::JobState state);
+
+}  // namespace pstrain::cli
+
+#endif  // PSTRAIN_CLI_JOB_OUTPUT_H_

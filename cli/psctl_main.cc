@@ -1,0 +1,440 @@
+// psctl: the control API from a shell.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/job_output.h"
+#include "common/files.h"
+#include "common/job_spec.h"
+#include "common/rpc.h"
+#include "google/protobuf/util/json_util.h"
+#include "pstrain/v1/control.grpc.pb.h"
+
+namespace pstrain::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitJobFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitUnavailable = 3;
+constexpr char kDefaultCoordinator[] = "127.0.0.1:50050";
+
+constexpr char kUsage[] = R"(usage: psctl [--coordinator HOST:PORT] [-o table|json] [--timeout SECONDS] VERB ...
+
+verbs:
+  submit FILE          submit a job file (YAML); prints the job id
+  get ID               show one job
+  list [--state S]... [--limit N]
+                       jobs, newest first (S: pending, running, succeeded,
+                       failed, cancelled; repeat or separate with commas)
+  watch ID             follow a job live until it ends
+  cancel ID            cancel a pending or running job
+  nodes                registered servers and workers
+  export ID FILE       write a succeeded job's model file
+
+The coordinator is --coordinator, else $PSTRAIN_COORDINATOR, else 127.0.0.1:50050.
+Exit status: 0 success; 1 the watched job failed or was cancelled; 2 usage or
+invalid input (bad job file, unknown job); 3 coordinator unreachable or other
+errors.
+)";
+
+struct Command {
+  std::string verb;
+  std::vector<std::string> args;
+  std::string coordinator;
+  bool json = false;
+  absl::Duration timeout = absl::Seconds(10);
+  std::vector<v1::JobState> states;  // list
+  int limit = 50;                    // list
+};
+
+// A usage error: message on stderr, exit 2.
+int Usage(const std::string& message) {
+  std::cerr << "psctl: " << message << "\n" << "run 'psctl --help' for usage\n";
+  return kExitUsage;
+}
+
+// Parses the command line. Returns an exit code on error or --help.
+std::optional<int> Parse(int argc, char** argv, Command* cmd) {
+  const char* env = std::getenv("PSTRAIN_COORDINATOR");
+  cmd->coordinator = env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
+  std::vector<std::string> positional;
+  bool saw_state = false, saw_limit = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help" || arg == "help") {
+      std::cout << kUsage;
+      return kExitOk;
+    }
+    if (arg == "--") {
+      for (++i; i < argc; ++i) positional.push_back(argv[i]);
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      positional.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
+    std::string value;
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    static const std::set<std::string> kValueFlags = {"coordinator", "o", "output", "timeout",
+                                                      "state", "limit"};
+    if (!kValueFlags.contains(name)) return Usage(absl::StrCat("unknown flag ", arg));
+    if (!inline_value) {
+      if (i + 1 >= argc) return Usage(absl::StrCat("flag ", arg, " needs a value"));
+      value = argv[++i];
+    }
+    if (name == "coordinator") {
+      cmd->coordinator = value;
+    } else if (name == "o" || name == "output") {
+      if (value != "json" && value != "table") {
+        return Usage(absl::StrCat("-o takes table or json, not '", value, "'"));
+      }
+      cmd->json = value == "json";
+    } else if (name == "timeout") {
+      double seconds;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0)) {
+        return Usage(absl::StrCat("--timeout takes a positive number of seconds, not '", value, "'"));
+      }
+      cmd->timeout = absl::Seconds(seconds);
+    } else if (name == "state") {
+      saw_state = true;
+      for (absl::string_view s : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        v1::JobState state;
+        if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(s)), &state) ||
+            state == v1::JOB_STATE_UNSPECIFIED) {
+          return Usage(absl::StrCat("unknown state '", s, "'"));
+        }
+        cmd->states.push_back(state);
+      }
+    } else if (name == "limit") {
+      saw_limit = true;
+      if (!absl::SimpleAtoi(value, &cmd->limit) || cmd->limit < 1) {
+        return Usage(absl::StrCat("--limit takes a positive integer, not '", value, "'"));
+      }
+    }
+  }
+  if (positional.empty()) return Usage("missing verb");
+  cmd->verb = positional[0];
+  cmd->args.assign(positional.begin() + 1, positional.end());
+  static const std::map<std::string, size_t> kArity = {
+      {"submit", 1}, {"get", 1}, {"list", 0}, {"watch", 1},
+      {"cancel", 1}, {"nodes", 0}, {"export", 2}};
+  auto it = kArity.find(cmd->verb);
+  if (it == kArity.end()) return Usage(absl::StrCat("unknown verb '", cmd->verb, "'"));
+  if (cmd->args.size() != it->second) {
+    return Usage(absl::StrCat(cmd->verb, " takes ", it->second, " argument(s), got ",
+                              cmd->args.size()));
+  }
+  if ((saw_state || saw_limit) && cmd->verb != "list") {
+    return Usage("--state and --limit go with list");
+  }
+  return std::nullopt;
+}
+
+// An RPC failure: message on stderr; 2 for what the user got wrong, 3 else.
+int Failed(const grpc::Status& status) {
+  std::cerr << "psctl: " << status.error_message() << "\n";
+  switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return kExitUsage;
+    case grpc::StatusCode::UNAVAILABLE:
+      std::cerr << "psctl: is a coordinator running at the address given? (--coordinator, "
+                   "$PSTRAIN_COORDINATOR)\n";
+      return kExitUnavailable;
+    default:
+      return kExitUnavailable;
+  }
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+std::string Ago(int64_t time_ms) {
+  if (time_ms <= 0) return "-";
+  const int64_t s = std::max<int64_t>(0, (absl::ToUnixMillis(absl::Now()) - time_ms) / 1000);
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  if (s < 172800) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string Time(int64_t time_ms) {
+  if (time_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(time_ms),
+                          absl::LocalTimeZone());
+}
+
+// Prints rows as columns padded to their widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+class Psctl {
+ public:
+  explicit Psctl(const Command& cmd)
+      : cmd_(cmd), stub_(v1::Control::NewStub(MakeChannel(cmd.coordinator))) {}
+
+  int Run() {
+    if (cmd_.verb == "submit") return Submit(cmd_.args[0]);
+    if (cmd_.verb == "get") return Get(cmd_.args[0]);
+    if (cmd_.verb == "list") return List();
+    if (cmd_.verb == "watch") return Watch(cmd_.args[0]);
+    if (cmd_.verb == "cancel") return Cancel(cmd_.args[0]);
+    if (cmd_.verb == "nodes") return Nodes();
+    return Export(cmd_.args[0], cmd_.args[1]);
+  }
+
+ private:
+  void Deadline(grpc::ClientContext& context) const { SetTimeout(context, cmd_.timeout); }
+
+  int Submit(const std::string& path) {
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (!text.ok()) {
+      std::cerr << "psctl: cannot read job file " << path << "\n";
+      return kExitUsage;
+    }
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(*text);
+    v1::SubmitJobResponse response;
+    grpc::ClientContext context;
+    Deadline(context);
+    grpc::Status status = stub_->SubmitJob(&context, request, &response);
+    if (!status.ok()) {
+      if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        std::cerr << "psctl: " << path << ": " << status.error_message() << "\n";
+        return kExitUsage;
+      }
+      return Failed(status);
+    }
+    if (cmd_.json) {
+      std::cout << ToJson(response) << "\n";
+    } else {
+      std::cout << response.job_id() << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Get(const std::string& id) {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    Deadline(context);
+    if (grpc::Status s = stub_->GetJob(&context, request, &job); !s.ok()) return Failed(s);
+    if (cmd_.json) {
+      std::cout << ToJson(job) << "\n";
+      return kExitOk;
+    }
+    const v1::JobSpec& spec = job.spec();
+    const v1::Progress& p = job.progress();
+    std::vector<std::vector<std::string>> rows = {
+        {"id:", job.id()},
+        {"name:", spec.name().empty() ? "-" : spec.name()},
+        {"state:", JobStateName(job.state())},
+        {"reason:", job.reason().empty() ? "-" : job.reason()},
+        {"model:", ModelSummary(spec)},
+        {"optimizer:", absl::StrFormat("%s, learning rate %g",
+                                       OptimizerTypeName(spec.optimizer().type()),
+                                       spec.optimizer().learning_rate())},
+        {"mode:", ModeName(spec.mode())},
+        {"workers:", absl::StrFormat("%d x batch %d  %s", spec.num_workers(), spec.batch_size(),
+                                     absl::StrJoin(job.worker_nodes(), " "))},
+        {"servers:", absl::StrFormat("%d  %s", spec.num_servers(),
+                                     absl::StrJoin(job.server_addresses(), " "))},
+        {"progress:", absl::StrFormat("step %d/%d, epoch %d/%d, loss %.4f, %.0f samples/s",
+                                      p.step(), p.total_steps(), p.epoch() + 1,
+                                      p.total_epochs(), p.loss(), p.samples_per_second())},
+        {"created:", Time(job.create_time_ms())},
+        {"started:", Time(job.start_time_ms())},
+        {"ended:", Time(job.end_time_ms())},
+    };
+    if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+      const v1::JobResult& r = job.result();
+      rows.push_back({"result:", absl::StrFormat("test accuracy %.4f, test loss %.4f, final "
+                                                 "loss %.4f",
+                                                 r.test_accuracy(), r.test_loss(),
+                                                 r.final_loss())});
+      rows.push_back({"training:", absl::StrFormat("%d steps in %.1f s, %.0f samples/s",
+                                                   r.steps(), r.train_seconds(),
+                                                   r.samples_per_second())});
+      rows.push_back({"model file:", job.has_model() ? "yes (psctl export)" : "no"});
+    }
+    PrintTable(rows);
+    return kExitOk;
+  }
+
+  int List() {
+    v1::ListJobsResponse all;
+    v1::ListJobsRequest request;
+    for (v1::JobState s : cmd_.states) request.add_states(s);
+    while (all.jobs_size() < cmd_.limit) {
+      request.set_page_size(std::min(cmd_.limit - all.jobs_size(), 1000));
+      v1::ListJobsResponse page;
+      grpc::ClientContext context;
+      Deadline(context);
+      if (grpc::Status s = stub_->ListJobs(&context, request, &page); !s.ok()) return Failed(s);
+      for (v1::Job& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
+      if (page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+    if (cmd_.json) {
+      std::cout << ToJson(all) << "\n";
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"ID", "NAME", "STATE", "MODEL", "MODE", "WORKERS", "STEP", "LOSS", "ACCURACY", "AGE"}};
+    for (const v1::Job& job : all.jobs()) {
+      const bool done = job.state() == v1::JOB_STATE_SUCCEEDED;
+      rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                      JobStateName(job.state()), ModelSummary(job.spec()),
+                      ModeName(job.spec().mode()), absl::StrCat(job.spec().num_workers()),
+                      absl::StrCat(job.progress().step(), "/", job.progress().total_steps()),
+                      job.progress().step() > 0 ? absl::StrFormat("%.4f", job.progress().loss())
+                                                : "-",
+                      done ? absl::StrFormat("%.4f", job.result().test_accuracy()) : "-",
+                      Ago(job.create_time_ms())});
+    }
+    PrintTable(rows);
+    return kExitOk;
+  }
+
+  int Watch(const std::string& id) {
+    grpc::ClientContext context;  // no deadline: a job may run for days
+    ProgressDisplay display(stdout, isatty(STDOUT_FILENO), absl::Seconds(1));
+    absl::StatusOr<v1::Job> job =
+        FollowJob(*stub_, id, context, [&](const v1::JobEvent& event, const v1::Job& now) {
+          if (cmd_.json) {
+            std::cout << ToJson(event) << std::endl;
+          } else {
+            display.OnEvent(event, now);
+          }
+        });
+    if (!job.ok()) return Failed(ToGrpcStatus(job.status()));
+    if (!cmd_.json) std::cout << ResultSummary(*job) << "\n";
+    return job->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobFailed;
+  }
+
+  int Cancel(const std::string& id) {
+    v1::CancelJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    Deadline(context);
+    if (grpc::Status s = stub_->CancelJob(&context, request, &job); !s.ok()) return Failed(s);
+    if (cmd_.json) {
+      std::cout << ToJson(job) << "\n";
+    } else {
+      std::cout << job.id() << " " << JobStateName(job.state()) << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Nodes() {
+    v1::ListNodesResponse response;
+    grpc::ClientContext context;
+    Deadline(context);
+    if (grpc::Status s = stub_->ListNodes(&context, v1::ListNodesRequest(), &response); !s.ok()) {
+      return Failed(s);
+    }
+    if (cmd_.json) {
+      std::cout << ToJson(response) << "\n";
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"ID", "ROLE", "STATE", "ADDRESS", "PID", "JOBS", "MEMORY", "HEARTBEAT"}};
+    for (const v1::Node& n : response.nodes()) {
+      std::string role = v1::NodeRole_Name(n.role()).substr(std::string("NODE_ROLE_").size());
+      std::string state = v1::NodeState_Name(n.state()).substr(std::string("NODE_STATE_").size());
+      std::string memory = "-";
+      if (n.role() == v1::NODE_ROLE_SERVER) {
+        memory = n.max_memory_bytes() > 0
+                     ? absl::StrFormat("%.1f/%.1f MB", n.reserved_bytes() / 1e6,
+                                       n.max_memory_bytes() / 1e6)
+                     : absl::StrFormat("%.1f MB", n.reserved_bytes() / 1e6);
+      }
+      rows.push_back({n.id(), absl::AsciiStrToLower(role), absl::AsciiStrToLower(state),
+                      n.address().empty() ? "-" : n.address(),
+                      n.pid() > 0 ? absl::StrCat(n.pid()) : "-",
+                      n.jobs().empty() ? "-" : absl::StrJoin(n.jobs(), ","), memory,
+                      n.last_heartbeat_ms() > 0 ? Ago(n.last_heartbeat_ms()) + " ago" : "-"});
+    }
+    PrintTable(rows);
+    return kExitOk;
+  }
+
+  int Export(const std::string& id, const std::string& path) {
+    v1::ExportModelRequest request;
+    request.set_job_id(id);
+    grpc::ClientContext context;
+    SetTimeout(context, cmd_.timeout + absl::Minutes(5));
+    auto reader = stub_->ExportModel(&context, request);
+    std::string bytes;
+    v1::ModelFileChunk piece;
+    while (reader->Read(&piece)) bytes += piece.data();
+    if (grpc::Status s = reader->Finish(); !s.ok()) return Failed(s);
+    if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) {
+      std::cerr << "psctl: " << s.message() << "\n";
+      return kExitUnavailable;
+    }
+    if (cmd_.json) {
+      std::cout << absl::StrFormat("{\"job_id\":%s,\"file\":%s,\"bytes\":%d}\n", JsonQuote(id),
+                                   JsonQuote(path), bytes.size());
+    } else {
+      std::cout << absl::StrFormat("wrote %s: %d bytes (%s)\n", path, bytes.size(), id);
+    }
+    return kExitOk;
+  }
+
+  const Command& cmd_;
+  std::unique_ptr<v1::Control::Stub> stub_;
+};
+
+}  // namespace
+}  // namespace pstrain::cli
+
+int main(int argc, char** argv) {
+  pstrain::cli::Command cmd;
+  if (std::optional<int> exit = pstrain::cli::Parse(argc, argv, &cmd)) return *exit;
+  return pstrain::cli::Psctl(cmd).Run();
+}
