@@ -2,11 +2,15 @@
 
 #include <thread>
 
+#include <set>
+
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
+#include "tests/integration/integration_util.h"
 
 namespace pstrain::server {
 namespace {
@@ -22,15 +26,22 @@ num_workers: 1
 
 class CoordinatorTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(); }
+  void TearDown() override { coordinator_->Shutdown(absl::Seconds(1)); }
+
+  // (Re)starts the coordinator, with a state directory if given.
+  void Start(const std::string& state_dir = "", absl::Duration lease = absl::Seconds(10)) {
+    if (coordinator_ != nullptr) coordinator_->Shutdown(absl::Seconds(1));
+    coordinator_.reset();
     Coordinator::Options options;
+    options.state_dir = state_dir;
+    options.lease = lease;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
     control_ = v1::Control::NewStub(MakeChannel(coordinator_->address()));
     membership_ = v1::Membership::NewStub(MakeChannel(coordinator_->address()));
   }
-  void TearDown() override { coordinator_->Shutdown(absl::Seconds(1)); }
 
   absl::StatusOr<std::string> Submit(const std::string& yaml) {
     v1::SubmitJobRequest request;
@@ -55,10 +66,12 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // Registers a node; returns its id.
-  std::string Register(v1::NodeRole role, const std::string& address) {
+  std::string Register(v1::NodeRole role, const std::string& address,
+                       const std::string& previous_id = "") {
     v1::RegisterRequest request;
     request.set_role(role);
     request.set_address(address);
+    request.set_node_id(previous_id);
     v1::RegisterResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
@@ -86,21 +99,131 @@ TEST_F(CoordinatorTest, InvalidSpecsAreRejectedNamingTheFieldAndNothingIsQueued)
     yaml.replace(yaml.find(from), from.size(), to);
     return yaml;
   };
+  auto without = [&](std::string line) { return with(line + "\n", ""); };
   const std::pair<std::string, std::string> cases[] = {
-      {"model: {type: mlp\n", "job spec"},
-      {with("type: mlp", "type: resnet"), "model.type"},
-      {with("type: sgd", "type: rmsprop"), "optimizer.type"},
-      {std::string(kValid) + "steps: 11\n", "steps: duplicate key"},
-      {with("num_workers: 1", "num_workers: 0"), "num_workers"},
+      {"model: {type: mlp\n", "job spec"},                                   // does not parse
+      {without("num_workers: 1"), "num_workers"},                             // missing field
+      {without("optimizer: {type: sgd, learning_rate: 0.1}"), "optimizer.type"},
+      {with("batch_size: 8", "batch_size: 0"), "batch_size"},                 // zero size
+      {with("num_servers: 1", "num_servers: -2"), "num_servers"},             // negative
       {with("learning_rate: 0.1", "learning_rate: -1"), "optimizer.learning_rate"},
+      {with("type: mlp", "type: resnet"), "model.type"},                      // unknown model
+      {with("type: sgd", "type: rmsprop"), "optimizer.type"},                 // unknown optimizer
+      {std::string(kValid) + "mode: eventual\n", "mode"},                     // unknown mode
+      {with("hidden: [32]", "hidden: [32], input_dim: 100"), "model.input_dim"},  // data mismatch
+      {with("hidden: [32]", "hidden: [32], num_classes: 12"), "model.num_classes"},
+      {with("hidden: [32]", "hidden: [16384, 16384, 16384, 16384, 16384]"), "model.hidden"},
+      {with("steps: 10", "steps: 10\nchunk_bytes: 128000000"), "chunk_bytes"},  // absurd
+      {std::string(kValid) + "learning_rate: 1\n", "learning_rate: unknown field"},
+      {std::string(kValid) + "steps: 11\n", "steps: duplicate key"},
+      {with("batch_size: 8", "batch_size: eight"), "batch_size"},             // wrong type
+      {with("hidden: [32]", "hidden: 32"), "model.hidden"},
   };
   for (const auto& [yaml, field] : cases) {
     absl::StatusOr<std::string> id = Submit(yaml);
     ASSERT_FALSE(id.ok()) << yaml;
-    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
     EXPECT_TRUE(absl::StartsWith(id.status().message(), field)) << id.status();
   }
   EXPECT_EQ(CountJobs(), 0);
+}
+
+TEST_F(CoordinatorTest, ConcurrentSubmitsGetUniqueIdsThatSurviveARestart) {
+  testing::TempDir dir;
+  Start(dir.path());
+  constexpr int kThreads = 8, kJobs = 50;
+  std::vector<std::string> ids;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int j = t; j < kJobs; j += kThreads) {
+        std::string yaml = kValid;
+        yaml += "name: job-" + std::to_string(j) + "\n";
+        absl::StatusOr<std::string> id = Submit(yaml);
+        EXPECT_TRUE(id.ok()) << id.status();
+        absl::MutexLock lock(&mu);
+        if (id.ok()) ids.push_back(*id);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kJobs));
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size());
+  EXPECT_EQ(CountJobs(), kJobs);
+
+  Start(dir.path());  // a restart on the same state directory
+  EXPECT_EQ(CountJobs(), kJobs);
+  std::set<std::string> names;
+  for (const std::string& id : ids) {
+    absl::StatusOr<v1::Job> job = Get(id);
+    ASSERT_TRUE(job.ok()) << id;
+    EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+    names.insert(job->spec().name());
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(kJobs));
+  // New ids continue after the recovered ones.
+  absl::StatusOr<std::string> next = Submit(kValid);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *next), 0);
+}
+
+// After a restart, a running job waits for its nodes: one that registers
+// again under its old id gets its work back; one that never returns fails
+// the job after a lease.
+TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
+  testing::TempDir dir;
+  Start(dir.path(), absl::Seconds(2));
+  absl::StatusOr<std::string> first = Submit(kValid);
+  ASSERT_TRUE(first.ok());
+  const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
+  ASSERT_EQ(Get(*first)->state(), v1::JOB_STATE_RUNNING);
+
+  Start(dir.path(), absl::Seconds(2));
+  absl::StatusOr<v1::Job> job = Get(*first);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  // The worker comes back under its id; its heartbeat carries the job.
+  EXPECT_EQ(Register(v1::NODE_ROLE_WORKER, "", worker), worker);
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_node_id(worker);
+  heartbeat.add_held_jobs(*first);
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  ASSERT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+  ASSERT_EQ(response.worker_jobs_size(), 1);
+  EXPECT_EQ(response.worker_jobs(0).job_id(), *first);
+  // The server never does: the job fails, saying why.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (Get(*first)->state() == v1::JOB_STATE_RUNNING) {
+    ASSERT_LT(absl::Now(), give_up);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  job = Get(*first);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job->reason(), server)) << job->reason();
+}
+
+TEST_F(CoordinatorTest, JobsWaitForRoomOnTheServers) {
+  v1::RegisterRequest small;
+  small.set_role(v1::NODE_ROLE_SERVER);
+  small.set_address("127.0.0.1:1");
+  small.set_max_memory_bytes(1000);  // far too small for the model
+  v1::RegisterResponse registered;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  ASSERT_TRUE(membership_->Register(&context, small, &registered).ok());
+  Register(v1::NODE_ROLE_WORKER, "");
+  absl::StatusOr<std::string> id = Submit(kValid);
+  ASSERT_TRUE(id.ok());
+  absl::StatusOr<v1::Job> job = Get(*id);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+  EXPECT_TRUE(absl::StrContains(job->reason(), "waiting for room")) << job->reason();
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:2");  // unlimited
+  EXPECT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(*id)->server_addresses(0), "127.0.0.1:2");
 }
 
 TEST_F(CoordinatorTest, JobWaitsForNodesAndCanBeCancelledAndWatched) {
