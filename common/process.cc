@@ -21,18 +21,24 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   std::vector<char*> argv;
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  int log_fd = -1;
-  if (!options.log_path.empty()) {
-    log_fd = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot open ", options.log_path, ": ", std::strerror(errno)));
-    }
+  auto open_log = [](const std::string& path) -> absl::StatusOr<int> {
+    if (path.empty()) return -1;
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return fd;
+  };
+  absl::StatusOr<int> log_fd = open_log(options.log_path);
+  if (!log_fd.ok()) return log_fd.status();
+  absl::StatusOr<int> err_fd = open_log(options.stderr_path);
+  if (!err_fd.ok()) {
+    if (*log_fd >= 0) close(*log_fd);
+    return err_fd.status();
   }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    if (log_fd >= 0) close(log_fd);
+    if (*log_fd >= 0) close(*log_fd);
+    if (*err_fd >= 0) close(*err_fd);
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
@@ -46,14 +52,16 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(1);  // the parent died before prctl
     }
-    if (log_fd >= 0) {
-      dup2(log_fd, STDOUT_FILENO);
-      dup2(log_fd, STDERR_FILENO);
+    if (*log_fd >= 0) {
+      dup2(*log_fd, STDOUT_FILENO);
+      dup2(*log_fd, STDERR_FILENO);
     }
+    if (*err_fd >= 0) dup2(*err_fd, STDERR_FILENO);
     execv(argv[0], argv.data());
     _exit(127);
   }
-  if (log_fd >= 0) close(log_fd);
+  if (*log_fd >= 0) close(*log_fd);
+  if (*err_fd >= 0) close(*err_fd);
   return pid;
 }
 

@@ -21,8 +21,10 @@ namespace pstrain {
 struct SpawnOptions {
   // Program path and arguments; argv[0] is executed.
   std::vector<std::string> argv;
-  // Where the child's stdout and stderr go; empty: inherited.
+  // Where the child's stdout and stderr go (appended); empty: inherited.
   std::string log_path;
+  // If set, stderr goes here instead of log_path.
+  std::string stderr_path;
   // The child gets SIGTERM when the spawning thread's process dies
   // (PR_SET_PDEATHSIG), so no child outlives a parent killed with SIGKILL.
   // Spawn from a thread that lives as long as the child should.

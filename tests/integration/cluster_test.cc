@@ -8,73 +8,12 @@
 #include "gtest/gtest.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "tests/cluster_util.h"
-#include "tests/integration/integration_util.h"
+#include "tests/integration/cluster_fixture.h"
 
 namespace pstrain::testing {
 namespace {
 
-class ClusterTest : public ::testing::Test {
- protected:
-  void StartCluster(int servers, int workers,
-                    std::map<int, std::vector<std::string>> worker_flags = {}) {
-    cli::LocalCluster::Options options;
-    options.bin_dir = BinDir();
-    options.run_dir = dir_.path();
-    options.num_servers = servers;
-    options.num_workers = workers;
-    options.lease = absl::Seconds(10);
-    options.worker_flags = std::move(worker_flags);
-    absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster =
-        cli::LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = std::move(*cluster);
-    control_ = v1::Control::NewStub(MakeChannel(cluster_->coordinator_address()));
-  }
-
-  std::string Submit(const v1::JobSpec& spec) {
-    v1::SubmitJobRequest request;
-    *request.mutable_spec() = spec;
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    grpc::Status status = control_->SubmitJob(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.job_id();
-  }
-
-  v1::Job Get(const std::string& id) {
-    v1::GetJobRequest request;
-    request.set_job_id(id);
-    v1::Job job;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    grpc::Status status = control_->GetJob(&context, request, &job);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return job;
-  }
-
-  // Polls until the job ends; fails the test after `patience`.
-  v1::Job WaitForEnd(const std::string& id, absl::Duration patience = absl::Minutes(5)) {
-    const absl::Time give_up = absl::Now() + patience;
-    while (true) {
-      v1::Job job = Get(id);
-      if (job.state() >= v1::JOB_STATE_SUCCEEDED) return job;
-      if (std::optional<std::string> dead = cluster_->CheckChildren()) {
-        ADD_FAILURE() << "a process exited: " << *dead;
-        return job;
-      }
-      if (absl::Now() > give_up) {
-        ADD_FAILURE() << "job " << id << " did not end within " << patience;
-        return job;
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  }
-
-  TempDir dir_;
-  std::unique_ptr<cli::LocalCluster> cluster_;
-  std::unique_ptr<v1::Control::Stub> control_;
-};
+class ClusterTest : public ClusterFixture {};
 
 TEST_F(ClusterTest, SyncTrainsToAccuracy) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2));
@@ -102,9 +41,10 @@ TEST_F(ClusterTest, AsyncSlowWorkerDoesNotHoldTheOtherBack) {
   // report often, so that the coordinator's view of their steps is close to
   // the truth. Which job index the slow process gets is the coordinator's
   // choice: the test finds out by who finishes first.
-  ASSERT_NO_FATAL_FAILURE(StartCluster(
-      2, 2,
-      {{0, {"--step_delay_ms=30", "--report_interval_ms=100"}}, {1, {"--report_interval_ms=100"}}}));
+  cli::LocalCluster::Options options;
+  options.worker_flags = {{0, {"--step_delay_ms=30", "--report_interval_ms=100"}},
+                          {1, {"--report_interval_ms=100"}}};
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
   constexpr int kSteps = 200;
   v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 64, 2, kSteps);
   spec.set_mode(v1::MODE_ASYNC);

@@ -1,11 +1,15 @@
 #include "tests/integration/integration_util.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+
+#include "common/process.h"
+#include "gtest/gtest.h"
 
 namespace pstrain::testing {
 namespace {
@@ -37,6 +41,44 @@ std::string TempDir::Write(const std::string& name, const std::string& contents)
   const std::string path = path_ + "/" + name;
   std::ofstream(path) << contents;
   return path;
+}
+
+int ProcessResult::exit_code() const {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration patience) {
+  TempDir dir;
+  SpawnOptions spawn;
+  spawn.argv = argv;
+  spawn.log_path = dir.path() + "/out";
+  spawn.stderr_path = dir.path() + "/err";
+  ProcessResult result;
+  absl::StatusOr<pid_t> pid = Spawn(spawn);
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  if (!pid.ok()) return result;
+  const absl::Time give_up = absl::Now() + patience;
+  while (true) {
+    if (std::optional<int> status = TryReap(*pid)) {
+      result.status = *status;
+      break;
+    }
+    if (absl::Now() > give_up) {
+      ADD_FAILURE() << argv[0] << " did not exit within " << patience;
+      result.status = StopProcess(*pid, absl::Seconds(5));
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  result.out = slurp(spawn.log_path);
+  result.err = slurp(spawn.stderr_path);
+  return result;
 }
 
 std::vector<pid_t> ChildrenOf(pid_t pid) {

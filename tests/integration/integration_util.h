@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+
 namespace pstrain::testing {
 
 // The directory of the pstrain binaries under test.
@@ -24,6 +26,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+struct ProcessResult {
+  int status = -1;  // wait status
+  std::string out;  // stdout
+  std::string err;  // stderr
+  int exit_code() const;  // -1 unless it exited normally
+};
+
+// Runs argv to completion; fails the test (and kills it) after `patience`.
+ProcessResult RunProcess(const std::vector<std::string>& argv,
+                         absl::Duration patience = absl::Seconds(60));
 
 // Live (not zombie) processes whose parent is `pid`.
 std::vector<pid_t> ChildrenOf(pid_t pid);

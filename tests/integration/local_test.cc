@@ -27,42 +27,6 @@ num_workers: 2
 chunk_bytes: 65536
 )";
 
-struct Exit {
-  int status = -1;
-  std::string output;
-};
-
-// Runs pstrain-local to completion (bounded by `patience`).
-Exit RunLocal(const TempDir& dir, const std::vector<std::string>& args,
-              absl::Duration patience = absl::Seconds(60)) {
-  SpawnOptions spawn;
-  spawn.argv = {BinDir() + "/pstrain-local"};
-  spawn.argv.insert(spawn.argv.end(), args.begin(), args.end());
-  spawn.log_path = dir.path() + "/local.out";
-  unlink(spawn.log_path.c_str());
-  absl::StatusOr<pid_t> pid = Spawn(spawn);
-  EXPECT_TRUE(pid.ok());
-  Exit exit;
-  const absl::Time give_up = absl::Now() + patience;
-  while (true) {
-    if (std::optional<int> status = TryReap(*pid)) {
-      exit.status = *status;
-      break;
-    }
-    if (absl::Now() > give_up) {
-      ADD_FAILURE() << "pstrain-local did not exit";
-      exit.status = StopProcess(*pid, absl::Seconds(5));
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  std::ifstream in(spawn.log_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  exit.output = text.str();
-  return exit;
-}
-
 TEST(LocalTest, BadJobFilesExit2WithOneLineNamingTheField) {
   TempDir dir;
   auto with = [](std::string from, std::string to) {
@@ -79,16 +43,15 @@ TEST(LocalTest, BadJobFilesExit2WithOneLineNamingTheField) {
   };
   for (const auto& [yaml, field] : cases) {
     const std::string path = dir.Write("job.yaml", yaml);
-    Exit exit = RunLocal(dir, {"--job", path});
-    EXPECT_TRUE(WIFEXITED(exit.status) && WEXITSTATUS(exit.status) == 2)
-        << DescribeWaitStatus(exit.status) << "\n" << exit.output;
-    EXPECT_TRUE(absl::StrContains(exit.output, field)) << exit.output;
-    const std::vector<std::string> lines =
-        absl::StrSplit(exit.output, '\n', absl::SkipEmpty());
-    EXPECT_EQ(lines.size(), 1u) << exit.output;
+    ProcessResult r = RunProcess({BinDir() + "/pstrain-local", "--job", path});
+    EXPECT_EQ(r.exit_code(), 2) << DescribeWaitStatus(r.status) << "\n" << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, field)) << r.err;
+    const std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
+    EXPECT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
   }
-  Exit missing = RunLocal(dir, {"--job", dir.path() + "/nope.yaml"});
-  EXPECT_TRUE(WIFEXITED(missing.status) && WEXITSTATUS(missing.status) == 2) << missing.output;
+  ProcessResult missing = RunProcess({BinDir() + "/pstrain-local", "--job", dir.path() + "/nope.yaml"});
+  EXPECT_EQ(missing.exit_code(), 2) << missing.err;
 }
 
 class LocalSignalTest : public ::testing::TestWithParam<int> {};

@@ -1,0 +1,116 @@
+#include "tests/integration/cluster_fixture.h"
+
+#include "common/rpc.h"
+
+namespace pstrain::testing {
+
+void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::Options options) {
+  options.bin_dir = BinDir();
+  options.run_dir = dir_.path();
+  options.num_servers = servers;
+  options.num_workers = workers;
+  absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  control_ = v1::Control::NewStub(MakeChannel(cluster_->coordinator_address()));
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (static_cast<int>(Nodes().size()) < servers + workers) {
+    ASSERT_LT(absl::Now(), give_up) << "the nodes did not register";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+namespace {
+
+// Runs an idempotent call until it gets through: a call sent on the
+// connection of a coordinator that was just killed fails UNAVAILABLE.
+template <typename Call>
+grpc::Status Retrying(Call call) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (true) {
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    context.set_wait_for_ready(true);  // wait for the coordinator to reconnect
+    grpc::Status status = call(context);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up) {
+      return status;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+}  // namespace
+
+std::string ClusterFixture::Submit(const v1::JobSpec& spec) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  grpc::Status status = control_->SubmitJob(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  return response.job_id();
+}
+
+v1::Job ClusterFixture::Get(const std::string& id) {
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  grpc::Status status = Retrying(
+      [&](grpc::ClientContext& context) { return control_->GetJob(&context, request, &job); });
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  return job;
+}
+
+std::vector<v1::Node> ClusterFixture::Nodes() {
+  v1::ListNodesResponse response;
+  grpc::Status status = Retrying([&](grpc::ClientContext& context) {
+    return control_->ListNodes(&context, v1::ListNodesRequest(), &response);
+  });
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  return {response.nodes().begin(), response.nodes().end()};
+}
+
+v1::Job ClusterFixture::Cancel(const std::string& id) {
+  v1::CancelJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  grpc::Status status = Retrying(
+      [&](grpc::ClientContext& context) { return control_->CancelJob(&context, request, &job); });
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  return job;
+}
+
+v1::Job ClusterFixture::WaitFor(const std::string& id,
+                                const std::function<bool(const v1::Job&)>& done,
+                                absl::Duration patience) {
+  const absl::Time give_up = absl::Now() + patience;
+  while (true) {
+    v1::Job job = Get(id);
+    if (done(job)) return job;
+    if (std::optional<std::string> dead = cluster_->CheckChildren()) {
+      ADD_FAILURE() << "a process exited: " << *dead;
+      return job;
+    }
+    if (absl::Now() > give_up) {
+      ADD_FAILURE() << "job " << id << " did not get there within " << patience
+                    << "; it is " << v1::JobState_Name(job.state()) << " " << job.reason();
+      return job;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+v1::Job ClusterFixture::WaitForEnd(const std::string& id, absl::Duration patience) {
+  return WaitFor(
+      id, [](const v1::Job& job) { return job.state() >= v1::JOB_STATE_SUCCEEDED; }, patience);
+}
+
+ProcessResult ClusterFixture::Psctl(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {BinDir() + "/psctl",
+                                   "--coordinator=" + cluster_->coordinator_address()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProcess(argv);
+}
+
+}  // namespace pstrain::testing
