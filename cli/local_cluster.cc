@@ -75,14 +75,18 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
   return Spawn(absl::StrCat("worker-", workers_started_++), std::move(argv));
 }
 
-absl::Status LocalCluster::RestartCoordinator() {
+void LocalCluster::KillCoordinator() {
   for (Child& c : children_) {
     if (c.name != "coordinator" || c.exited) continue;
     kill(c.pid, SIGKILL);
     c.status = WaitOrKill(c.pid, absl::Now() + absl::Seconds(10));
     c.exited = true;
   }
-  return StartCoordinator(coordinator_address_);
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  KillCoordinator();
+  return StartCoordinatorAgain();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {

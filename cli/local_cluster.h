@@ -53,6 +53,9 @@ class LocalCluster {
   // Kills the coordinator with SIGKILL and starts it again on the same
   // address (and state directory); returns once it serves.
   absl::Status RestartCoordinator();
+  // The two halves of a restart, for a longer outage.
+  void KillCoordinator();
+  absl::Status StartCoordinatorAgain() { return StartCoordinator(coordinator_address_); }
 
   // Children still running, with their names ("coordinator", "server-0", ...).
   std::vector<std::pair<std::string, pid_t>> children() const;

@@ -75,7 +75,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   bool saw_state = false, saw_limit = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help" || arg == "help") {
+    if (arg == "-h" || arg == "--help" || (arg == "help" && positional.empty())) {
       std::cout << kUsage;
       return kExitOk;
     }
@@ -99,7 +99,10 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
                                                       "state", "limit"};
     if (!kValueFlags.contains(name)) return Usage(absl::StrCat("unknown flag ", arg));
     if (!inline_value) {
-      if (i + 1 >= argc) return Usage(absl::StrCat("flag ", arg, " needs a value"));
+      // A value that looks like a flag is taken only as --flag=value.
+      if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0')) {
+        return Usage(absl::StrCat("flag ", arg, " needs a value"));
+      }
       value = argv[++i];
     }
     if (name == "coordinator") {

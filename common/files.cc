@@ -37,6 +37,14 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     unlink(tmp.c_str());
     return absl::InternalError(absl::StrCat("rename to ", path, ": ", std::strerror(err)));
   }
+  // The rename itself is durable once the directory is.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
   return absl::OkStatus();
 }
 

@@ -9,8 +9,9 @@
 
 namespace pstrain {
 
-// Writes `contents` to a temporary file beside `path`, fsyncs it and renames
-// it over `path`: readers see the old or the new contents, never a part.
+// Writes `contents` to a temporary file beside `path`, fsyncs it, renames it
+// over `path` and fsyncs the directory: readers see the old or the new
+// contents, never a part, and the new contents survive a machine crash.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 // The whole file; NOT_FOUND if it does not exist.

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <random>
+
+#include "absl/strings/str_format.h"
+
 #include "common/rpc.h"
 #include "glog/logging.h"
 
@@ -11,6 +15,11 @@ MembershipClient::MembershipClient(Options options, Callbacks callbacks)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
       stub_(v1::Membership::NewStub(MakeChannel(options_.coordinator_address))),
+      // The node names itself, so that a retried registration or one after a
+      // coordinator restart is recognised as the same node.
+      node_id_(absl::StrFormat("%s-%08x",
+                               options_.role == v1::NODE_ROLE_SERVER ? "server" : "worker",
+                               static_cast<uint32_t>(std::random_device{}()))),
       interval_(options_.heartbeat_interval) {}
 
 MembershipClient::~MembershipClient() { Stop(); }
@@ -38,7 +47,7 @@ absl::Status MembershipClient::Register() {
   gethostname(host, sizeof(host) - 1);
   request.set_hostname(host);
   request.set_pid(getpid());
-  request.set_node_id(node_id());  // keep the id across coordinator restarts
+  request.set_node_id(node_id());
   request.set_max_memory_bytes(options_.max_memory_bytes);
   v1::RegisterResponse response;
   grpc::ClientContext context;

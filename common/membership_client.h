@@ -57,6 +57,8 @@ class MembershipClient {
   absl::Status UploadModel(const std::string& job_id, const std::string& file,
                            absl::Duration patience);
 
+  // The node's id: chosen at construction, confirmed (or replaced, if
+  // another live node holds it) by the coordinator.
   std::string node_id() const;
 
  private:

@@ -75,6 +75,7 @@ absl::StatusOr<ModelFile> DecodeModelFile(absl::string_view bytes) {
   }
   const uint32_t header_len = GetU32(bytes, 8);
   if (header_len > bytes.size() - 12) return Invalid("truncated header");
+  if (header_len > (1u << 30)) return Invalid("header larger than 1 GiB");
   ModelFile file;
   if (!file.header.ParseFromArray(bytes.data() + 12, static_cast<int>(header_len))) {
     return Invalid("unparsable header");

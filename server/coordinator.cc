@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <random>
@@ -33,6 +34,10 @@ namespace pstrain::server {
 namespace {
 
 constexpr size_t kModelPieceBytes = 1 << 20;
+// Lost nodes stay listed this long, then are forgotten.
+constexpr absl::Duration kForgetLostNodesAfter = absl::Minutes(10);
+// Watchers of one job at the same time.
+constexpr size_t kMaxWatchersPerJob = 256;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -80,25 +85,39 @@ class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest>
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
 
  private:
   CoordinatorImpl* const coordinator_;
   v1::UploadModelRequest request_;
   std::string node_id_, job_id_, data_;
   bool first_ = true;
+  bool began_ = false;  // the coordinator counts this upload as the job's one
   int64_t limit_ = 0;
 };
 
-// Sends a model file in pieces (ExportModel).
+// Where a model file is: on disk, or in memory without a state directory.
+struct ModelSource {
+  std::string path;
+  std::shared_ptr<const std::string> bytes;
+};
+
+// Sends a model file in pieces (ExportModel), reading as it goes.
 class ModelExport final : public grpc::ServerWriteReactor<v1::ModelFileChunk> {
  public:
-  ModelExport(absl::StatusOr<std::string> file) {
-    if (!file.ok()) {
-      Finish(ToGrpcStatus(file.status()));
+  explicit ModelExport(absl::StatusOr<ModelSource> source) {
+    if (!source.ok()) {
+      Finish(ToGrpcStatus(source.status()));
       return;
     }
-    file_ = std::move(*file);
+    source_ = std::move(*source);
+    if (source_.bytes == nullptr) {
+      file_.open(source_.path, std::ios::binary);
+      if (!file_) {
+        Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the model file"));
+        return;
+      }
+    }
     Next();
   }
   void OnWriteDone(bool ok) override {
@@ -112,17 +131,31 @@ class ModelExport final : public grpc::ServerWriteReactor<v1::ModelFileChunk> {
 
  private:
   void Next() {
-    if (sent_ >= file_.size()) {
+    std::string piece(kModelPieceBytes, '\0');
+    size_t n;
+    if (source_.bytes != nullptr) {
+      n = std::min(kModelPieceBytes, source_.bytes->size() - sent_);
+      piece.assign(*source_.bytes, sent_, n);
+    } else {
+      file_.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+      n = static_cast<size_t>(file_.gcount());
+      if (file_.bad()) {
+        Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the model file"));
+        return;
+      }
+      piece.resize(n);
+    }
+    if (n == 0) {
       Finish(grpc::Status::OK);
       return;
     }
-    const size_t n = std::min(kModelPieceBytes, file_.size() - sent_);
-    piece_.set_data(file_.substr(sent_, n));
     sent_ += n;
+    piece_.set_data(std::move(piece));
     StartWrite(&piece_);
   }
 
-  std::string file_;
+  ModelSource source_;
+  std::ifstream file_;
   size_t sent_ = 0;
   v1::ModelFileChunk piece_;
 };
@@ -234,7 +267,13 @@ class CoordinatorImpl final : public Coordinator,
       queue->Publish(snapshot, IsTerminal(record.job.state()));
       if (!IsTerminal(record.job.state())) {
         std::erase_if(record.watchers, [](const auto& w) { return w->Gone(); });
-        record.watchers.push_back(queue);
+        if (record.watchers.size() >= kMaxWatchersPerJob) {
+          queue->End(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                  absl::StrCat(kMaxWatchersPerJob, " watchers already follow ",
+                                               request->job_id())));
+        } else {
+          record.watchers.push_back(queue);
+        }
       }
     }
     return watch;
@@ -255,7 +294,7 @@ class CoordinatorImpl final : public Coordinator,
 
   grpc::ServerWriteReactor<v1::ModelFileChunk>* ExportModel(
       grpc::CallbackServerContext*, const v1::ExportModelRequest* request) override {
-    return new ModelExport(LoadModel(request->job_id()));
+    return new ModelExport(FindModel(request->job_id()));
   }
 
   // ---- Membership ----
@@ -285,40 +324,57 @@ class CoordinatorImpl final : public Coordinator,
     return new ModelUpload(this);
   }
 
-  // Largest upload accepted for a job: its model file's size, or 0 if the
-  // job is unknown or not running.
-  int64_t ModelFileLimit(const std::string& job_id) {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(job_id);
-    if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) return 0;
-    const v1::JobSpec& spec = it->second.job.spec();
-    return kernels::NumParams(ModelShapeOf(spec)) * 4 + 64 * 1024;
-  }
-
-  // Keeps worker 0's upload as the job's model file.
-  absl::Status StoreModel(const std::string& node_id, const std::string& job_id,
-                          const std::string& bytes) {
-    PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, DecodeModelFile(bytes));
+  // Starts worker 0's upload of a running job's model; returns the largest
+  // file accepted. One upload per job at a time.
+  absl::StatusOr<int64_t> BeginUpload(const std::string& node_id, const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return UnknownJob(job_id);
-    JobRecord& record = it->second;
-    if (record.job.state() != v1::JOB_STATE_RUNNING) {
+    const v1::Job& job = it->second.job;
+    if (job.state() != v1::JOB_STATE_RUNNING) {
       return absl::FailedPreconditionError(absl::StrCat(job_id, " is not running"));
     }
-    if (record.job.worker_nodes_size() == 0 || record.job.worker_nodes(0) != node_id) {
+    if (job.worker_nodes_size() == 0 || job.worker_nodes(0) != node_id) {
       return absl::PermissionDeniedError(
           absl::StrCat("node '", node_id, "' is not worker 0 of ", job_id));
     }
-    if (file.header.job_id() != job_id ||
-        kernels::NumParams(ModelShapeOf(record.job.spec())) != file.header.total_floats()) {
+    if (!uploading_.insert(job_id).second) {
+      return absl::AlreadyExistsError(absl::StrCat("a model of ", job_id, " is being uploaded"));
+    }
+    return kernels::NumParams(ModelShapeOf(job.spec())) * 4 + 64 * 1024;
+  }
+
+  void EndUpload(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    uploading_.erase(job_id);
+  }
+
+  // Keeps an upload as the job's model file. The file is checked and
+  // written without holding the lock.
+  absl::Status StoreModel(const std::string& job_id, std::string bytes) {
+    PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, DecodeModelFile(bytes));
+    int64_t expected_floats;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return UnknownJob(job_id);
+      expected_floats = kernels::NumParams(ModelShapeOf(it->second.job.spec()));
+    }
+    if (file.header.job_id() != job_id || file.header.total_floats() != expected_floats) {
       return absl::InvalidArgumentError("the model file does not belong to this job");
     }
-    if (log_ != nullptr) {
+    std::shared_ptr<const std::string> in_memory;
+    if (!options_.state_dir.empty()) {
       PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(ModelPath(job_id), bytes));
     } else {
-      models_[job_id] = bytes;
+      in_memory = std::make_shared<const std::string>(std::move(bytes));
     }
+    absl::MutexLock lock(&mu_);
+    JobRecord& record = jobs_.at(job_id);
+    if (record.job.state() != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(job_id, " is not running"));
+    }
+    if (in_memory != nullptr) models_[job_id] = std::move(in_memory);
     record.job.set_has_model(true);
     Persist(record);
     return absl::OkStatus();
@@ -340,33 +396,40 @@ class CoordinatorImpl final : public Coordinator,
     return absl::StrCat(ModelsDir(), "/", job_id, ".pstm");
   }
 
-  absl::StatusOr<std::string> LoadModel(const std::string& job_id) {
+  absl::StatusOr<ModelSource> FindModel(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return UnknownJob(job_id);
     const v1::Job& job = it->second.job;
-    if (!job.has_model()) {
+    if (job.state() != v1::JOB_STATE_SUCCEEDED || !job.has_model()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has no model to export (it is ", StateName(job.state()), ")"));
+          "job ", job_id, " has no model to export (it is ", StateName(job.state()),
+          job.state() == v1::JOB_STATE_SUCCEEDED ? ", without a model file)" : ")"));
     }
-    if (log_ == nullptr) return models_.at(job_id);
-    return ReadFile(ModelPath(job_id));
+    if (options_.state_dir.empty()) return ModelSource{"", models_.at(job_id)};
+    return ModelSource{ModelPath(job_id), nullptr};
   }
 
-  // Writes the job's snapshot to the log; compacts the log when it has grown.
-  absl::Status Persist(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (log_ == nullptr) return absl::OkStatus();
+  // Writes the job's snapshot to the log. A change that cannot be made
+  // durable stops the coordinator: going on would acknowledge what a restart
+  // forgets.
+  void Persist(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (log_ == nullptr) return;
     absl::Status status = log_->Append(record.job);
     if (!status.ok()) {
-      LOG(ERROR) << "cannot record job " << record.job.id() << ": " << status;
-      return status;
+      LOG(FATAL) << "cannot record job " << record.job.id() << " in the job log: " << status;
     }
-    if (log_->appended() > 1000 + 2 * static_cast<int64_t>(jobs_.size())) {
-      std::vector<const v1::Job*> all;
-      for (const std::string& id : order_) all.push_back(&jobs_.at(id).job);
-      if (absl::Status s = log_->Compact(all); !s.ok()) LOG(ERROR) << "compaction: " << s;
+    MaybeCompact();
+  }
+
+  // Rewrites the log as one record per job once it has grown.
+  void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (log_ == nullptr || log_->appended() <= 1000 + 2 * static_cast<int64_t>(jobs_.size())) {
+      return;
     }
-    return absl::OkStatus();
+    std::vector<const v1::Job*> all;
+    for (const std::string& id : order_) all.push_back(&jobs_.at(id).job);
+    if (absl::Status s = log_->Compact(all); !s.ok()) LOG(ERROR) << "compaction: " << s;
   }
 
   // Rebuilds the tables from the log: pending jobs queue again, running jobs
@@ -390,7 +453,11 @@ class CoordinatorImpl final : public Coordinator,
         Await(record.job.server_nodes(s), v1::NODE_ROLE_SERVER,
               s < record.job.server_addresses_size() ? record.job.server_addresses(s) : "");
       }
-      for (const std::string& w : record.job.worker_nodes()) Await(w, v1::NODE_ROLE_WORKER, "");
+      for (int w = 0; w < record.job.worker_nodes_size(); ++w) {
+        if (!record.job.workers(w).finished()) {
+          Await(record.job.worker_nodes(w), v1::NODE_ROLE_WORKER, "");
+        }
+      }
     }
     LOG(INFO) << "recovered " << jobs_.size() << " jobs (" << pending_.size() << " pending, "
               << running_.size() << " running) from " << options_.state_dir;
@@ -438,13 +505,17 @@ class CoordinatorImpl final : public Coordinator,
     record.job.mutable_progress()->set_total_steps(total);
     record.job.mutable_progress()->set_total_epochs(
         static_cast<int32_t>((total + per_epoch - 1) / per_epoch));
-    // Acknowledged only once durable.
-    if (absl::Status s = Persist(record); !s.ok()) {
+    // Acknowledged only once durable. In the tables first, so that a
+    // compaction triggered by this append keeps it.
+    JobRecord& stored = jobs_.emplace(id, std::move(record)).first->second;
+    order_.push_back(id);
+    if (absl::Status s = log_ == nullptr ? absl::OkStatus() : log_->Append(stored.job); !s.ok()) {
+      jobs_.erase(id);
+      order_.pop_back();
       return absl::UnavailableError(absl::StrCat("cannot record the job: ", s.message()));
     }
+    MaybeCompact();
     ++job_counter_;
-    jobs_.emplace(id, std::move(record));
-    order_.push_back(id);
     pending_.push_back(id);
     LOG(INFO) << "job " << id << " submitted";
     Schedule();
@@ -452,20 +523,23 @@ class CoordinatorImpl final : public Coordinator,
     return absl::OkStatus();
   }
 
+  // Pages are newest first; a token is the position in submission order
+  // where the next page starts (going back), which new jobs do not shift.
   absl::Status List(const v1::ListJobsRequest& request, v1::ListJobsResponse* response) {
     const int page_size = request.page_size() > 0 ? std::min(request.page_size(), 1000) : 50;
-    size_t start = 0;  // index from the newest
-    if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &start)) {
-      return absl::InvalidArgumentError("page_token: not a token from a previous response");
-    }
     const std::set<int> states(request.states().begin(), request.states().end());
     absl::MutexLock lock(&mu_);
-    size_t i = start;
-    for (; i < order_.size() && response->jobs_size() < page_size; ++i) {
-      const v1::Job& job = jobs_.at(order_[order_.size() - 1 - i]).job;
+    int64_t next = static_cast<int64_t>(order_.size()) - 1;
+    if (!request.page_token().empty() &&
+        (!absl::SimpleAtoi(request.page_token(), &next) || next < -1 ||
+         next >= static_cast<int64_t>(order_.size()))) {
+      return absl::InvalidArgumentError("page_token: not a token from a previous response");
+    }
+    for (; next >= 0 && response->jobs_size() < page_size; --next) {
+      const v1::Job& job = jobs_.at(order_[next]).job;
       if (states.empty() || states.contains(job.state())) *response->add_jobs() = job;
     }
-    if (i < order_.size()) response->set_next_page_token(absl::StrCat(i));
+    if (next >= 0) response->set_next_page_token(absl::StrCat(next));
     return absl::OkStatus();
   }
 
@@ -799,6 +873,17 @@ class CoordinatorImpl final : public Coordinator,
     }
   }
 
+  // Whether a running job still depends on the node: any of its servers, a
+  // worker that has not finished.
+  static bool NeedsNode(const v1::Job& job, const std::string& id) {
+    const auto& servers = job.server_nodes();
+    if (std::find(servers.begin(), servers.end(), id) != servers.end()) return true;
+    for (int w = 0; w < job.worker_nodes_size(); ++w) {
+      if (job.worker_nodes(w) == id && !job.workers(w).finished()) return true;
+    }
+    return false;
+  }
+
   void LeaseLoop() {
     const absl::Duration tick = std::max(absl::Milliseconds(100), options_.lease / 20);
     absl::MutexLock lock(&mu_);
@@ -817,15 +902,23 @@ class CoordinatorImpl final : public Coordinator,
         node.info.set_state(v1::NODE_STATE_LOST);
         node.info.clear_jobs();
         LOG(WARNING) << why;
+        lost_since_[id] = now;
         const std::vector<std::string> running = running_;
         for (const std::string& job_id : running) {
           JobRecord& record = jobs_.at(job_id);
-          const auto& s = record.job.server_nodes();
-          const auto& w = record.job.worker_nodes();
-          if (std::find(s.begin(), s.end(), id) != s.end() ||
-              std::find(w.begin(), w.end(), id) != w.end()) {
-            SetState(record, v1::JOB_STATE_FAILED, why);
-          }
+          if (NeedsNode(record.job, id)) SetState(record, v1::JOB_STATE_FAILED, why);
+        }
+      }
+      // Forget nodes lost long ago.
+      for (auto it = lost_since_.begin(); it != lost_since_.end();) {
+        auto node = nodes_.find(it->first);
+        if (node == nodes_.end() || node->second.info.state() != v1::NODE_STATE_LOST) {
+          it = lost_since_.erase(it);
+        } else if (now - it->second > kForgetLostNodesAfter) {
+          nodes_.erase(node);
+          it = lost_since_.erase(it);
+        } else {
+          ++it;
         }
       }
       Schedule();
@@ -843,29 +936,33 @@ class CoordinatorImpl final : public Coordinator,
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Node> nodes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> lost_since_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);    // by submission
   std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::vector<std::string> running_ ABSL_GUARDED_BY(mu_);
   // Model files, without a state directory.
-  std::map<std::string, std::string> models_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const std::string>> models_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
 };
 
 void ModelUpload::OnReadDone(bool ok) {
   if (!ok) {  // the client is done sending
-    Finish(ToGrpcStatus(coordinator_->StoreModel(node_id_, job_id_, data_)));
+    Finish(ToGrpcStatus(began_ ? coordinator_->StoreModel(job_id_, std::move(data_))
+                               : absl::InvalidArgumentError("empty upload")));
     return;
   }
   if (first_) {
     first_ = false;
     node_id_ = request_.node_id();
     job_id_ = request_.job_id();
-    limit_ = coordinator_->ModelFileLimit(job_id_);
-    if (limit_ == 0) {
-      Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("job '", job_id_, "' is not running")));
+    absl::StatusOr<int64_t> limit = coordinator_->BeginUpload(node_id_, job_id_);
+    if (!limit.ok()) {
+      Finish(ToGrpcStatus(limit.status()));
       return;
     }
+    began_ = true;
+    limit_ = *limit;
   }
   if (static_cast<int64_t>(data_.size() + request_.data().size()) > limit_) {
     Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model file larger than the model"));
@@ -873,6 +970,11 @@ void ModelUpload::OnReadDone(bool ok) {
   }
   data_ += request_.data();
   StartRead(&request_);
+}
+
+void ModelUpload::OnDone() {
+  if (began_) coordinator_->EndUpload(job_id_);
+  delete this;
 }
 
 }  // namespace

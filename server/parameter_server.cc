@@ -70,25 +70,26 @@ class ParameterServerImpl final : public ParameterServer {
   }
 
  private:
-  // Holds exactly the jobs the coordinator lists.
+  // Holds exactly the jobs the coordinator lists. Releases first, so that
+  // memory just freed can hold a new job.
   void Reconcile(const v1::HeartbeatResponse& response) {
     std::set<std::string> wanted;
+    for (const v1::ServerAssignment& a : response.server_jobs()) wanted.insert(a.job_id());
     const std::vector<std::string> held = store_.JobIds();
+    for (const std::string& id : held) {
+      if (!wanted.contains(id)) {
+        LOG(INFO) << "releasing job " << id;
+        store_.RemoveJob(id);
+      }
+    }
     const std::set<std::string> held_set(held.begin(), held.end());
     for (const v1::ServerAssignment& a : response.server_jobs()) {
-      wanted.insert(a.job_id());
       if (held_set.contains(a.job_id()) || !a.has_spec()) continue;
       absl::Status status = store_.AddJob(a);
       if (status.ok()) {
         LOG(INFO) << "holding job " << a.job_id() << " as server " << a.server_index();
       } else {
         LOG(ERROR) << "cannot hold job " << a.job_id() << ": " << status;
-      }
-    }
-    for (const std::string& id : held) {
-      if (!wanted.contains(id)) {
-        LOG(INFO) << "releasing job " << id;
-        store_.RemoveJob(id);
       }
     }
   }

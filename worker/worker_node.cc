@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -68,6 +69,8 @@ class WorkerNodeImpl final : public WorkerNode {
   void Reconcile(const v1::HeartbeatResponse& response) {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
+    assigned_.clear();
+    for (const v1::WorkerAssignment& a : response.worker_jobs()) assigned_.insert(a.job_id());
     bool current_listed = false;
     for (const v1::WorkerAssignment& a : response.worker_jobs()) {
       if (a.job_id() == current_job_) current_listed = true;
@@ -127,12 +130,7 @@ class WorkerNodeImpl final : public WorkerNode {
     }
     if (status.ok() && finished) {
       LOG(INFO) << "job " << assignment.job_id() << " finished";
-      if (!final_model.empty()) {
-        absl::Status uploaded =
-            membership_->UploadModel(assignment.job_id(), final_model, absl::Minutes(10));
-        if (!uploaded.ok()) LOG(ERROR) << "model upload failed: " << uploaded;
-      }
-      Send(final_report, absl::Minutes(10));
+      Deliver(final_report, final_model);
     } else if (status.code() == absl::StatusCode::kCancelled) {
       LOG(INFO) << "job " << assignment.job_id() << " stopped: " << status;
     } else {
@@ -141,12 +139,43 @@ class WorkerNodeImpl final : public WorkerNode {
       report.set_job_id(assignment.job_id());
       report.set_worker(assignment.worker_index());
       report.set_error(status.ToString());
-      Send(report, absl::Seconds(30));
+      Deliver(report, "");
     }
     absl::MutexLock lock(&mu_);
     finished_job_ = current_job_;
     current_job_.clear();
     job_done_ = true;
+  }
+
+  // Sends the job's last word (its model file, if any, then the final or
+  // error report) until the coordinator has it, for as long as the job is
+  // still assigned here: a coordinator that is down for a while, then comes
+  // back, still learns how the job ended.
+  void Deliver(const v1::ReportProgressRequest& report, const std::string& model) {
+    const std::string& job = report.job_id();
+    bool model_done = model.empty();
+    while (true) {
+      if (!model_done) {
+        absl::Status s = membership_->UploadModel(job, model, absl::Seconds(30));
+        const bool permanent = s.code() == absl::StatusCode::kFailedPrecondition ||
+                               s.code() == absl::StatusCode::kPermissionDenied ||
+                               s.code() == absl::StatusCode::kInvalidArgument ||
+                               s.code() == absl::StatusCode::kNotFound;
+        if (!s.ok() && permanent) LOG(ERROR) << "model of " << job << " not kept: " << s;
+        model_done = s.ok() || permanent;
+      }
+      if (model_done) {
+        absl::StatusOr<bool> sent = membership_->ReportProgress(report, absl::Seconds(30));
+        if (sent.ok()) return;
+        LOG(WARNING) << "final report of " << job << " not delivered yet: " << sent.status();
+      }
+      absl::MutexLock lock(&mu_);
+      if (shut_down_ || !assigned_.contains(job)) {
+        LOG(WARNING) << "giving up reporting the end of " << job;
+        return;
+      }
+      mu_.AwaitWithTimeout(absl::Condition(&shut_down_), absl::Seconds(1));
+    }
   }
 
   // Progress reports go out on their own thread so that a slow coordinator
@@ -192,6 +221,8 @@ class WorkerNodeImpl final : public WorkerNode {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string current_job_ ABSL_GUARDED_BY(mu_);
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
+  // The jobs the last heartbeat reply assigned to this node.
+  std::set<std::string> assigned_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = true;
   // Owned by the job thread; set while Run() may be cancelled.
   Trainer* running_trainer_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -1,6 +1,8 @@
 // The job lifecycle through the control API, with real processes: queueing,
 // jobs side by side, cancellation, coordinator crashes, model export.
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -165,6 +167,32 @@ TEST_F(ControlPlaneTest, ARunningJobSurvivesACoordinatorCrash) {
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   EXPECT_GE(done.result().test_accuracy(), 0.70f);
   for (const v1::Node& node : Nodes()) EXPECT_EQ(node.state(), v1::NODE_STATE_ALIVE) << node.id();
+}
+
+// The workers finish while the coordinator is down; once it is back it
+// learns how the job ended, model file included.
+TEST_F(ControlPlaneTest, AJobThatEndsWhileTheCoordinatorIsDownSucceedsWhenItReturns) {
+  cli::LocalCluster::Options options;
+  options.state_dir = dir_.path() + "/state";
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1, options));
+  const std::string id = Submit(SmallJob(300));
+  WaitFor(id, [](const v1::Job& job) { return job.progress().step() >= 20; });
+  cluster_->KillCoordinator();
+  // Wait for the worker to say it finished (its log is in the run directory).
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  while (true) {
+    std::ifstream log(dir_.path() + "/worker-0.log");
+    std::stringstream text;
+    text << log.rdbuf();
+    if (absl::StrContains(text.str(), "job " + id + " finished")) break;
+    ASSERT_LT(absl::Now(), give_up) << "the worker did not finish without the coordinator";
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(cluster_->StartCoordinatorAgain().ok());
+  const v1::Job job = WaitForEnd(id);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_GT(job.result().test_accuracy(), 0.6f);
+  EXPECT_TRUE(job.has_model());
 }
 
 TEST_F(ControlPlaneTest, AnExportedModelEvaluatesToTheReportedAccuracy) {

@@ -35,6 +35,8 @@ TEST_F(PsctlTest, UsageErrorsExit2WithoutAnyCoordinator) {
       {"-o", "yaml", "list"},    // bad output format
       {"get", "job-1", "--state", "running"},  // flag of another verb
       {"list", "--state", "sleeping"},         // unknown state
+      {"--coordinator", "-o", "json", "nodes"},  // a flag where a value should be
+      {"submit", "help"},                      // a file named help that does not exist
   };
   for (const std::vector<std::string>& args : bad) {
     std::vector<std::string> argv = {psctl};

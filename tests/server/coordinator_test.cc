@@ -206,6 +206,58 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   EXPECT_TRUE(absl::StrContains(job->reason(), server)) << job->reason();
 }
 
+TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAcrossRetries) {
+  v1::RegisterRequest request;
+  request.set_role(v1::NODE_ROLE_WORKER);
+  request.set_node_id("worker-0000abcd");
+  request.set_pid(42);
+  request.set_hostname("h");
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a retried registration
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    ASSERT_TRUE(membership_->Register(&context, request, &response).ok());
+    EXPECT_EQ(response.node_id(), "worker-0000abcd");
+  }
+  // Another live process asking for the same id gets a new one.
+  request.set_pid(43);
+  v1::RegisterResponse other;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  ASSERT_TRUE(membership_->Register(&context, request, &other).ok());
+  EXPECT_NE(other.node_id(), "worker-0000abcd");
+  v1::ListNodesResponse nodes;
+  grpc::ClientContext list_context;
+  SetTimeout(list_context, absl::Seconds(10));
+  ASSERT_TRUE(control_->ListNodes(&list_context, v1::ListNodesRequest(), &nodes).ok());
+  EXPECT_EQ(nodes.nodes_size(), 2);
+}
+
+TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Submit(kValid).ok());
+  std::vector<std::string> seen;
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  while (true) {
+    v1::ListJobsResponse page;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    ASSERT_TRUE(control_->ListJobs(&context, request, &page).ok());
+    for (const v1::Job& job : page.jobs()) seen.push_back(job.id());
+    ASSERT_TRUE(Submit(kValid).ok());  // newer jobs arrive between pages
+    if (page.next_page_token().empty()) break;
+    request.set_page_token(page.next_page_token());
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"job-000005", "job-000004", "job-000003",
+                                            "job-000002", "job-000001"}));
+  request.set_page_token("garbage");
+  v1::ListJobsResponse page;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  EXPECT_EQ(control_->ListJobs(&context, request, &page).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(CoordinatorTest, JobsWaitForRoomOnTheServers) {
   v1::RegisterRequest small;
   small.set_role(v1::NODE_ROLE_SERVER);

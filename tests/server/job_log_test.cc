@@ -91,6 +91,41 @@ TEST(JobLogTest, CorruptionBeforeTheEndIsDataLoss) {
   EXPECT_EQ(log.status().code(), absl::StatusCode::kDataLoss) << log.status();
 }
 
+// A damaged length in the middle must not pass for a torn tail (which
+// would silently drop every record after it).
+TEST(JobLogTest, ADamagedLengthInTheMiddleIsDataLoss) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/jobs.log";
+  std::vector<v1::Job> jobs;
+  {
+    auto log = *JobLog::Open(dir.path(), &jobs);
+    for (int i = 1; i <= 3; ++i) {
+      ASSERT_TRUE(log->Append(MakeJob("job-00000" + std::to_string(i), v1::JOB_STATE_PENDING)).ok());
+    }
+  }
+  const int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const char big[4] = {'\x00', '\x10', '\x00', '\x00'};  // 4096: past the end
+  ASSERT_EQ(pwrite(fd, big, 4, 0), 4);
+  close(fd);
+  EXPECT_EQ(JobLog::Open(dir.path(), &jobs).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(JobLogTest, AZeroFilledTailIsCutOff) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/jobs.log";
+  std::vector<v1::Job> jobs;
+  {
+    auto log = *JobLog::Open(dir.path(), &jobs);
+    ASSERT_TRUE(log->Append(MakeJob("job-000001", v1::JOB_STATE_PENDING)).ok());
+  }
+  const int64_t good = FileSize(path);
+  std::ofstream(path, std::ios::binary | std::ios::app) << std::string(300, '\0');
+  ASSERT_TRUE(JobLog::Open(dir.path(), &jobs).ok());
+  EXPECT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(FileSize(path), good);
+}
+
 TEST(JobLogTest, CompactionKeepsOneRecordPerJob) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/jobs.log";
