@@ -5,7 +5,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "common/metrics.h"
 #include "glog/logging.h"
 
 namespace pstrain {
@@ -23,6 +25,17 @@ void PublishAddress(const std::string& path, const std::string& address) {
     std::cerr << "cannot write the address file: " << s << "\n";
     std::exit(1);
   }
+}
+
+std::unique_ptr<MetricsServer> ServeMetrics(const std::string& host, int port) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+      MetricsServer::Create(absl::StrCat(host, ":", port));
+  if (!metrics.ok()) {
+    std::cerr << "cannot serve metrics: " << metrics.status() << "\n";
+    std::exit(1);
+  }
+  LOG(INFO) << "metrics on http://" << (*metrics)->address() << "/metrics";
+  return std::move(*metrics);
 }
 
 }  // namespace pstrain

@@ -2,6 +2,7 @@
 #ifndef PSTRAIN_COMMON_INIT_H_
 #define PSTRAIN_COMMON_INIT_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -15,6 +16,12 @@ void InitMain(int argc, char** argv, absl::string_view usage);
 // Writes "host:port\n" to `path` atomically if path is not empty; exits 1
 // with a message if it cannot.
 void PublishAddress(const std::string& path, const std::string& address);
+
+class MetricsServer;
+
+// Serves /metrics on host:port (port 0: a free one) and logs the address;
+// exits 1 with a message if it cannot.
+std::unique_ptr<MetricsServer> ServeMetrics(const std::string& host, int port);
 
 }  // namespace pstrain
 

@@ -14,7 +14,8 @@ namespace pstrain {
 MembershipClient::MembershipClient(Options options, Callbacks callbacks)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
-      stub_(v1::Membership::NewStub(MakeChannel(options_.coordinator_address))),
+      stub_(v1::Membership::NewStub(
+          MakeChannel(options_.coordinator_address, 0, options_.rpc))),
       // The node names itself, so that a retried registration or one after a
       // coordinator restart is recognised as the same node.
       node_id_(absl::StrFormat("%s-%08x",
@@ -49,6 +50,7 @@ absl::Status MembershipClient::Register() {
   request.set_pid(getpid());
   request.set_node_id(node_id());
   request.set_max_memory_bytes(options_.max_memory_bytes);
+  request.set_metrics_address(options_.metrics_address);
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetTimeout(context, options_.rpc_timeout);

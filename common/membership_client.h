@@ -18,6 +18,8 @@
 
 namespace pstrain {
 
+class RpcMetrics;
+
 class MembershipClient {
  public:
   struct Options {
@@ -25,6 +27,8 @@ class MembershipClient {
     v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
     std::string address;  // what the node serves on, if anything
     int64_t max_memory_bytes = 0;  // servers: capacity; 0 = unlimited
+    std::string metrics_address;   // host:port of the node's /metrics, if any
+    RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
     // Used until the coordinator suggests its own interval at registration.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration rpc_timeout = absl::Seconds(5);

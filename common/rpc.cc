@@ -1,5 +1,7 @@
 #include "common/rpc.h"
 
+#include "common/metrics.h"
+
 namespace pstrain {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -14,7 +16,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index,
+                                           RpcMetrics* metrics) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -27,12 +30,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // A distinct argument per pool member keeps gRPC from sharing one subchannel.
   args.SetInt("pstrain.channel_pool_index", pool_index);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (metrics == nullptr) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, grpc::InsecureChannelCredentials(), args, metrics->ClientInterceptors());
 }
 
-void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
+void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  if (metrics != nullptr) builder.experimental().SetInterceptorCreators(metrics->ServerInterceptors());
 }
 
 }  // namespace pstrain

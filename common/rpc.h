@@ -20,13 +20,18 @@ inline constexpr int kMaxMessageBytes = 64 * 1024 * 1024 + 64 * 1024;
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-// An insecure channel to `address` with pstrain's message limits and
-// keepalive settings. `pool_index` makes channels with otherwise identical
-// arguments distinct, so that they do not share one TCP connection.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index = 0);
+class RpcMetrics;
 
-// Applies pstrain's limits to a server under construction.
-void ConfigureServerBuilder(grpc::ServerBuilder& builder);
+// An insecure channel to `address` with pstrain's message limits, keepalive
+// and reconnect settings, its calls measured by `metrics` if set.
+// `pool_index` makes channels with otherwise identical arguments distinct,
+// so that they do not share one TCP connection.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index = 0,
+                                           RpcMetrics* metrics = nullptr);
+
+// Applies pstrain's limits to a server under construction, and measures its
+// calls with `metrics` if set.
+void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics = nullptr);
 
 inline std::chrono::system_clock::time_point ToChronoTime(absl::Time t) {
   return absl::ToChronoTime(t);

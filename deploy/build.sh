@@ -9,7 +9,7 @@ packages=(
   g++ cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libyaml-cpp-dev libopenblas-dev zlib1g-dev
-  libgtest-dev dataset-fashion-mnist
+  prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/files.h"
 #include "common/job_spec.h"
@@ -74,6 +76,7 @@ struct JobRecord {
   v1::Job job;
   v1::PartitionPlan plan;  // once scheduled
   std::vector<std::shared_ptr<WatchQueue>> watchers;
+  std::optional<CoordinatorMetrics::Job> metrics;  // once running, if measured
 };
 
 class CoordinatorImpl;
@@ -180,7 +183,7 @@ class CoordinatorImpl final : public Coordinator,
       Recover(std::move(jobs));
     }
     grpc::ServerBuilder builder;
-    ConfigureServerBuilder(builder);
+    ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
     builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(static_cast<v1::Control::CallbackService*>(this));
@@ -191,6 +194,10 @@ class CoordinatorImpl final : public Coordinator,
     }
     address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')),
                             ":", port);
+    {
+      absl::MutexLock lock(&mu_);
+      WriteTargets();
+    }
     lease_thread_ = std::thread([this] { LeaseLoop(); });
     return absl::OkStatus();
   }
@@ -415,11 +422,59 @@ class CoordinatorImpl final : public Coordinator,
   // forgets.
   void Persist(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (log_ == nullptr) return;
-    absl::Status status = log_->Append(record.job);
+    absl::Status status = AppendToLog(record.job);
     if (!status.ok()) {
       LOG(FATAL) << "cannot record job " << record.job.id() << " in the job log: " << status;
     }
     MaybeCompact();
+  }
+
+  absl::Status AppendToLog(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (log_ == nullptr) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    absl::Status status = log_->Append(job);
+    if (options_.metrics != nullptr) {
+      options_.metrics->log_append_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    return status;
+  }
+
+  // The Prometheus file_sd targets: the coordinator and every live node.
+  void WriteTargets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.prometheus_sd_file.empty()) return;
+    auto group = [](const std::string& address, const std::string& role, const std::string& node) {
+      return absl::StrFormat(
+          "  {\"targets\": [\"%s\"], \"labels\": {\"role\": \"%s\", \"node\": \"%s\"}}",
+          address, role, node);
+    };
+    std::vector<std::string> groups;
+    if (!options_.metrics_address.empty()) {
+      groups.push_back(group(options_.metrics_address, "coordinator", "coordinator"));
+    }
+    for (const auto& [id, node] : nodes_) {
+      if (node.info.state() != v1::NODE_STATE_ALIVE || node.info.metrics_address().empty()) continue;
+      groups.push_back(group(node.info.metrics_address(), NodeRoleLabel(node.info.role()), id));
+    }
+    const std::string text = absl::StrCat("[\n", absl::StrJoin(groups, ",\n"), "\n]\n");
+    if (text == targets_written_) return;
+    if (absl::Status s = WriteFileAtomically(options_.prometheus_sd_file, text); !s.ok()) {
+      LOG(ERROR) << "cannot write the Prometheus targets: " << s;
+      return;
+    }
+    targets_written_ = text;
+  }
+
+  // Refreshes the gauges of jobs and nodes by state.
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    CoordinatorMetrics* m = options_.metrics;
+    if (m == nullptr) return;
+    std::map<v1::JobState, int> jobs;
+    for (const auto& [id, record] : jobs_) ++jobs[record.job.state()];
+    for (auto& [state, gauge] : m->jobs_by_state) gauge->Set(jobs[state]);
+    std::map<std::pair<v1::NodeRole, v1::NodeState>, int> nodes;
+    for (const auto& [id, node] : nodes_) ++nodes[{node.info.role(), node.info.state()}];
+    for (auto& [key, gauge] : m->nodes_by_role_state) gauge->Set(nodes[key]);
+    m->expiring.Sweep();
   }
 
   // Rewrites the log as one record per job once it has grown.
@@ -447,6 +502,7 @@ class CoordinatorImpl final : public Coordinator,
       if (record.job.state() == v1::JOB_STATE_PENDING) pending_.push_back(id);
       if (record.job.state() != v1::JOB_STATE_RUNNING) continue;
       running_.push_back(id);
+      if (options_.metrics != nullptr) record.metrics = options_.metrics->BindJob(id);
       absl::StatusOr<v1::PartitionPlan> plan = PlanFor(record.job.spec());
       if (plan.ok()) record.plan = std::move(*plan);
       for (int s = 0; s < record.job.server_nodes_size(); ++s) {
@@ -509,7 +565,7 @@ class CoordinatorImpl final : public Coordinator,
     // compaction triggered by this append keeps it.
     JobRecord& stored = jobs_.emplace(id, std::move(record)).first->second;
     order_.push_back(id);
-    if (absl::Status s = log_ == nullptr ? absl::OkStatus() : log_->Append(stored.job); !s.ok()) {
+    if (absl::Status s = AppendToLog(stored.job); !s.ok()) {
       jobs_.erase(id);
       order_.pop_back();
       return absl::UnavailableError(absl::StrCat("cannot record the job: ", s.message()));
@@ -517,6 +573,7 @@ class CoordinatorImpl final : public Coordinator,
     MaybeCompact();
     ++job_counter_;
     pending_.push_back(id);
+    if (options_.metrics != nullptr) options_.metrics->jobs_submitted->Increment();
     LOG(INFO) << "job " << id << " submitted";
     Schedule();
     response->set_job_id(id);
@@ -575,6 +632,7 @@ class CoordinatorImpl final : public Coordinator,
     node.info.set_hostname(request.hostname());
     node.info.set_pid(request.pid());
     node.info.set_max_memory_bytes(request.max_memory_bytes());
+    node.info.set_metrics_address(request.metrics_address());
     node.info.set_state(v1::NODE_STATE_ALIVE);
     node.info.set_last_heartbeat_ms(NowMs());
     node.last_heartbeat = absl::Now();
@@ -584,6 +642,8 @@ class CoordinatorImpl final : public Coordinator,
     response->set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
     response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
     Schedule();
+    WriteTargets();
+    UpdateGauges();
     return absl::OkStatus();
   }
 
@@ -602,6 +662,7 @@ class CoordinatorImpl final : public Coordinator,
       LOG(INFO) << "node " << node.info.id() << " is back";
       node.info.set_state(v1::NODE_STATE_ALIVE);
       Schedule();
+      WriteTargets();
     }
     const std::set<std::string> held(request.held_jobs().begin(), request.held_jobs().end());
     for (const std::string& id : running_) {
@@ -680,6 +741,7 @@ class CoordinatorImpl final : public Coordinator,
       if (!w.finished()) rate += w.samples_per_second();
     }
     p.set_step(min_step);
+    if (record.metrics.has_value()) record.metrics->steps->Set(static_cast<double>(min_step));
     p.set_epoch(static_cast<int32_t>(
         std::min<int64_t>(min_step, std::max<int64_t>(p.total_steps() - 1, 0)) /
         StepsPerEpoch(job.spec())));
@@ -691,6 +753,7 @@ class CoordinatorImpl final : public Coordinator,
     Publish(record, event);
 
     if (r.evaluated()) {
+      if (record.metrics.has_value()) record.metrics->accuracy->Set(r.test_accuracy());
       job.mutable_result()->set_test_accuracy(r.test_accuracy());
       job.mutable_result()->set_test_loss(r.test_loss());
       v1::JobEvent eval;
@@ -703,6 +766,7 @@ class CoordinatorImpl final : public Coordinator,
     if (r.finished()) {
       worker.set_finished(true);
       worker.set_train_seconds(r.train_seconds());
+      *worker.mutable_step_times() = r.step_times();
       if (std::all_of(job.workers().begin(), job.workers().end(),
                       [](const v1::WorkerStatus& w) { return w.finished(); })) {
         Complete(record);
@@ -717,9 +781,17 @@ class CoordinatorImpl final : public Coordinator,
     v1::Job& job = record.job;
     v1::JobResult& result = *job.mutable_result();
     double seconds = 0, loss = 0;
+    v1::StepTimes& times = *result.mutable_step_times();
+    times.Clear();
+    const double n = job.workers_size();
     for (const v1::WorkerStatus& w : job.workers()) {
       seconds = std::max(seconds, w.train_seconds());
       loss += w.loss();
+      times.set_compute_seconds(times.compute_seconds() + w.step_times().compute_seconds() / n);
+      times.set_reduce_seconds(times.reduce_seconds() + w.step_times().reduce_seconds() / n);
+      times.set_push_seconds(times.push_seconds() + w.step_times().push_seconds() / n);
+      times.set_wait_seconds(times.wait_seconds() + w.step_times().wait_seconds() / n);
+      times.set_pull_seconds(times.pull_seconds() + w.step_times().pull_seconds() / n);
     }
     const int64_t steps = TotalSteps(job.spec());
     result.set_steps(steps);
@@ -756,6 +828,16 @@ class CoordinatorImpl final : public Coordinator,
     if (old == v1::JOB_STATE_RUNNING) std::erase(running_, job.id());
     if (state == v1::JOB_STATE_RUNNING) running_.push_back(job.id());
     Persist(record);
+    if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
+      if (state == v1::JOB_STATE_RUNNING && !record.metrics.has_value()) {
+        record.metrics = m->BindJob(job.id());
+      }
+      if (IsTerminal(state)) {
+        m->ended_by_state[state]->Increment();
+        m->expiring.JobEnded(job.id());
+      }
+    }
+    UpdateGauges();
     LOG(INFO) << "job " << job.id() << " " << StateName(old) << " -> " << StateName(state)
               << (reason.empty() ? "" : ": ") << reason;
     v1::JobEvent event;
@@ -909,6 +991,8 @@ class CoordinatorImpl final : public Coordinator,
           if (NeedsNode(record.job, id)) SetState(record, v1::JOB_STATE_FAILED, why);
         }
       }
+      WriteTargets();
+      UpdateGauges();
       // Forget nodes lost long ago.
       for (auto it = lost_since_.begin(); it != lost_since_.end();) {
         auto node = nodes_.find(it->first);
@@ -944,6 +1028,7 @@ class CoordinatorImpl final : public Coordinator,
   // Model files, without a state directory.
   std::map<std::string, std::shared_ptr<const std::string>> models_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  std::string targets_written_ ABSL_GUARDED_BY(mu_);
 };
 
 void ModelUpload::OnReadDone(bool ok) {

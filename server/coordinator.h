@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "pstrain/v1/control.pb.h"
+#include "server/coordinator_metrics.h"
 
 namespace pstrain::server {
 
@@ -28,6 +29,15 @@ class Coordinator {
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     // Events kept per job for watchers that fall behind.
     int max_queued_events = 10000;
+    // Metrics; null: not measured. They must outlive the coordinator.
+    CoordinatorMetrics* metrics = nullptr;
+    RpcMetrics* rpc = nullptr;
+    // The coordinator's own /metrics address, listed in the targets file.
+    std::string metrics_address;
+    // If set, a Prometheus file_sd targets file listing the /metrics of the
+    // coordinator and of every live node, with role and node labels; kept up
+    // to date as nodes come and go.
+    std::string prometheus_sd_file;
   };
 
   // Recovers the state directory, then starts serving. UNAVAILABLE if the

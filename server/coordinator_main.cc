@@ -3,6 +3,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/init.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "glog/logging.h"
 #include "server/coordinator.h"
@@ -13,6 +14,12 @@ ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for the durable job log and model files; empty: keep nothing");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
+ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
+ABSL_FLAG(int, metrics_job_grace_s, 300,
+          "seconds a finished job's metric series are still exported");
+ABSL_FLAG(std::string, prometheus_sd_file, "",
+          "if set, keep a Prometheus file_sd targets file of every process's /metrics here");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat interval suggested to nodes");
 
@@ -28,6 +35,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::StopOnSignal signals;
+  std::unique_ptr<pstrain::MetricsServer> metrics =
+      pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+  absl::StatusOr<std::unique_ptr<pstrain::server::CoordinatorMetrics>> coordinator_metrics =
+      pstrain::server::CoordinatorMetrics::Create(
+          metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+  if (!coordinator_metrics.ok()) {
+    std::cerr << "pstrain-coordinator: " << coordinator_metrics.status() << "\n";
+    return 1;
+  }
+  options.metrics = coordinator_metrics->get();
+  options.rpc = &metrics->rpc();
+  options.metrics_address = metrics->address();
+  options.prometheus_sd_file = absl::GetFlag(FLAGS_prometheus_sd_file);
   auto coordinator = pstrain::server::Coordinator::Create(options);
   if (!coordinator.ok()) {
     std::cerr << "pstrain-coordinator: " << coordinator.status() << "\n";

@@ -20,7 +20,7 @@ class ParameterServerImpl final : public ParameterServer {
 
   absl::Status Start() {
     grpc::ServerBuilder builder;
-    ConfigureServerBuilder(builder);
+    ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
     builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
     builder.RegisterCallbackGenericService(&service_);
@@ -37,6 +37,8 @@ class ParameterServerImpl final : public ParameterServer {
       m.role = v1::NODE_ROLE_SERVER;
       m.address = address_;
       m.max_memory_bytes = options_.store.max_memory_bytes;
+      m.metrics_address = options_.metrics_address;
+      m.rpc = options_.rpc;
       m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
       MembershipClient::Callbacks callbacks;
       callbacks.held_jobs = [this] { return store_.JobIds(); };
@@ -73,6 +75,10 @@ class ParameterServerImpl final : public ParameterServer {
   // Holds exactly the jobs the coordinator lists. Releases first, so that
   // memory just freed can hold a new job.
   void Reconcile(const v1::HeartbeatResponse& response) {
+    if (ServerMetrics* m = options_.store.metrics; m != nullptr) {
+      m->open_waits->Set(static_cast<double>(store_.OpenWaits()));
+      m->expiring.Sweep();
+    }
     std::set<std::string> wanted;
     for (const v1::ServerAssignment& a : response.server_jobs()) wanted.insert(a.job_id());
     const std::vector<std::string> held = store_.JobIds();

@@ -24,6 +24,10 @@ class ParameterServer {
     // long; zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
     ShardStore::Options store;
+    // Measures the calls; null: not measured. Must outlive the server.
+    RpcMetrics* rpc = nullptr;
+    // The server's /metrics address, given to the coordinator.
+    std::string metrics_address;
   };
 
   // Starts serving and, with a coordinator, registering and heartbeating.

@@ -3,6 +3,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/init.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "glog/logging.h"
 #include "server/parameter_server.h"
@@ -14,6 +15,10 @@ ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "bytes of job state this server may hold (jobs are scheduled to fit); 0: unlimited");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
+ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
+ABSL_FLAG(int, metrics_job_grace_s, 300,
+          "seconds a finished job's metric series are still exported");
 ABSL_FLAG(int, coordinator_loss_exit_s, 0,
           "exit when the coordinator has not answered for this many seconds; 0: never");
 
@@ -33,6 +38,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::StopOnSignal signals;
+  std::unique_ptr<pstrain::MetricsServer> metrics =
+      pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+  absl::StatusOr<std::unique_ptr<pstrain::server::ServerMetrics>> server_metrics =
+      pstrain::server::ServerMetrics::Create(
+          metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+  if (!server_metrics.ok()) {
+    std::cerr << "pstrain-server: " << server_metrics.status() << "\n";
+    return 1;
+  }
+  options.store.metrics = server_metrics->get();
+  options.rpc = &metrics->rpc();
+  options.metrics_address = metrics->address();
   auto server = pstrain::server::ParameterServer::Create(options);
   if (!server.ok()) {
     std::cerr << "pstrain-server: " << server.status() << "\n";

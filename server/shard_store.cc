@@ -23,6 +23,8 @@ struct Waiting {
 struct ShardStore::Chunk {
   absl::Mutex mu;
   int64_t size = 0;  // floats
+  const ServerMetrics::Job* metrics = nullptr;  // the job's series, if measured
+  absl::Time step_started ABSL_GUARDED_BY(mu);  // sync: first push of the open step
   int64_t version ABSL_GUARDED_BY(mu) = 0;  // updates applied
   std::vector<float> values ABSL_GUARDED_BY(mu);
   std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
@@ -42,6 +44,7 @@ struct ShardStore::Chunk {
 struct ShardStore::Job {
   std::string id;
   int64_t bytes = 0;  // BytesNeeded
+  ServerMetrics::Job metrics{};  // bound if the store is measured
   v1::Mode mode = v1::MODE_SYNC;
   uint32_t num_workers = 0;
   std::unique_ptr<kernels::Optimizer> optimizer;
@@ -58,6 +61,7 @@ void AnswerWaits(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.m
     if (w.waiter->Abandoned()) continue;
     if (chunk.version >= w.min_version) {
       w.waiter->OnValues(w.request, chunk.version, chunk.values.data(), chunk.size);
+      if (chunk.metrics != nullptr) chunk.metrics->sent_bytes->Increment(chunk.size * 4.0);
     } else {
       still.push_back(std::move(w));
     }
@@ -104,6 +108,14 @@ int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan
   return floats * copies * static_cast<int64_t>(sizeof(float));
 }
 
+void ShardStore::UpdateGauges() {
+  if (options_.metrics == nullptr) return;
+  int64_t bytes = 0;
+  for (const auto& [id, job] : jobs_) bytes += job->bytes;
+  options_.metrics->held_bytes->Set(static_cast<double>(bytes));
+  options_.metrics->jobs->Set(static_cast<double>(jobs_.size()));
+}
+
 int64_t ShardStore::HeldBytes() const {
   absl::MutexLock lock(&mu_);
   int64_t bytes = 0;
@@ -112,6 +124,12 @@ int64_t ShardStore::HeldBytes() const {
 }
 
 absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.contains(a.job_id())) {
+      return absl::AlreadyExistsError(absl::StrCat("job ", a.job_id(), " is already held"));
+    }
+  }
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(a.spec()));
   const v1::PartitionPlan& plan = a.plan();
   const kernels::ModelShape shape = ModelShapeOf(spec);
@@ -134,11 +152,13 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->mode = spec.mode();
   job->num_workers = spec.num_workers();
   job->chunks.resize(plan.chunks_size());
+  if (options_.metrics != nullptr) job->metrics = options_.metrics->BindJob(job->id);
   for (const v1::ChunkInfo& info : plan.chunks()) {
     if (info.server() != a.server_index()) continue;
     auto chunk = std::make_unique<Chunk>();
     absl::MutexLock lock(&chunk->mu);
     chunk->size = info.size();
+    if (options_.metrics != nullptr) chunk->metrics = &job->metrics;
     chunk->values.resize(info.size());
     kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
                         chunk->values.data());
@@ -157,10 +177,17 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->optimizer = std::move(optimizer);
 
   absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::UnavailableError("server is shutting down");
-  if (!jobs_.emplace(job->id, job).second) {
-    return absl::AlreadyExistsError(absl::StrCat("job ", job->id, " is already held"));
+  absl::Status status;
+  if (shut_down_) {
+    status = absl::UnavailableError("server is shutting down");
+  } else if (!jobs_.emplace(job->id, job).second) {
+    status = absl::AlreadyExistsError(absl::StrCat("job ", job->id, " is already held"));
   }
+  if (!status.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->expiring.JobEnded(job->id);
+    return status;
+  }
+  UpdateGauges();
   return absl::OkStatus();
 }
 
@@ -172,7 +199,9 @@ void ShardStore::RemoveJob(const std::string& job_id) {
     if (it == jobs_.end()) return;
     job = std::move(it->second);
     jobs_.erase(it);
+    UpdateGauges();
   }
+  if (options_.metrics != nullptr) options_.metrics->expiring.JobEnded(job_id);
   const absl::Status aborted = absl::AbortedError(absl::StrCat("job ", job_id, " was removed"));
   for (auto& chunk : job->chunks) {
     if (chunk != nullptr) Close(*chunk, aborted);
@@ -260,6 +289,11 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
   }
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
 
+  const ServerMetrics::Job* metrics = chunk->metrics;
+  if (metrics != nullptr) {
+    metrics->pushes->Increment();
+    metrics->received_bytes->Increment(static_cast<double>(frame.payload_bytes()));
+  }
   absl::MutexLock lock(&chunk->mu);
   if (!chunk->closed.ok()) return chunk->closed;
   if (job->mode == v1::MODE_SYNC) {
@@ -271,7 +305,9 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
     if (h.step() == chunk->version && !chunk->received[h.worker()]) {
       frame.CopyPayloadTo(chunk->pushed[h.worker()].data());
       chunk->received[h.worker()] = true;
+      if (chunk->received_count == 0) chunk->step_started = absl::Now();
       if (++chunk->received_count == static_cast<int>(job->num_workers)) {
+        const absl::Time apply_start = absl::Now();
         // Sum in worker order so that every run adds the same floats the same way.
         std::vector<float>& sum = chunk->sum;
         std::fill(sum.begin(), sum.end(), 0.0f);
@@ -285,6 +321,12 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
         ++chunk->version;
         std::fill(chunk->received.begin(), chunk->received.end(), false);
         chunk->received_count = 0;
+        if (metrics != nullptr) {
+          const absl::Time now = absl::Now();
+          metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk->step_started));
+          metrics->apply->Observe(absl::ToDoubleSeconds(now - apply_start));
+          metrics->updates->Increment();
+        }
       }
     }
     // Older steps are retries of pushes already applied: answered, not summed.
@@ -299,11 +341,19 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
                                                    chunk->version));
   }
   if (h.step() > chunk->last_step[h.worker()]) {
+    const absl::Time apply_start = absl::Now();
+    if (metrics != nullptr) {
+      metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
+    }
     frame.CopyPayloadTo(chunk->sum.data());
     job->optimizer->Apply(chunk->values.data(), chunk->sum.data(), chunk->optimizer_state.data(),
                           chunk->size, chunk->version + 1);
     ++chunk->version;
     chunk->last_step[h.worker()] = h.step();
+    if (metrics != nullptr) {
+      metrics->apply->Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
+      metrics->updates->Increment();
+    }
   }
   WaitAndAnswer(*chunk, h, /*min_version=*/0, std::move(waiter));
   return absl::OkStatus();

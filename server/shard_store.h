@@ -17,6 +17,7 @@
 #include "kernels/model.h"
 #include "pstrain/v1/membership.pb.h"
 #include "pstrain/v1/parameters.pb.h"
+#include "server/server_metrics.h"
 
 namespace pstrain::server {
 
@@ -44,6 +45,9 @@ class ShardStore {
     // Mutation testing only: in sync mode, leave this worker's gradient out of
     // every sum. -1 (the default) sums every worker.
     int ignore_worker_for_testing = -1;
+    // Where to count pushes, bytes, barrier waits...; null: nowhere. Must
+    // outlive the store.
+    ServerMetrics* metrics = nullptr;
   };
 
   explicit ShardStore(Options options);
@@ -103,6 +107,7 @@ class ShardStore {
 
  private:
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Chunk*> FindChunk(const Job& job, const v1::ChunkHeader& header) const;
 
   const Options options_;

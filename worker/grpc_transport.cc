@@ -26,9 +26,11 @@ class GrpcTransport;
 class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeCall(GrpcTransport* transport, std::vector<grpc::ByteBuffer> requests,
-               ParameterTransport::ReplyFn on_reply, ParameterTransport::DoneFn on_done)
+               ParameterTransport::SentFn on_sent, ParameterTransport::ReplyFn on_reply,
+               ParameterTransport::DoneFn on_done)
       : transport_(transport),
         requests_(std::move(requests)),
+        on_sent_(std::move(on_sent)),
         on_reply_(std::move(on_reply)),
         on_done_(std::move(on_done)) {}
 
@@ -50,6 +52,7 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     if (++next_ < requests_.size()) {
       StartWrite(&requests_[next_]);
     } else {
+      if (on_sent_) on_sent_();
       StartWritesDone();
     }
   }
@@ -68,15 +71,16 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   std::vector<grpc::ByteBuffer> requests_;
   size_t next_ = 0;
   grpc::ByteBuffer reply_;
+  ParameterTransport::SentFn on_sent_;
   ParameterTransport::ReplyFn on_reply_;
   ParameterTransport::DoneFn on_done_;
 };
 
 class GrpcTransport final : public ParameterTransport {
  public:
-  explicit GrpcTransport(const std::vector<std::string>& addresses) {
+  GrpcTransport(const std::vector<std::string>& addresses, RpcMetrics* metrics) {
     for (const std::string& address : addresses) {
-      stubs_.push_back(std::make_unique<grpc::GenericStub>(MakeChannel(address)));
+      stubs_.push_back(std::make_unique<grpc::GenericStub>(MakeChannel(address, 0, metrics)));
     }
   }
 
@@ -90,9 +94,10 @@ class GrpcTransport final : public ParameterTransport {
   int num_servers() const override { return static_cast<int>(stubs_.size()); }
 
   void StartExchange(int server, ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
-                     absl::Time deadline, ReplyFn on_reply, DoneFn on_done) override {
-    auto* call = new ExchangeCall(this, std::move(requests), std::move(on_reply),
-                                  std::move(on_done));
+                     absl::Time deadline, SentFn on_sent, ReplyFn on_reply,
+                     DoneFn on_done) override {
+    auto* call = new ExchangeCall(this, std::move(requests), std::move(on_sent),
+                                  std::move(on_reply), std::move(on_done));
     call->context()->set_deadline(absl::ToChronoTime(deadline));
     {
       absl::MutexLock lock(&mu_);
@@ -130,9 +135,9 @@ void ExchangeCall::OnDone(const grpc::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
-    const std::vector<std::string>& server_addresses) {
+    const std::vector<std::string>& server_addresses, RpcMetrics* metrics) {
   if (server_addresses.empty()) return absl::InvalidArgumentError("no server addresses");
-  return std::make_unique<GrpcTransport>(server_addresses);
+  return std::make_unique<GrpcTransport>(server_addresses, metrics);
 }
 
 }  // namespace pstrain::worker

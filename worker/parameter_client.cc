@@ -120,13 +120,18 @@ absl::Status ParameterClient::Exchange(
       absl::Mutex mu;
       std::vector<bool> answered;
       int streams_open = 0;
+      int streams_sending = 0;
       std::vector<absl::Status> status;
       int64_t bytes = 0;
+      absl::Time all_sent = absl::InfinitePast();
+      absl::Time first_reply = absl::InfiniteFuture();
     };
     auto attempt = std::make_shared<Attempt>();
     attempt->answered.assign(plan.chunks_size(), false);
     attempt->status.assign(num_servers, absl::OkStatus());
     for (int s = 0; s < num_servers; ++s) attempt->streams_open += !requests[s].empty();
+    attempt->streams_sending = attempt->streams_open;
+    const absl::Time start = absl::Now();
 
     const std::string& job_id = options_.job_id;
     auto on_reply = [this, attempt, params, min_version, &plan, &job_id](
@@ -145,6 +150,7 @@ absl::Status ParameterClient::Exchange(
       }
       {
         absl::MutexLock lock(&attempt->mu);
+        attempt->first_reply = std::min(attempt->first_reply, absl::Now());
         if (attempt->answered[h.chunk()]) return;  // a duplicate
         attempt->answered[h.chunk()] = true;
         attempt->bytes += frame->payload_bytes();
@@ -156,7 +162,11 @@ absl::Status ParameterClient::Exchange(
     const absl::Time deadline = absl::Now() + options_.exchange_timeout;
     for (int s = 0; s < num_servers; ++s) {
       if (requests[s].empty()) continue;
-      transport_->StartExchange(s, method, std::move(requests[s]), deadline, on_reply,
+      auto on_sent = [attempt] {
+        absl::MutexLock lock(&attempt->mu);
+        if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
+      };
+      transport_->StartExchange(s, method, std::move(requests[s]), deadline, on_sent, on_reply,
                                 [attempt, s](absl::Status status) {
                                   absl::MutexLock lock(&attempt->mu);
                                   attempt->status[s] = std::move(status);
@@ -174,8 +184,16 @@ absl::Status ParameterClient::Exchange(
       if (!attempt->answered[c]) still.push_back(c);
     }
     {
+      const absl::Time end = absl::Now();
       absl::MutexLock lock(&stats_mu_);
       stats_.bytes_pulled += attempt->bytes;
+      if (method == ParameterMethod::kPushPull) {
+        const absl::Time sent = std::clamp(attempt->all_sent, start, end);
+        const absl::Time first = std::clamp(attempt->first_reply, sent, end);
+        stats_.push_seconds += absl::ToDoubleSeconds(sent - start);
+        stats_.wait_seconds += absl::ToDoubleSeconds(first - sent);
+        stats_.pull_seconds += absl::ToDoubleSeconds(end - first);
+      }
     }
     if (still.empty()) return absl::OkStatus();
     if (cancelled()) return absl::CancelledError("parameter client cancelled");

@@ -39,6 +39,11 @@ class ParameterClient {
     int64_t retries = 0;        // exchanges repeated for lost or failed replies
     int64_t bytes_pushed = 0;   // payload bytes sent
     int64_t bytes_pulled = 0;   // payload bytes received and used
+    // PushPull time: sending every push, waiting for the first reply (the
+    // servers' barrier), receiving the rest.
+    double push_seconds = 0;
+    double wait_seconds = 0;
+    double pull_seconds = 0;
   };
 
   // The transport must outlive the client.

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <array>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
@@ -15,6 +16,8 @@ namespace {
 
 // The final loss of a worker is its mean training loss over this many steps.
 constexpr int64_t kFinalLossSteps = 50;
+// Weight of each step's loss in the exported moving average.
+constexpr double kLossEmaWeight = 0.02;
 
 }  // namespace
 
@@ -24,6 +27,7 @@ Trainer::~Trainer() {
   // The client refers to the transport: destroy it first.
   client_.reset();
   owned_transport_.reset();
+  if (metrics_.has_value()) options_.metrics->expiring.JobEnded(options_.assignment.job_id());
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
@@ -49,7 +53,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
     if (addresses.size() != a.plan().num_servers()) {
       return absl::InvalidArgumentError("server_addresses do not match the plan");
     }
-    PSTRAIN_ASSIGN_OR_RETURN(t->owned_transport_, CreateGrpcTransport(addresses));
+    PSTRAIN_ASSIGN_OR_RETURN(t->owned_transport_, CreateGrpcTransport(addresses, t->options_.rpc));
     transport = t->owned_transport_.get();
   }
   ParameterClient::Options client = t->options_.client;
@@ -58,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   client.mode = t->spec_.mode();
   client.plan = a.plan();
   t->client_ = std::make_unique<ParameterClient>(std::move(client), transport);
+  if (t->options_.metrics != nullptr) t->metrics_ = t->options_.metrics->BindJob(a.job_id());
   t->params_.resize(a.plan().total_floats());
   t->grad_ = std::make_shared<std::vector<float>>(a.plan().total_floats());
   return t;
@@ -97,8 +102,13 @@ absl::Status Trainer::Run() {
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
 
+  // Seconds spent in each StepPhase over the whole job.
+  std::array<double, kStepPhaseNames.size()> phase_totals{};
+  double loss_ema = 0;
+  ParameterClient::Stats before = client_->stats();
   for (int64_t step = 0; step < total_steps; ++step) {
     if (cancelled_) return absl::CancelledError("training cancelled");
+    const absl::Time step_start = absl::Now();
     if (step / steps_per_epoch != epoch) {
       epoch = step / steps_per_epoch;
       order = EpochOrder(spec_.seed(), epoch, train_->num_samples);
@@ -109,26 +119,60 @@ absl::Status Trainer::Run() {
     PSTRAIN_RETURN_IF_ERROR(kernels_->ForwardBackward(params_.data(), x.data(), y.data(), batch,
                                                       grad_scale, grad_->data(), &stats));
     if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+    const absl::Time computed = absl::Now();
     PSTRAIN_RETURN_IF_ERROR(client_->PushPull(step, grad_, params_.data()));
+    const absl::Time step_end = absl::Now();
     steps_done_ = step + 1;
-    recent_losses[step % recent_losses.size()] = stats.loss_sum / batch;
-    window_loss += stats.loss_sum / batch;
+    const double loss = stats.loss_sum / batch;
+    recent_losses[step % recent_losses.size()] = loss;
+    window_loss += loss;
     ++window_steps;
+    loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
 
-    const absl::Time now = absl::Now();
-    if (options_.report && (now - window_start >= options_.report_interval ||
-                            step + 1 == total_steps)) {
+    // Where the step's time went.
+    const ParameterClient::Stats after = client_->stats();
+    std::array<double, kStepPhaseNames.size()> phases{};
+    phases[static_cast<int>(StepPhase::kCompute)] = absl::ToDoubleSeconds(computed - step_start);
+    phases[static_cast<int>(StepPhase::kPush)] = after.push_seconds - before.push_seconds;
+    phases[static_cast<int>(StepPhase::kWait)] = after.wait_seconds - before.wait_seconds;
+    phases[static_cast<int>(StepPhase::kPull)] = after.pull_seconds - before.pull_seconds;
+    for (size_t p = 0; p < phases.size(); ++p) phase_totals[p] += phases[p];
+    if (metrics_.has_value()) {
+      metrics_->steps->Increment();
+      metrics_->samples->Increment(batch);
+      metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_end - step_start));
+      for (size_t p = 0; p < phases.size(); ++p) metrics_->phase_seconds[p]->Increment(phases[p]);
+      metrics_->pushed_bytes->Increment(static_cast<double>(after.bytes_pushed - before.bytes_pushed));
+      metrics_->pulled_bytes->Increment(static_cast<double>(after.bytes_pulled - before.bytes_pulled));
+      metrics_->retries->Increment(static_cast<double>(after.retries - before.retries));
+      metrics_->loss->Set(loss);
+      metrics_->loss_ema->Set(loss_ema);
+    }
+    before = after;
+
+    if (step_end - window_start >= options_.report_interval || step + 1 == total_steps) {
+      const double seconds = absl::ToDoubleSeconds(step_end - window_start);
+      if (metrics_.has_value() && seconds > 0) {
+        metrics_->samples_per_second->Set(window_steps * batch / seconds);
+      }
       report.set_step(step + 1);
       report.set_epoch(static_cast<int32_t>(epoch));
       report.set_loss(static_cast<float>(window_loss / window_steps));
       report.set_samples(window_steps * batch);
-      report.set_seconds(absl::ToDoubleSeconds(now - window_start));
-      options_.report(report);
+      report.set_seconds(seconds);
+      if (options_.report) options_.report(report);
       window_loss = 0;
       window_steps = 0;
-      window_start = now;
+      window_start = step_end;
     }
   }
+  v1::StepTimes& times = *report.mutable_step_times();
+  const double n = static_cast<double>(total_steps);
+  times.set_compute_seconds(phase_totals[static_cast<int>(StepPhase::kCompute)] / n);
+  times.set_reduce_seconds(phase_totals[static_cast<int>(StepPhase::kReduce)] / n);
+  times.set_push_seconds(phase_totals[static_cast<int>(StepPhase::kPush)] / n);
+  times.set_wait_seconds(phase_totals[static_cast<int>(StepPhase::kWait)] / n);
+  times.set_pull_seconds(phase_totals[static_cast<int>(StepPhase::kPull)] / n);
   // The final report's loss is the mean over the last steps (the same in
   // every run of a sync job); its samples were reported above.
   double recent = 0;

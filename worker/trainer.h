@@ -3,6 +3,7 @@
 #define PSTRAIN_WORKER_TRAINER_H_
 
 #include <atomic>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "pstrain/v1/membership.pb.h"
 #include "worker/parameter_client.h"
 #include "worker/transport.h"
+#include "worker/worker_metrics.h"
 
 namespace pstrain::worker {
 
@@ -31,6 +33,11 @@ struct TrainerOptions {
   absl::Duration report_interval = absl::Milliseconds(500);
   // Fault injection for tests: sleep this long in every step.
   absl::Duration step_delay = absl::ZeroDuration();
+  // Where to count steps, bytes, phases...; null: nowhere. Must outlive
+  // the trainer.
+  WorkerMetrics* metrics = nullptr;
+  // Measures the calls to the servers; null: not measured.
+  RpcMetrics* rpc = nullptr;
   // Retry and timeout policy of the parameter client (job_id, worker, mode
   // and plan are filled in from the assignment).
   ParameterClient::Options client;
@@ -73,6 +80,7 @@ class Trainer {
   std::shared_ptr<std::vector<float>> grad_;
   std::atomic<bool> cancelled_{false};
   int64_t steps_done_ = 0;
+  std::optional<WorkerMetrics::Job> metrics_;
 };
 
 }  // namespace pstrain::worker

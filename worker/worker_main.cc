@@ -3,6 +3,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/init.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -11,6 +12,10 @@
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
 ABSL_FLAG(int, coordinator_loss_exit_s, 0,
           "exit when the coordinator has not answered for this many seconds; 0: never");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
+ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
+ABSL_FLAG(int, metrics_job_grace_s, 300,
+          "seconds a finished job's metric series are still exported");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads in this process");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(int, step_delay_ms, 0, "testing: sleep this long in every training step");
@@ -32,6 +37,18 @@ int main(int argc, char** argv) {
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
   pstrain::StopOnSignal signals;
+  std::unique_ptr<pstrain::MetricsServer> metrics =
+      pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+  absl::StatusOr<std::unique_ptr<pstrain::worker::WorkerMetrics>> worker_metrics =
+      pstrain::worker::WorkerMetrics::Create(
+          metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+  if (!worker_metrics.ok()) {
+    std::cerr << "pstrain-worker: " << worker_metrics.status() << "\n";
+    return 1;
+  }
+  options.metrics = worker_metrics->get();
+  options.rpc = &metrics->rpc();
+  options.metrics_address = metrics->address();
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";

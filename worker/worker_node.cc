@@ -25,6 +25,8 @@ class WorkerNodeImpl final : public WorkerNode {
     m.coordinator_address = options_.coordinator_address;
     m.role = v1::NODE_ROLE_WORKER;
     m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
+    m.metrics_address = options_.metrics_address;
+    m.rpc = options_.rpc;
     MembershipClient::Callbacks callbacks;
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);
@@ -67,6 +69,7 @@ class WorkerNodeImpl final : public WorkerNode {
 
  private:
   void Reconcile(const v1::HeartbeatResponse& response) {
+    if (options_.metrics != nullptr) options_.metrics->expiring.Sweep();
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     assigned_.clear();
@@ -98,6 +101,8 @@ class WorkerNodeImpl final : public WorkerNode {
     t.data = &data_;
     t.report_interval = options_.report_interval;
     t.step_delay = options_.step_delay;
+    t.metrics = options_.metrics;
+    t.rpc = options_.rpc;
     v1::ReportProgressRequest final_report;
     bool finished = false;
     t.report = [this, &final_report, &finished](const v1::ReportProgressRequest& r) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "worker/worker_metrics.h"
 
 namespace pstrain::worker {
 
@@ -22,6 +23,11 @@ class WorkerNode {
     absl::Duration report_interval = absl::Milliseconds(500);
     // Fault injection for tests: sleep this long in every training step.
     absl::Duration step_delay = absl::ZeroDuration();
+    // Metrics; null: not measured. They must outlive the node.
+    WorkerMetrics* metrics = nullptr;
+    RpcMetrics* rpc = nullptr;
+    // The worker's /metrics address, given to the coordinator.
+    std::string metrics_address;
   };
 
   // INVALID_ARGUMENT without a coordinator address.

@@ -34,7 +34,7 @@ std::shared_ptr<PendingExchange> StartExchange(worker::ParameterTransport& trans
                                                std::vector<grpc::ByteBuffer> frames) {
   auto pending = std::make_shared<PendingExchange>();
   transport.StartExchange(
-      server, method, std::move(frames), absl::Now() + absl::Seconds(60),
+      server, method, std::move(frames), absl::Now() + absl::Seconds(60), nullptr,
       [pending](const grpc::ByteBuffer& reply) {
         absl::StatusOr<Frame> frame = Frame::Parse(reply);
         absl::MutexLock lock(&pending->mu);

@@ -20,7 +20,7 @@ class FaultyTransport final : public worker::ParameterTransport {
 
   void StartExchange(int server, worker::ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
-                     ReplyFn on_reply, DoneFn on_done) override {
+                     SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
     std::vector<grpc::ByteBuffer> sent;
     for (grpc::ByteBuffer& r : requests) {
       sent.push_back(r);
@@ -29,7 +29,7 @@ class FaultyTransport final : public worker::ParameterTransport {
         ++duplicated_;
       }
     }
-    inner_->StartExchange(server, method, std::move(sent), deadline,
+    inner_->StartExchange(server, method, std::move(sent), deadline, std::move(on_sent),
                           [this, on_reply = std::move(on_reply)](const grpc::ByteBuffer& reply) {
                             if (Chance(drop_)) {
                               ++dropped_;

@@ -1,0 +1,132 @@
+// Prometheus metrics shared by every pstrain process: the /metrics endpoint,
+// process CPU and memory, RPC counts and latencies (client and server, by
+// method and status code), and per-job series that expire after a job ends.
+//
+// Each component declares its own metrics in one struct built once at
+// start-up from the registry it is given (server/server_metrics.h,
+// worker/worker_metrics.h, server/coordinator_metrics.h); the names follow
+// Prometheus conventions (pstrain_ prefix, base units, _total counters) and
+// labels stay bounded: job_id, role, node, method, code, phase, state.
+#ifndef PSTRAIN_COMMON_METRICS_H_
+#define PSTRAIN_COMMON_METRICS_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/client_interceptor.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace pstrain {
+
+// Runs `build`, turning the exception prometheus-cpp throws on a bad name or
+// label into INVALID_ARGUMENT.
+absl::Status BuildMetrics(const std::function<void()>& build);
+
+// Histogram buckets for durations from 10 µs to about 40 s.
+prometheus::Histogram::BucketBoundaries LatencyBuckets();
+
+// RPC latency by method and status code, on both sides of every call:
+//   pstrain_rpc_server_seconds{method,code}  (histogram; _count is the count)
+//   pstrain_rpc_client_seconds{method,code}
+class RpcMetrics {
+ public:
+  static absl::StatusOr<std::unique_ptr<RpcMetrics>> Create(prometheus::Registry& registry);
+
+  void Observe(bool server, const std::string& method, grpc::StatusCode code, double seconds);
+
+  // Interceptor factories to install on servers and channels.
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+  ServerInterceptors();
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+  ClientInterceptors();
+
+ private:
+  RpcMetrics() = default;
+
+  prometheus::Family<prometheus::Histogram>* server_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* client_ = nullptr;
+  absl::Mutex mu_;
+  // Each (side, method, code) is added to its family once, then looked up.
+  std::map<std::tuple<bool, std::string, int>, prometheus::Histogram*> bound_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// The metrics endpoint of a process: a registry, served on /metrics in the
+// Prometheus text format, with the process and RPC metrics already in it.
+//
+// The HTTP side is a small server of our own rather than prometheus-cpp's
+// civetweb-based Exposer: Debian's civetweb gives its threads fixed 100 KB
+// stacks, from which glibc takes the static TLS of every loaded library, and
+// OpenBLAS (60 KB) plus glog (30 KB) leave too little: a worker's exposer
+// thread crashes on its first printf. One thread here serves scrapes one at
+// a time (they are rare), with timeouts, and stops with the object.
+class MetricsServer {
+ public:
+  // Serves on `bind_address` ("127.0.0.1:0" picks a free port).
+  // UNAVAILABLE if it cannot listen.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Create(const std::string& bind_address);
+  // The exposition text, as served on /metrics.
+  std::string Scrape() const;
+  // A registry with the process and RPC metrics, not served (tests).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> CreateUnserved();
+  ~MetricsServer();
+
+  prometheus::Registry& registry() { return *registry_; }
+  const std::shared_ptr<prometheus::Registry>& shared_registry() const { return registry_; }
+  RpcMetrics& rpc() { return *rpc_; }
+  // host:port served, or empty if not served.
+  const std::string& address() const { return address_; }
+
+ private:
+  MetricsServer() = default;
+  absl::Status Init();
+  void Serve();
+  void HandleConnection(int fd);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<RpcMetrics> rpc_;
+  std::string address_;
+  int listen_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// Per-job series that outlive their job by a grace period, so that the last
+// values are scraped, and then leave the families, so that label sets do not
+// grow forever. Thread-safe.
+class ExpiringSeries {
+ public:
+  explicit ExpiringSeries(absl::Duration grace) : grace_(grace) {}
+
+  // `remove` runs once `job_id` has ended and the grace period passed.
+  void Add(const std::string& job_id, std::function<void()> remove);
+  // Starts the grace period of a job's series.
+  void JobEnded(const std::string& job_id);
+  // Removes what is due; call periodically.
+  void Sweep();
+
+ private:
+  const absl::Duration grace_;
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<std::function<void()>>> removals_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> due_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_METRICS_H_

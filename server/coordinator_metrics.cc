@@ -1,0 +1,88 @@
+#include "server/coordinator_metrics.h"
+
+#include "absl/strings/ascii.h"
+
+namespace pstrain::server {
+namespace {
+
+std::string Suffix(const std::string& name, const std::string& prefix) {
+  return absl::AsciiStrToLower(name.substr(prefix.size()));
+}
+
+}  // namespace
+
+std::string JobStateLabel(v1::JobState state) {
+  return Suffix(v1::JobState_Name(state), "JOB_STATE_");
+}
+std::string NodeRoleLabel(v1::NodeRole role) {
+  return Suffix(v1::NodeRole_Name(role), "NODE_ROLE_");
+}
+std::string NodeStateLabel(v1::NodeState state) {
+  return Suffix(v1::NodeState_Name(state), "NODE_STATE_");
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
+    prometheus::Registry& r, absl::Duration grace) {
+  std::unique_ptr<CoordinatorMetrics> m(new CoordinatorMetrics(grace));
+  absl::Status s = BuildMetrics([&] {
+    m->jobs = &prometheus::BuildGauge()
+                   .Name("pstrain_jobs")
+                   .Help("Jobs the coordinator knows, by state.")
+                   .Register(r);
+    m->jobs_ended = &prometheus::BuildCounter()
+                         .Name("pstrain_jobs_ended_total")
+                         .Help("Jobs that ended, by final state.")
+                         .Register(r);
+    m->jobs_submitted = &prometheus::BuildCounter()
+                             .Name("pstrain_jobs_submitted_total")
+                             .Help("Jobs accepted by SubmitJob.")
+                             .Register(r)
+                             .Add({});
+    m->nodes = &prometheus::BuildGauge()
+                    .Name("pstrain_nodes")
+                    .Help("Registered nodes, by role and state.")
+                    .Register(r);
+    m->job_steps = &prometheus::BuildGauge()
+                        .Name("pstrain_job_progress_steps")
+                        .Help("Steps a running job has completed (its slowest worker).")
+                        .Register(r);
+    m->job_accuracy = &prometheus::BuildGauge()
+                           .Name("pstrain_job_test_accuracy")
+                           .Help("Test-set accuracy of a job's final model.")
+                           .Register(r);
+    m->log_append_seconds = &prometheus::BuildHistogram()
+                                 .Name("pstrain_job_log_append_seconds")
+                                 .Help("Writing and syncing one record of the job log.")
+                                 .Register(r)
+                                 .Add({}, LatencyBuckets());
+    for (v1::JobState state :
+         {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+          v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+      m->jobs_by_state[state] = &m->jobs->Add({{"state", JobStateLabel(state)}});
+      if (state >= v1::JOB_STATE_SUCCEEDED) {
+        m->ended_by_state[state] = &m->jobs_ended->Add({{"state", JobStateLabel(state)}});
+      }
+    }
+    for (v1::NodeRole role : {v1::NODE_ROLE_SERVER, v1::NODE_ROLE_WORKER}) {
+      for (v1::NodeState state :
+           {v1::NODE_STATE_ALIVE, v1::NODE_STATE_LOST, v1::NODE_STATE_AWAITED}) {
+        m->nodes_by_role_state[{role, state}] =
+            &m->nodes->Add({{"role", NodeRoleLabel(role)}, {"state", NodeStateLabel(state)}});
+      }
+    }
+  });
+  if (!s.ok()) return s;
+  return m;
+}
+
+CoordinatorMetrics::Job CoordinatorMetrics::BindJob(const std::string& job_id) {
+  const prometheus::Labels labels = {{"job_id", job_id}};
+  Job j{&job_steps->Add(labels), &job_accuracy->Add(labels)};
+  expiring.Add(job_id, [this, j] {
+    job_steps->Remove(j.steps);
+    job_accuracy->Remove(j.accuracy);
+  });
+  return j;
+}
+
+}  // namespace pstrain::server
