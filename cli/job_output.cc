@@ -9,6 +9,16 @@
 
 namespace pstrain::cli {
 
+std::string StepTimesSummary(const v1::StepTimes& t) {
+  const double total = t.compute_seconds() + t.reduce_seconds() + t.push_seconds() +
+                       t.wait_seconds() + t.pull_seconds();
+  return absl::StrFormat(
+      "compute %.2f ms, reduce %.2f ms, push %.2f ms, wait %.2f ms, pull %.2f ms (%.2f ms per "
+      "step)",
+      t.compute_seconds() * 1e3, t.reduce_seconds() * 1e3, t.push_seconds() * 1e3,
+      t.wait_seconds() * 1e3, t.pull_seconds() * 1e3, total * 1e3);
+}
+
 std::string JsonQuote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {

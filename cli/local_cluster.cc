@@ -38,6 +38,9 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
                                    absl::StrCat("--address_file=", address_file),
                                    absl::StrCat("--lease_s=", absl::ToInt64Seconds(options_.lease))};
   if (!options_.state_dir.empty()) argv.push_back(absl::StrCat("--state_dir=", options_.state_dir));
+  if (!options_.prometheus_sd_file.empty()) {
+    argv.push_back(absl::StrCat("--prometheus_sd_file=", options_.prometheus_sd_file));
+  }
   PSTRAIN_RETURN_IF_ERROR(Spawn("coordinator", std::move(argv)));
   const absl::Time deadline = absl::Now() + options_.startup_timeout;
   while (true) {

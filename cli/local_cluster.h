@@ -35,6 +35,8 @@ class LocalCluster {
     std::map<int, std::vector<std::string>> server_flags;
     // The coordinator's --state_dir; empty: none.
     std::string state_dir;
+    // The coordinator's --prometheus_sd_file; empty: none.
+    std::string prometheus_sd_file;
     absl::Duration startup_timeout = absl::Seconds(30);
   };
 

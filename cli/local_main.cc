@@ -139,8 +139,11 @@ int Run() {
   options.num_workers = spec->num_workers();
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   options.state_dir = run_dir + "/state";
-  std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s\n", spec->num_servers(),
-              spec->num_workers(), run_dir.c_str());
+  options.prometheus_sd_file = run_dir + "/prometheus-targets.json";
+  std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s, Prometheus targets in "
+              "%s\n",
+              spec->num_servers(), spec->num_workers(), run_dir.c_str(),
+              options.prometheus_sd_file.c_str());
   std::fflush(stdout);
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   if (!cluster.ok()) {
@@ -219,6 +222,7 @@ int Run() {
     return finish(kExitFailed);
   }
   const int code = finish(0);
+  std::printf("step time: %s\n", StepTimesSummary(job->result().step_times()).c_str());
   std::printf("%s\n", ResultSummary(*job).c_str());
   std::printf("%s\n", ResultJson(*job).c_str());
   std::fflush(stdout);

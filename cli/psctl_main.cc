@@ -301,6 +301,7 @@ class Psctl {
       rows.push_back({"training:", absl::StrFormat("%d steps in %.1f s, %.0f samples/s",
                                                    r.steps(), r.train_seconds(),
                                                    r.samples_per_second())});
+      rows.push_back({"step time:", StepTimesSummary(r.step_times())});
       rows.push_back({"model file:", job.has_model() ? "yes (psctl export)" : "no"});
     }
     PrintTable(rows);

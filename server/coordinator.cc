@@ -833,6 +833,7 @@ class CoordinatorImpl final : public Coordinator,
         record.metrics = m->BindJob(job.id());
       }
       if (IsTerminal(state)) {
+        if (record.metrics.has_value()) record.metrics->running->Set(0);
         m->ended_by_state[state]->Increment();
         m->expiring.JobEnded(job.id());
       }

@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                     .Name("pstrain_nodes")
                     .Help("Registered nodes, by role and state.")
                     .Register(r);
+    m->job_running = &prometheus::BuildGauge()
+                          .Name("pstrain_job_running")
+                          .Help("1 while a job runs, 0 once it has ended.")
+                          .Register(r);
     m->job_steps = &prometheus::BuildGauge()
                         .Name("pstrain_job_progress_steps")
                         .Help("Steps a running job has completed (its slowest worker).")
@@ -77,8 +81,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
 
 CoordinatorMetrics::Job CoordinatorMetrics::BindJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
-  Job j{&job_steps->Add(labels), &job_accuracy->Add(labels)};
+  Job j{&job_running->Add(labels), &job_steps->Add(labels), &job_accuracy->Add(labels)};
+  j.running->Set(1);
   expiring.Add(job_id, [this, j] {
+    job_running->Remove(j.running);
     job_steps->Remove(j.steps);
     job_accuracy->Remove(j.accuracy);
   });

@@ -23,6 +23,7 @@ struct CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* jobs_ended;       // state       pstrain_jobs_ended_total
   prometheus::Counter* jobs_submitted;                       //             pstrain_jobs_submitted_total
   prometheus::Family<prometheus::Gauge>* nodes;              // role,state  pstrain_nodes
+  prometheus::Family<prometheus::Gauge>* job_running;        // job_id      pstrain_job_running
   prometheus::Family<prometheus::Gauge>* job_steps;          // job_id      pstrain_job_progress_steps
   prometheus::Family<prometheus::Gauge>* job_accuracy;       // job_id      pstrain_job_test_accuracy
   prometheus::Histogram* log_append_seconds;                 //             pstrain_job_log_append_seconds
@@ -34,6 +35,7 @@ struct CoordinatorMetrics {
 
   // One job's series, bound when it starts.
   struct Job {
+    prometheus::Gauge* running;
     prometheus::Gauge* steps;
     prometheus::Gauge* accuracy;
   };

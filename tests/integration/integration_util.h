@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace pstrain::testing {
@@ -37,6 +38,14 @@ struct ProcessResult {
 // Runs argv to completion; fails the test (and kills it) after `patience`.
 ProcessResult RunProcess(const std::vector<std::string>& argv,
                          absl::Duration patience = absl::Seconds(60));
+
+// A plain HTTP/1.0 GET of http://host:port/path_and_query; the body, or an
+// error for a failed connection or a status other than 200.
+absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for programs that
+// cannot be told to pick one themselves).
+int PickFreePort();
 
 // Live (not zombie) processes whose parent is `pid`.
 std::vector<pid_t> ChildrenOf(pid_t pid);

@@ -1,0 +1,163 @@
+// Every metric family is registered once, under its documented name, type
+// and labels; per-job series expire; a live exposition passes promtool.
+#include "common/metrics.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_metrics.h"
+#include "server/server_metrics.h"
+#include "tests/integration/integration_util.h"
+#include "worker/worker_metrics.h"
+
+namespace pstrain {
+namespace {
+
+struct Expected {
+  prometheus::MetricType type;
+  std::set<std::string> labels;
+};
+
+// The table of the README, "Metrics".
+const std::map<std::string, Expected>& Documented() {
+  using T = prometheus::MetricType;
+  static const auto* table = new std::map<std::string, Expected>{
+      {"pstrain_rpc_server_seconds", {T::Histogram, {"method", "code"}}},
+      {"pstrain_rpc_client_seconds", {T::Histogram, {"method", "code"}}},
+      {"pstrain_server_pushes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_received_bytes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_sent_bytes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_updates_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_barrier_wait_seconds", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_apply_seconds", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_gradient_staleness", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_held_bytes", {T::Gauge, {}}},
+      {"pstrain_server_jobs", {T::Gauge, {}}},
+      {"pstrain_server_open_waits", {T::Gauge, {}}},
+      {"pstrain_worker_steps_total", {T::Counter, {"job_id"}}},
+      {"pstrain_worker_samples_total", {T::Counter, {"job_id"}}},
+      {"pstrain_worker_samples_per_second", {T::Gauge, {"job_id"}}},
+      {"pstrain_worker_step_seconds", {T::Histogram, {"job_id"}}},
+      {"pstrain_worker_step_phase_seconds_total", {T::Counter, {"job_id", "phase"}}},
+      {"pstrain_worker_pushed_bytes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_worker_pulled_bytes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_worker_retries_total", {T::Counter, {"job_id"}}},
+      {"pstrain_worker_loss", {T::Gauge, {"job_id"}}},
+      {"pstrain_worker_loss_ema", {T::Gauge, {"job_id"}}},
+      {"pstrain_jobs", {T::Gauge, {"state"}}},
+      {"pstrain_jobs_ended_total", {T::Counter, {"state"}}},
+      {"pstrain_jobs_submitted_total", {T::Counter, {}}},
+      {"pstrain_nodes", {T::Gauge, {"role", "state"}}},
+      {"pstrain_job_running", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_progress_steps", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_test_accuracy", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_log_append_seconds", {T::Histogram, {}}},
+  };
+  return *table;
+}
+
+struct AllMetrics {
+  std::unique_ptr<MetricsServer> server;
+  std::unique_ptr<pstrain::server::ServerMetrics> shard;
+  std::unique_ptr<pstrain::worker::WorkerMetrics> worker;
+  std::unique_ptr<pstrain::server::CoordinatorMetrics> coordinator;
+};
+
+AllMetrics BuildAll(bool serve, absl::Duration grace = absl::Minutes(5)) {
+  AllMetrics m;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      serve ? MetricsServer::Create("127.0.0.1:0") : MetricsServer::CreateUnserved();
+  EXPECT_TRUE(server.ok()) << server.status();
+  m.server = std::move(*server);
+  prometheus::Registry& r = m.server->registry();
+  m.shard = *pstrain::server::ServerMetrics::Create(r, grace);
+  m.worker = *pstrain::worker::WorkerMetrics::Create(r, grace);
+  m.coordinator = *pstrain::server::CoordinatorMetrics::Create(r, grace);
+  m.server->rpc().Observe(true, "/pstrain.v1.Control/GetJob", grpc::StatusCode::OK, 0.001);
+  m.server->rpc().Observe(false, "/pstrain.v1.Parameters/PushPull", grpc::StatusCode::UNAVAILABLE,
+                          0.01);
+  return m;
+}
+
+TEST(MetricsTest, EveryFamilyOnceWithItsDocumentedNameTypeAndLabels) {
+  AllMetrics m = BuildAll(/*serve=*/false);
+  m.shard->BindJob("job-1");
+  m.worker->BindJob("job-1");
+  m.coordinator->BindJob("job-1");
+  std::map<std::string, int> seen;
+  for (const prometheus::MetricFamily& family : m.server->registry().Collect()) {
+    ++seen[family.name];
+    auto it = Documented().find(family.name);
+    ASSERT_NE(it, Documented().end()) << family.name << " is not documented";
+    EXPECT_EQ(family.type, it->second.type) << family.name;
+    EXPECT_FALSE(family.help.empty()) << family.name;
+    ASSERT_FALSE(family.metric.empty()) << family.name;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      std::set<std::string> labels;
+      for (const auto& label : metric.label) labels.insert(label.name);
+      EXPECT_EQ(labels, it->second.labels) << family.name;
+    }
+  }
+  for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name;
+  EXPECT_EQ(seen.size(), Documented().size());
+}
+
+TEST(MetricsTest, BadNamesAreAnErrorNotACrash) {
+  prometheus::Registry registry;
+  absl::Status s = BuildMetrics([&] {
+    prometheus::BuildCounter().Name("pstrain-bad-name").Register(registry);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+TEST(MetricsTest, AJobsSeriesLeaveAfterTheGracePeriod) {
+  AllMetrics m = BuildAll(/*serve=*/false, /*grace=*/absl::ZeroDuration());
+  m.worker->BindJob("job-1").steps->Increment();
+  m.worker->BindJob("job-2");
+  auto has = [&](const std::string& job) {
+    for (const auto& family : m.server->registry().Collect()) {
+      for (const auto& metric : family.metric) {
+        for (const auto& label : metric.label) {
+          if (label.name == "job_id" && label.value == job) return true;
+        }
+      }
+    }
+    return false;
+  };
+  m.worker->expiring.Sweep();
+  EXPECT_TRUE(has("job-1"));  // still running
+  m.worker->expiring.JobEnded("job-1");
+  m.worker->expiring.Sweep();
+  EXPECT_FALSE(has("job-1"));
+  EXPECT_TRUE(has("job-2"));
+}
+
+TEST(MetricsTest, ALiveExpositionPassesPromtool) {
+  AllMetrics m = BuildAll(/*serve=*/true);
+  pstrain::server::ServerMetrics::Job shard = m.shard->BindJob("job-1");
+  shard.barrier_wait->Observe(0.002);
+  shard.staleness->Observe(3);
+  pstrain::worker::WorkerMetrics::Job worker = m.worker->BindJob("job-1");
+  worker.loss_ema->Set(0.5);
+  worker.phase_seconds[0]->Increment(1.5);
+  m.coordinator->BindJob("job-1");
+  absl::StatusOr<std::string> text = testing::HttpGet(m.server->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_TRUE(absl::StrContains(*text, "process_resident_memory_bytes"));
+  EXPECT_TRUE(absl::StrContains(*text, "pstrain_worker_loss_ema{job_id=\"job-1\"} 0.5"));
+  EXPECT_FALSE(testing::HttpGet(m.server->address(), "/other").ok());
+
+  testing::TempDir dir;
+  const std::string file = dir.Write("metrics.txt", *text);
+  testing::ProcessResult check =
+      testing::RunProcess({"/bin/sh", "-c", "promtool check metrics < " + file});
+  EXPECT_EQ(check.exit_code(), 0) << "promtool (Debian package prometheus) says:\n"
+                                  << check.out << check.err;
+}
+
+}  // namespace
+}  // namespace pstrain
