@@ -12,11 +12,13 @@
 #include <cstring>
 
 #include <exception>
+#include <set>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "google/protobuf/descriptor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
 
@@ -32,18 +34,19 @@ class ProcessCollector final : public prometheus::Collectable {
     std::string stat;
     std::getline(in, stat);
     const size_t close = stat.rfind(')');
-    if (close == std::string::npos) return {};
+    if (close == std::string::npos || close + 2 > stat.size()) return {};
     std::istringstream fields(stat.substr(close + 2));
     // Fields from the 3rd (state) on; utime, stime are the 14th and 15th,
     // starttime the 22nd, vsize the 23rd, rss (pages) the 24th.
     std::vector<std::string> f;
     for (std::string field; fields >> field;) f.push_back(field);
     if (f.size() < 22) return {};
+    auto num = [&](int i) { return std::strtod(f[i].c_str(), nullptr); };
     const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-    const double cpu = (std::stod(f[11]) + std::stod(f[12])) / ticks;
-    const double start = BootTime() + std::stod(f[19]) / ticks;
-    const double vsize = std::stod(f[20]);
-    const double rss = std::stod(f[21]) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    const double cpu = (num(11) + num(12)) / ticks;
+    const double start = BootTime() + num(19) / ticks;
+    const double vsize = num(20);
+    const double rss = num(21) * static_cast<double>(sysconf(_SC_PAGESIZE));
     return {Family("process_cpu_seconds_total", "User and system CPU time spent in seconds.",
                    prometheus::MetricType::Counter, cpu),
             Family("process_resident_memory_bytes", "Resident memory size in bytes.",
@@ -77,7 +80,7 @@ class ProcessCollector final : public prometheus::Collectable {
   static double BootTime() {
     std::ifstream in("/proc/stat");
     for (std::string line; std::getline(in, line);) {
-      if (line.rfind("btime ", 0) == 0) return std::stod(line.substr(6));
+      if (line.rfind("btime ", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
     }
     return 0;
   }
@@ -164,6 +167,8 @@ class ClientFactory final : public grpc::experimental::ClientInterceptorFactoryI
   RpcMetrics* const metrics_;
 };
 
+const std::string kUnknownMethod = "unknown";
+
 const char* CodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {
       "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT",
@@ -188,7 +193,7 @@ absl::Status BuildMetrics(const std::function<void()>& build) {
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   prometheus::Histogram::BucketBoundaries b;
-  for (double v = 1e-5; v < 50; v *= 2.5) b.push_back(v);
+  for (double v = 1e-5; v < 100; v *= 2.5) b.push_back(v);
   return b;
 }
 
@@ -208,8 +213,31 @@ absl::StatusOr<std::unique_ptr<RpcMetrics>> RpcMetrics::Create(prometheus::Regis
   return m;
 }
 
-void RpcMetrics::Observe(bool server, const std::string& name, grpc::StatusCode code,
+namespace {
+
+// "/pstrain.v1.Control/GetJob" and the like: every method pstrain serves.
+bool IsPstrainMethod(const std::string& name) {
+  static const std::set<std::string>* const known = [] {
+    auto* methods = new std::set<std::string>;
+    const google::protobuf::DescriptorPool* pool =
+        google::protobuf::DescriptorPool::generated_pool();
+    for (const char* service :
+         {"pstrain.v1.Control", "pstrain.v1.Membership", "pstrain.v1.Parameters"}) {
+      const google::protobuf::ServiceDescriptor* s = pool->FindServiceByName(service);
+      for (int i = 0; s != nullptr && i < s->method_count(); ++i) {
+        methods->insert(absl::StrCat("/", service, "/", s->method(i)->name()));
+      }
+    }
+    return methods;
+  }();
+  return known->contains(name);
+}
+
+}  // namespace
+
+void RpcMetrics::Observe(bool server, const std::string& method, grpc::StatusCode code,
                          double seconds) {
+  const std::string& name = IsPstrainMethod(method) ? method : kUnknownMethod;
   prometheus::Histogram* h;
   {
     absl::MutexLock lock(&mu_);
@@ -280,7 +308,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
       found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", bind_address));
   }
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   const bool bound = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 &&
@@ -299,7 +327,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                              : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   m->listen_fd_ = fd;
-  m->address_ = absl::StrCat(host, ":", bound_port);
+  std::string advertised = host;
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    advertised = name;
+  }
+  if (advertised.find(':') != std::string::npos && advertised.front() != '[') {
+    advertised = absl::StrCat("[", advertised, "]");  // an IPv6 literal
+  }
+  m->address_ = absl::StrCat(advertised, ":", bound_port);
   m->thread_ = std::thread([raw = m.get()] { raw->Serve(); });
   return m;
 }
@@ -316,40 +353,61 @@ void MetricsServer::Serve() {
   while (!stopping_) {
     pollfd p = {listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    HandleConnection(fd);
+    // Non-blocking, so that a connection reset after poll cannot block.
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
+        absl::SleepFor(absl::Milliseconds(100));  // e.g. out of descriptors
+      }
+      continue;
+    }
+    try {
+      HandleConnection(fd);
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "metrics request failed: " << e.what();
+    }
     close(fd);
   }
 }
 
 void MetricsServer::HandleConnection(int fd) {
-  const timeval timeout = {2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  // Read the request head (a scrape has no body); 8 KiB is plenty.
+  // The whole exchange has one deadline, so that a slow client cannot hold
+  // the only serving thread.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  auto wait = [&](short events) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p = {fd, events, 0};
+    return ms > 0 && poll(&p, 1, static_cast<int>(ms)) == 1;
+  };
   std::string request;
   char buf[1024];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos) {
+    if (request.size() > 8192 || !wait(POLLIN)) return;
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return;
+    if (n == 0) return;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return;
+    }
     request.append(buf, static_cast<size_t>(n));
   }
-  const size_t line_end = request.find("\r\n");
-  const std::string line = request.substr(0, line_end);
+  const std::string line = request.substr(0, request.find_first_of("\r\n"));
   const size_t sp1 = line.find(' ');
-  const size_t sp2 = line.find(' ', sp1 + 1);
+  const size_t sp2 = line.find(' ', sp1 == std::string::npos ? 0 : sp1 + 1);
   const std::string method = line.substr(0, sp1);
   std::string path = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
   path = path.substr(0, path.find('?'));
   std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
   if (method != "GET" && method != "HEAD") {
     status = "405 Method Not Allowed";
+    type = "text/plain; charset=utf-8";
     body = "only GET\n";
   } else if (path == "/metrics") {
     body = Scrape();
   } else {
     status = "404 Not Found";
+    type = "text/plain; charset=utf-8";
     body = "see /metrics\n";
   }
   std::string response = absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
@@ -358,7 +416,9 @@ void MetricsServer::HandleConnection(int fd) {
   if (method != "HEAD") response += body;
   size_t sent = 0;
   while (sent < response.size()) {
+    if (!wait(POLLOUT)) return;
     const ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) return;
     sent += static_cast<size_t>(n);
   }
@@ -366,12 +426,17 @@ void MetricsServer::HandleConnection(int fd) {
 
 void ExpiringSeries::Add(const std::string& job_id, std::function<void()> remove) {
   absl::MutexLock lock(&mu_);
-  removals_[job_id].push_back(std::move(remove));
+  Entry& e = jobs_[job_id];
+  ++e.bindings;
+  e.due = absl::InfiniteFuture();
+  e.removals.push_back(std::move(remove));
 }
 
 void ExpiringSeries::JobEnded(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  if (removals_.contains(job_id) && !due_.contains(job_id)) due_[job_id] = absl::Now() + grace_;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.bindings == 0) return;
+  if (--it->second.bindings == 0) it->second.due = absl::Now() + grace_;
 }
 
 void ExpiringSeries::Sweep() {
@@ -379,15 +444,13 @@ void ExpiringSeries::Sweep() {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    for (auto it = due_.begin(); it != due_.end();) {
-      if (it->second > now) {
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->second.bindings > 0 || it->second.due > now) {
         ++it;
         continue;
       }
-      auto& r = removals_[it->first];
-      run.insert(run.end(), std::make_move_iterator(r.begin()), std::make_move_iterator(r.end()));
-      removals_.erase(it->first);
-      it = due_.erase(it);
+      for (auto& remove : it->second.removals) run.push_back(std::move(remove));
+      it = jobs_.erase(it);
     }
   }
   for (auto& remove : run) remove();

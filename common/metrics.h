@@ -37,7 +37,7 @@ namespace pstrain {
 // label into INVALID_ARGUMENT.
 absl::Status BuildMetrics(const std::function<void()>& build);
 
-// Histogram buckets for durations from 10 µs to about 40 s.
+// Histogram buckets for durations from 10 µs to about a minute.
 prometheus::Histogram::BucketBoundaries LatencyBuckets();
 
 // RPC latency by method and status code, on both sides of every call:
@@ -47,6 +47,8 @@ class RpcMetrics {
  public:
   static absl::StatusOr<std::unique_ptr<RpcMetrics>> Create(prometheus::Registry& registry);
 
+  // `method` is labelled as is if it is one of pstrain's, else "unknown":
+  // a client chooses what it calls, and labels must stay bounded.
   void Observe(bool server, const std::string& method, grpc::StatusCode code, double seconds);
 
   // Interceptor factories to install on servers and channels.
@@ -77,7 +79,8 @@ class RpcMetrics {
 // a time (they are rare), with timeouts, and stops with the object.
 class MetricsServer {
  public:
-  // Serves on `bind_address` ("127.0.0.1:0" picks a free port).
+  // Serves on `bind_address` ("127.0.0.1:0" picks a free port). A wildcard
+  // host (0.0.0.0, ::, empty) is advertised as the machine's host name.
   // UNAVAILABLE if it cannot listen.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Create(const std::string& bind_address);
   // The exposition text, as served on /metrics.
@@ -89,7 +92,7 @@ class MetricsServer {
   prometheus::Registry& registry() { return *registry_; }
   const std::shared_ptr<prometheus::Registry>& shared_registry() const { return registry_; }
   RpcMetrics& rpc() { return *rpc_; }
-  // host:port served, or empty if not served.
+  // host:port to scrape, or empty if not served.
   const std::string& address() const { return address_; }
 
  private:
@@ -108,23 +111,29 @@ class MetricsServer {
 
 // Per-job series that outlive their job by a grace period, so that the last
 // values are scraped, and then leave the families, so that label sets do not
-// grow forever. Thread-safe.
+// grow forever. Each binding of a job's series (Add) is matched by one
+// JobEnded; the grace period starts when the last binding has ended, and a
+// new binding before it is over cancels it. Thread-safe.
 class ExpiringSeries {
  public:
   explicit ExpiringSeries(absl::Duration grace) : grace_(grace) {}
 
-  // `remove` runs once `job_id` has ended and the grace period passed.
+  // One binding of `job_id`'s series; `remove` runs when they expire.
   void Add(const std::string& job_id, std::function<void()> remove);
-  // Starts the grace period of a job's series.
+  // Ends one binding.
   void JobEnded(const std::string& job_id);
   // Removes what is due; call periodically.
   void Sweep();
 
  private:
+  struct Entry {
+    int bindings = 0;
+    std::vector<std::function<void()>> removals;
+    absl::Time due = absl::InfiniteFuture();
+  };
   const absl::Duration grace_;
   absl::Mutex mu_;
-  std::map<std::string, std::vector<std::function<void()>>> removals_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> due_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

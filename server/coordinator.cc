@@ -65,6 +65,17 @@ bool IsNodeIdOfRole(const std::string& id, v1::NodeRole role) {
                      [](char c) { return absl::ascii_isxdigit(c) && !absl::ascii_isupper(c); });
 }
 
+// Empty, or host:port of letters, digits and . - _ [ ] : — what a scrape
+// target may be (and safe to write into the targets file as it is).
+bool IsHostPort(const std::string& s) {
+  if (s.empty()) return true;
+  if (s.size() > 255 || s.rfind(':') == std::string::npos) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_' || c == '[' || c == ']' ||
+           c == ':';
+  });
+}
+
 std::string MegaBytes(int64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1e6); }
 
 struct Node {
@@ -610,6 +621,9 @@ class CoordinatorImpl final : public Coordinator,
     if (request.max_memory_bytes() < 0) {
       return absl::InvalidArgumentError("max_memory_bytes: must be >= 0");
     }
+    if (!IsHostPort(request.metrics_address())) {
+      return absl::InvalidArgumentError("metrics_address: not a host:port");
+    }
     absl::MutexLock lock(&mu_);
     // A node that had an id keeps it, unless a live node of another process
     // holds it.
@@ -834,6 +848,7 @@ class CoordinatorImpl final : public Coordinator,
       }
       if (IsTerminal(state)) {
         if (record.metrics.has_value()) record.metrics->running->Set(0);
+        record.metrics.reset();  // the series expire after the grace period
         m->ended_by_state[state]->Increment();
         m->expiring.JobEnded(job.id());
       }

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::StopOnSignal signals;
+  if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
+    std::cerr << "--metrics_job_grace_s must be >= 0\n";
+    return 2;
+  }
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
   absl::StatusOr<std::unique_ptr<pstrain::server::CoordinatorMetrics>> coordinator_metrics =

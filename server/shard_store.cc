@@ -289,13 +289,14 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
   }
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
 
+  absl::MutexLock lock(&chunk->mu);
+  // After the closed check: a removed job's series may be gone already.
+  if (!chunk->closed.ok()) return chunk->closed;
   const ServerMetrics::Job* metrics = chunk->metrics;
   if (metrics != nullptr) {
     metrics->pushes->Increment();
     metrics->received_bytes->Increment(static_cast<double>(frame.payload_bytes()));
   }
-  absl::MutexLock lock(&chunk->mu);
-  if (!chunk->closed.ok()) return chunk->closed;
   if (job->mode == v1::MODE_SYNC) {
     if (h.step() > chunk->version) {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push for step ",

@@ -67,6 +67,8 @@ struct BadSpec {
   const char* field;  // the error message starts with it
 };
 
+void PrintTo(const BadSpec& b, std::ostream* out) { *out << b.what; }
+
 class BadSpecTest : public ::testing::TestWithParam<BadSpec> {};
 
 std::string With(const std::string& line_to_replace, const std::string& replacement) {

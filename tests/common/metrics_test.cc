@@ -2,6 +2,11 @@
 // and labels; per-job series expire; a live exposition passes promtool.
 #include "common/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <set>
@@ -134,6 +139,58 @@ TEST(MetricsTest, AJobsSeriesLeaveAfterTheGracePeriod) {
   m.worker->expiring.Sweep();
   EXPECT_FALSE(has("job-1"));
   EXPECT_TRUE(has("job-2"));
+}
+
+// A job bound again before its old series expired (a server that releases
+// and takes back a job, a worker that runs it again) keeps its series.
+TEST(MetricsTest, BindingAgainWithinTheGracePeriodKeepsTheSeries) {
+  AllMetrics m = BuildAll(/*serve=*/false, /*grace=*/absl::ZeroDuration());
+  m.worker->BindJob("job-1");
+  m.worker->expiring.JobEnded("job-1");
+  pstrain::worker::WorkerMetrics::Job again = m.worker->BindJob("job-1");
+  m.worker->expiring.Sweep();
+  again.steps->Increment();  // still registered: no use after free
+  bool found = false;
+  for (const auto& family : m.server->registry().Collect()) {
+    if (family.name == "pstrain_worker_steps_total") found = !family.metric.empty();
+  }
+  EXPECT_TRUE(found);
+  m.worker->expiring.JobEnded("job-1");
+  m.worker->expiring.Sweep();
+  for (const auto& family : m.server->registry().Collect()) {
+    if (family.name == "pstrain_worker_steps_total") EXPECT_TRUE(family.metric.empty());
+  }
+}
+
+TEST(MetricsTest, MethodsThatAreNotPstrainsAreLabelledUnknown) {
+  AllMetrics m = BuildAll(/*serve=*/false);
+  m.server->rpc().Observe(true, "/evil/\xff\xfe", grpc::StatusCode::UNIMPLEMENTED, 0.001);
+  m.server->rpc().Observe(true, "/another/one", grpc::StatusCode::UNIMPLEMENTED, 0.001);
+  std::set<std::string> methods;
+  for (const auto& family : m.server->registry().Collect()) {
+    if (family.name != "pstrain_rpc_server_seconds") continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        if (label.name == "method") methods.insert(label.value);
+      }
+    }
+  }
+  EXPECT_EQ(methods, (std::set<std::string>{"/pstrain.v1.Control/GetJob", "unknown"}));
+}
+
+TEST(MetricsTest, ASilentClientDoesNotBlockScrapes) {
+  AllMetrics m = BuildAll(/*serve=*/true);
+  // Connect and send nothing.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(
+      std::stoi(m.server->address().substr(m.server->address().rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  // A scrape still gets through (after the silent one's 2 s deadline).
+  EXPECT_TRUE(testing::HttpGet(m.server->address(), "/metrics").ok());
+  close(fd);
 }
 
 TEST(MetricsTest, ALiveExpositionPassesPromtool) {

@@ -21,6 +21,8 @@ struct Case {
   double max_abs;
 };
 
+void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
+
 class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
