@@ -5,6 +5,7 @@
 #define PSTRAIN_KERNELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +51,15 @@ struct BatchStats {
   int64_t correct = 0;  // samples whose arg-max logit is the label
 };
 
-// Forward and backward passes of one model on one device.
-// Not thread-safe: one instance per device (thread).
+// Called during backward as soon as layer `layer`'s weight and bias
+// gradients are final and the pass will not read the layer's parameters
+// again (layers in reverse order: the last layer first). The parameters of
+// that layer may be overwritten from then on.
+using GradientReadyFn = std::function<void(int layer)>;
+
+// Forward and backward passes of one model on one device. Every pointer is
+// in the memory of the implementation's device (host memory for the CPU,
+// device memory for a GPU). Not thread-safe: one instance per device.
 class ModelKernels {
  public:
   virtual ~ModelKernels() = default;
@@ -59,12 +67,14 @@ class ModelKernels {
   // Writes grad = grad_scale * d(sum of the batch's losses)/d(params) over
   // all NumParams floats (overwriting grad) and adds the batch to *stats.
   // x: batch rows of input_dim floats; labels in [0, num_classes).
+  // on_ready, if set, runs after each layer's gradient is final.
   // INVALID_ARGUMENT if batch exceeds the max_batch given at creation or a
   // label is out of range.
   virtual absl::Status ForwardBackward(const float* params, const float* x,
                                        const int32_t* labels, int batch,
                                        float grad_scale, float* grad,
-                                       BatchStats* stats) = 0;
+                                       BatchStats* stats,
+                                       const GradientReadyFn& on_ready = nullptr) = 0;
 
   // Forward only, any batch size (processed in pieces of max_batch).
   virtual absl::Status Evaluate(const float* params, const float* x,

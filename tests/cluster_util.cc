@@ -105,7 +105,10 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       *options.assignment.mutable_plan() = plan;
       for (const std::string& a : addresses) options.assignment.add_server_addresses(a);
       options.data = data;
-      if (make_transport) options.transport = make_transport(w);
+      if (make_transport) {
+        worker::ParameterTransport* transport = make_transport(w);
+        options.transport = [transport](int) { return transport; };
+      }
       options.client.retry_window = absl::Seconds(30);
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
           worker::Trainer::Create(std::move(options));

@@ -27,15 +27,32 @@ bool Retryable(const absl::Status& s) {
 
 }  // namespace
 
+// One round of streams, shared with the transport's callbacks.
+struct ParameterClient::Attempt {
+  absl::Mutex mu;
+  std::vector<bool> answered;
+  int streams_open = 0;
+  int streams_sending = 0;
+  std::vector<absl::Status> status;
+  int64_t bytes = 0;
+  absl::Time start;
+  absl::Time all_sent = absl::InfinitePast();
+  absl::Time first_reply = absl::InfiniteFuture();
+};
+
 ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
     : options_(std::move(options)),
       transport_(transport),
       chunk_versions_(options_.plan.chunks_size(), -1) {}
 
+ParameterClient::~ParameterClient() = default;
+
 ParameterClient::Stats ParameterClient::stats() const {
   absl::MutexLock lock(&stats_mu_);
   return stats_;
 }
+
+int64_t ParameterClient::chunk_version(uint32_t chunk) const { return chunk_versions_[chunk]; }
 
 void ParameterClient::Cancel() {
   {
@@ -72,19 +89,20 @@ std::vector<uint32_t> ParameterClient::AllChunks() const {
 }
 
 absl::Status ParameterClient::PullAll(int64_t min_version, float* params) {
-  auto make_request = [&](uint32_t c) {
+  auto make_request = [this, min_version](uint32_t c) {
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PULL, c);
     h.set_version(min_version);
     return EncodeFrame(h, nullptr);
   };
-  return Exchange(ParameterMethod::kPull, AllChunks(), make_request, min_version, params);
+  return Finish(Start(ParameterMethod::kPull, AllChunks(), make_request, min_version, params));
 }
 
-absl::Status ParameterClient::PushPull(int64_t step,
-                                       const std::shared_ptr<std::vector<float>>& grad,
-                                       float* params) {
+std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
+    int64_t step, const std::shared_ptr<std::vector<float>>& grad, float* params,
+    std::vector<uint32_t> chunks) {
+  if (chunks.empty()) chunks = AllChunks();
   const bool sync = options_.mode == v1::MODE_SYNC;
-  auto make_request = [&](uint32_t c) {
+  auto make_request = [this, step, grad, sync](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
     h.set_step(step);
@@ -92,105 +110,121 @@ absl::Status ParameterClient::PushPull(int64_t step,
     h.set_num_elements(static_cast<uint32_t>(info.size()));
     return EncodeFrameShared(h, grad->data() + info.offset(), grad);
   };
-  {
-    absl::MutexLock lock(&stats_mu_);
-    stats_.bytes_pushed += options_.plan.total_floats() * 4;
-  }
   // Sync: exactly version step+1. Async: whatever the server has now.
-  return Exchange(ParameterMethod::kPushPull, AllChunks(), make_request,
-                  sync ? step + 1 : 0, params);
+  return Start(ParameterMethod::kPushPull, std::move(chunks), make_request, sync ? step + 1 : 0,
+               params);
 }
 
-absl::Status ParameterClient::Exchange(
-    ParameterMethod method, std::vector<uint32_t> pending,
-    const std::function<grpc::ByteBuffer(uint32_t)>& make_request, int64_t min_version,
-    float* params) {
+absl::Status ParameterClient::PushPull(int64_t step,
+                                       const std::shared_ptr<std::vector<float>>& grad,
+                                       float* params) {
+  return Finish(StartPushPull(step, grad, params));
+}
+
+std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod method,
+                                                                 std::vector<uint32_t> chunks,
+                                                                 RequestFn make_request,
+                                                                 int64_t min_version,
+                                                                 float* params) {
+  auto pending = std::make_unique<Pending>();
+  pending->method = method;
+  pending->chunks = std::move(chunks);
+  pending->make_request = std::move(make_request);
+  pending->min_version = min_version;
+  pending->params = params;
+  if (!cancelled()) Send(*pending);
+  return pending;
+}
+
+void ParameterClient::Send(Pending& pending) {
   const v1::PartitionPlan& plan = options_.plan;
+  const int num_servers = transport_->num_servers();
+  std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers);
+  int64_t bytes = 0;
+  for (uint32_t c : pending.chunks) {
+    requests[plan.chunks(c).server()].push_back(pending.make_request(c));
+    if (pending.method == ParameterMethod::kPushPull) bytes += plan.chunks(c).size() * 4;
+  }
+  {
+    absl::MutexLock lock(&stats_mu_);
+    stats_.bytes_pushed += bytes;
+  }
+  auto attempt = std::make_shared<Attempt>();
+  attempt->answered.assign(plan.chunks_size(), false);
+  attempt->status.assign(num_servers, absl::OkStatus());
+  for (int s = 0; s < num_servers; ++s) attempt->streams_open += !requests[s].empty();
+  attempt->streams_sending = attempt->streams_open;
+  attempt->start = absl::Now();
+  pending.attempt = attempt;
+
+  const std::string& job_id = options_.job_id;
+  const int64_t min_version = pending.min_version;
+  float* params = pending.params;
+  auto on_reply = [this, attempt, params, min_version, &plan, &job_id](
+                      const grpc::ByteBuffer& buffer) {
+    absl::StatusOr<Frame> frame = Frame::Parse(buffer);
+    if (!frame.ok()) {
+      LOG(WARNING) << "dropping a malformed reply: " << frame.status();
+      return;
+    }
+    const v1::ChunkHeader& h = frame->header();
+    if (h.kind() != v1::FRAME_KIND_VALUES || h.job_id() != job_id ||
+        h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
+        h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < min_version) {
+      LOG(WARNING) << "dropping an unexpected reply for chunk " << h.chunk();
+      return;
+    }
+    {
+      absl::MutexLock lock(&attempt->mu);
+      attempt->first_reply = std::min(attempt->first_reply, absl::Now());
+      if (attempt->answered[h.chunk()]) return;  // a duplicate
+      attempt->answered[h.chunk()] = true;
+      attempt->bytes += frame->payload_bytes();
+    }
+    // Each chunk is claimed once above, so copies never overlap.
+    frame->CopyPayloadTo(params + plan.chunks(h.chunk()).offset());
+    chunk_versions_[h.chunk()] = h.version();
+  };
+  const absl::Time deadline = absl::Now() + options_.exchange_timeout;
+  for (int s = 0; s < num_servers; ++s) {
+    if (requests[s].empty()) continue;
+    auto on_sent = [attempt] {
+      absl::MutexLock lock(&attempt->mu);
+      if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
+    };
+    transport_->StartExchange(s, pending.method, std::move(requests[s]), deadline, on_sent,
+                              on_reply, [attempt, s](absl::Status status) {
+                                absl::MutexLock lock(&attempt->mu);
+                                attempt->status[s] = std::move(status);
+                                --attempt->streams_open;
+                              });
+  }
+}
+
+absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
   const int num_servers = transport_->num_servers();
   absl::Duration backoff = options_.initial_backoff;
   absl::Time give_up = absl::Now() + options_.retry_window;
-
-  while (!pending.empty()) {
-    if (cancelled()) return absl::CancelledError("parameter client cancelled");
-    std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers);
-    for (uint32_t c : pending) requests[plan.chunks(c).server()].push_back(make_request(c));
-
-    // State shared with the transport's callbacks for this attempt.
-    struct Attempt {
-      absl::Mutex mu;
-      std::vector<bool> answered;
-      int streams_open = 0;
-      int streams_sending = 0;
-      std::vector<absl::Status> status;
-      int64_t bytes = 0;
-      absl::Time all_sent = absl::InfinitePast();
-      absl::Time first_reply = absl::InfiniteFuture();
-    };
-    auto attempt = std::make_shared<Attempt>();
-    attempt->answered.assign(plan.chunks_size(), false);
-    attempt->status.assign(num_servers, absl::OkStatus());
-    for (int s = 0; s < num_servers; ++s) attempt->streams_open += !requests[s].empty();
-    attempt->streams_sending = attempt->streams_open;
-    const absl::Time start = absl::Now();
-
-    const std::string& job_id = options_.job_id;
-    auto on_reply = [this, attempt, params, min_version, &plan, &job_id](
-                        const grpc::ByteBuffer& buffer) {
-      absl::StatusOr<Frame> frame = Frame::Parse(buffer);
-      if (!frame.ok()) {
-        LOG(WARNING) << "dropping a malformed reply: " << frame.status();
-        return;
-      }
-      const v1::ChunkHeader& h = frame->header();
-      if (h.kind() != v1::FRAME_KIND_VALUES || h.job_id() != job_id ||
-          h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
-          h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < min_version) {
-        LOG(WARNING) << "dropping an unexpected reply for chunk " << h.chunk();
-        return;
-      }
-      {
-        absl::MutexLock lock(&attempt->mu);
-        attempt->first_reply = std::min(attempt->first_reply, absl::Now());
-        if (attempt->answered[h.chunk()]) return;  // a duplicate
-        attempt->answered[h.chunk()] = true;
-        attempt->bytes += frame->payload_bytes();
-      }
-      // Each chunk is claimed once above, so copies never overlap.
-      frame->CopyPayloadTo(params + plan.chunks(h.chunk()).offset());
-      chunk_versions_[h.chunk()] = h.version();
-    };
-    const absl::Time deadline = absl::Now() + options_.exchange_timeout;
-    for (int s = 0; s < num_servers; ++s) {
-      if (requests[s].empty()) continue;
-      auto on_sent = [attempt] {
-        absl::MutexLock lock(&attempt->mu);
-        if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
-      };
-      transport_->StartExchange(s, method, std::move(requests[s]), deadline, on_sent, on_reply,
-                                [attempt, s](absl::Status status) {
-                                  absl::MutexLock lock(&attempt->mu);
-                                  attempt->status[s] = std::move(status);
-                                  --attempt->streams_open;
-                                });
-    }
+  while (true) {
+    if (pending->attempt == nullptr) return absl::CancelledError("parameter client cancelled");
+    std::shared_ptr<Attempt> attempt = pending->attempt;
     {
       absl::MutexLock lock(&attempt->mu);
       attempt->mu.Await(absl::Condition(
           +[](Attempt* a) { return a->streams_open == 0; }, attempt.get()));
     }
-
     std::vector<uint32_t> still;
-    for (uint32_t c : pending) {
+    for (uint32_t c : pending->chunks) {
       if (!attempt->answered[c]) still.push_back(c);
     }
     {
       const absl::Time end = absl::Now();
       absl::MutexLock lock(&stats_mu_);
       stats_.bytes_pulled += attempt->bytes;
-      if (method == ParameterMethod::kPushPull) {
-        const absl::Time sent = std::clamp(attempt->all_sent, start, end);
+      if (pending->method == ParameterMethod::kPushPull) {
+        const absl::Time sent = std::clamp(attempt->all_sent, attempt->start, end);
         const absl::Time first = std::clamp(attempt->first_reply, sent, end);
-        stats_.push_seconds += absl::ToDoubleSeconds(sent - start);
+        stats_.push_seconds += absl::ToDoubleSeconds(sent - attempt->start);
         stats_.wait_seconds += absl::ToDoubleSeconds(first - sent);
         stats_.pull_seconds += absl::ToDoubleSeconds(end - first);
       }
@@ -209,7 +243,7 @@ absl::Status ParameterClient::Exchange(
                                    absl::StrCat("parameter server ", s, ": ", status.message()));
       }
     }
-    const bool progress = still.size() < pending.size();
+    const bool progress = still.size() < pending->chunks.size();
     if (progress) {
       give_up = absl::Now() + options_.retry_window;
       backoff = options_.initial_backoff;
@@ -233,9 +267,9 @@ absl::Status ParameterClient::Exchange(
       }
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
-    pending = std::move(still);
+    pending->chunks = std::move(still);
+    Send(*pending);
   }
-  return absl::OkStatus();
 }
 
 }  // namespace pstrain::worker

@@ -4,7 +4,6 @@
 #ifndef PSTRAIN_WORKER_PARAMETER_CLIENT_H_
 #define PSTRAIN_WORKER_PARAMETER_CLIENT_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,46 +45,71 @@ class ParameterClient {
     double pull_seconds = 0;
   };
 
+  // An exchange in flight: started by Start*, completed by Finish.
+  class Pending;
+  using RequestFn = std::function<grpc::ByteBuffer(uint32_t chunk)>;
+
   // The transport must outlive the client.
   ParameterClient(Options options, ParameterTransport* transport);
+  ~ParameterClient();
 
-  // Fills params (plan.total_floats() floats) with every chunk's values at a
-  // version >= min_version.
+  // Fills params (plan.total_floats() floats, host memory) with every
+  // chunk's values at a version >= min_version.
   absl::Status PullAll(int64_t min_version, float* params);
 
-  // Pushes this worker's gradient of `step` (the whole flat space) and writes
-  // the answered values into params: version step+1 in sync mode, the
-  // latest values in async mode. grad must not change until this returns.
+  // Pushes this worker's gradient of `step` for `chunks` (ids of the plan;
+  // all of them if empty) and writes the answered values into params at the
+  // chunks' offsets: version step+1 in sync mode, the latest values in async
+  // mode. The gradient (flat, host memory) must not change until Finish.
+  std::unique_ptr<Pending> StartPushPull(int64_t step,
+                                         const std::shared_ptr<std::vector<float>>& grad,
+                                         float* params, std::vector<uint32_t> chunks = {});
+  // Waits for the replies of an exchange, retrying what was lost.
+  absl::Status Finish(std::unique_ptr<Pending> pending);
+
+  // StartPushPull + Finish.
   absl::Status PushPull(int64_t step, const std::shared_ptr<std::vector<float>>& grad,
                         float* params);
 
   // The version of each chunk's values last written to params.
-  const std::vector<int64_t>& chunk_versions() const { return chunk_versions_; }
+  int64_t chunk_version(uint32_t chunk) const;
   Stats stats() const;
 
   // Makes the current and every later call return CANCELLED. Thread-safe.
   void Cancel();
 
  private:
-  // Sends `make_request(chunk)` for every chunk until each has an accepted
-  // reply, whose payload is copied into params.
-  absl::Status Exchange(ParameterMethod method, std::vector<uint32_t> chunks,
-                        const std::function<grpc::ByteBuffer(uint32_t)>& make_request,
-                        int64_t min_version, float* params);
+  struct Attempt;
 
   v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
+  std::vector<uint32_t> AllChunks() const;
+  std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
+                                 RequestFn make_request, int64_t min_version, float* params);
+  // Sends one attempt for the chunks still unanswered.
+  void Send(Pending& pending);
   bool cancelled() const;
   // False if cancelled before `duration` passed.
   bool SleepUnlessCancelled(absl::Duration duration);
-  std::vector<uint32_t> AllChunks() const;
 
   const Options options_;
   ParameterTransport* const transport_;
+  // Written from transport threads, each chunk by the one reply that claims it.
   std::vector<int64_t> chunk_versions_;
   mutable absl::Mutex cancel_mu_;
   bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+class ParameterClient::Pending {
+ private:
+  friend class ParameterClient;
+  ParameterMethod method = ParameterMethod::kPushPull;
+  std::vector<uint32_t> chunks;  // still unanswered, as of the last attempt
+  RequestFn make_request;
+  int64_t min_version = 0;
+  float* params = nullptr;
+  std::shared_ptr<Attempt> attempt;
 };
 
 }  // namespace pstrain::worker

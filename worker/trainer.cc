@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
 #include "glog/logging.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "worker/in_process.h"
 
 namespace pstrain::worker {
@@ -19,19 +21,61 @@ constexpr int64_t kFinalLossSteps = 50;
 // Weight of each step's loss in the exported moving average.
 constexpr double kLossEmaWeight = 0.02;
 
+kernels::Precision PrecisionOf(v1::Precision p) {
+  switch (p) {
+    case v1::PRECISION_TF32:
+      return kernels::Precision::kTf32;
+    case v1::PRECISION_BF16:
+      return kernels::Precision::kBf16;
+    default:
+      return kernels::Precision::kFp32;
+  }
+}
+
 }  // namespace
+
+struct Trainer::DeviceState {
+  std::unique_ptr<kernels::Device> device;
+  std::unique_ptr<kernels::ModelKernels> model;
+  int share = 0;   // samples of the node batch per step
+  int offset = 0;  // where they start in the node batch
+  // Device memory. params_ptr/grad_ptr point into these, or, for a single
+  // device that uses host memory, into the node's host buffers (no copies).
+  kernels::DeviceBuffer params, grad, x, y, send, recv;
+  float* params_ptr = nullptr;
+  float* grad_ptr = nullptr;
+  std::vector<float> host_x;
+  std::vector<int32_t> host_y;
+  // Host memory, flat: the reduced gradient slices this device pushes.
+  std::shared_ptr<std::vector<float>> push_grad;
+  std::unique_ptr<ParameterTransport> owned_transport;
+  std::unique_ptr<ParameterClient> client;
+  std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
+  std::atomic<int64_t> samples{0};
+};
+
+struct Trainer::StepResult {
+  kernels::BatchStats stats;
+  double compute_seconds = 0;
+  double reduce_seconds = 0;
+};
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
 
 Trainer::~Trainer() {
-  // The client refers to the transport: destroy it first.
-  client_.reset();
-  owned_transport_.reset();
+  // Clients refer to transports, buffers to devices: destroy in that order.
+  for (auto& d : devices_) {
+    d->pending.clear();
+    d->client.reset();
+    d->owned_transport.reset();
+  }
+  devices_.clear();
   if (metrics_.has_value()) options_.metrics->expiring.JobEnded(options_.assignment.job_id());
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options) {
   if (options.data == nullptr) return absl::InvalidArgumentError("TrainerOptions.data is null");
+  if (options.devices.indices.empty()) options.devices.indices = {0};
   std::unique_ptr<Trainer> t(new Trainer(std::move(options)));
   const v1::WorkerAssignment& a = t->options_.assignment;
   PSTRAIN_ASSIGN_OR_RETURN(t->spec_, NormalizeJobSpec(a.spec()));
@@ -45,32 +89,235 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
     PSTRAIN_ASSIGN_OR_RETURN(t->test_,
                              t->options_.data->FashionMnist(t->spec_.data().dir(), false));
   }
-  PSTRAIN_ASSIGN_OR_RETURN(t->kernels_,
-                           kernels::CreateCpuModelKernels(shape, t->spec_.batch_size()));
-  ParameterTransport* transport = t->options_.transport;
-  if (transport == nullptr) {
-    std::vector<std::string> addresses(a.server_addresses().begin(), a.server_addresses().end());
-    if (addresses.size() != a.plan().num_servers()) {
-      return absl::InvalidArgumentError("server_addresses do not match the plan");
-    }
-    PSTRAIN_ASSIGN_OR_RETURN(t->owned_transport_, CreateGrpcTransport(addresses, t->options_.rpc));
-    transport = t->owned_transport_.get();
-  }
-  ParameterClient::Options client = t->options_.client;
-  client.job_id = a.job_id();
-  client.worker = a.worker_index();
-  client.mode = t->spec_.mode();
-  client.plan = a.plan();
-  t->client_ = std::make_unique<ParameterClient>(std::move(client), transport);
+  PSTRAIN_RETURN_IF_ERROR(t->CreateDevices());
   if (t->options_.metrics != nullptr) t->metrics_ = t->options_.metrics->BindJob(a.job_id());
-  t->params_.resize(a.plan().total_floats());
-  t->grad_ = std::make_shared<std::vector<float>>(a.plan().total_floats());
   return t;
+}
+
+absl::Status Trainer::CreateDevices() {
+  const v1::WorkerAssignment& a = options_.assignment;
+  const v1::PartitionPlan& plan = a.plan();
+  const int64_t total = plan.total_floats();
+  const int batch = spec_.batch_size();
+  const int k_devices = static_cast<int>(options_.devices.indices.size());
+  if (k_devices > batch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is smaller than the ",
+                                                   k_devices, " devices of this worker"));
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<kernels::Device>> devices,
+                           worker::CreateDevices(options_.devices));
+  PSTRAIN_ASSIGN_OR_RETURN(reducer_, CreateReducer(options_.devices));
+
+  const std::vector<std::pair<int, int>> layers = LayerChunkRanges(plan);
+  int64_t padded = 0;
+  for (const auto& [first, last] : layers) {
+    layer_layouts_.push_back(SliceLayout::Create(plan, first, last, k_devices));
+    padded = std::max(padded, layer_layouts_.back().padded_floats());
+  }
+  model_layout_ = SliceLayout::Create(plan, 0, plan.chunks_size(), k_devices);
+  padded = std::max(padded, model_layout_.padded_floats());
+  host_params_.assign(total, 0.0f);
+
+  const kernels::ModelShape shape = ModelShapeOf(spec_);
+  std::vector<std::string> addresses(a.server_addresses().begin(), a.server_addresses().end());
+  int offset = 0;
+  for (int k = 0; k < k_devices; ++k) {
+    auto d = std::make_unique<DeviceState>();
+    d->device = std::move(devices[k]);
+    kernels::Device& dev = *d->device;
+    d->share = batch / k_devices + (k < batch % k_devices ? 1 : 0);
+    d->offset = offset;
+    offset += d->share;
+    PSTRAIN_ASSIGN_OR_RETURN(
+        d->model, dev.CreateModelKernels(shape, d->share, PrecisionOf(spec_.precision())));
+    d->push_grad = std::make_shared<std::vector<float>>(total);
+    const bool shared = dev.host_memory() && k_devices == 1;
+    if (shared) {
+      d->params_ptr = host_params_.data();
+      d->grad_ptr = d->push_grad->data();
+    } else {
+      PSTRAIN_ASSIGN_OR_RETURN(d->params, dev.Allocate(total * sizeof(float)));
+      PSTRAIN_ASSIGN_OR_RETURN(d->grad, dev.Allocate(total * sizeof(float)));
+      d->params_ptr = d->params.as<float>();
+      d->grad_ptr = d->grad.as<float>();
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(d->x, dev.Allocate(static_cast<size_t>(d->share) *
+                                                 train_->input_dim * sizeof(float)));
+    PSTRAIN_ASSIGN_OR_RETURN(d->y, dev.Allocate(d->share * sizeof(int32_t)));
+    if (!dev.host_memory()) {
+      d->host_x.resize(static_cast<size_t>(d->share) * train_->input_dim);
+      d->host_y.resize(d->share);
+    }
+    if (k_devices > 1) {
+      PSTRAIN_ASSIGN_OR_RETURN(d->send, dev.Allocate(padded * sizeof(float)));
+      PSTRAIN_ASSIGN_OR_RETURN(d->recv, dev.Allocate(padded * sizeof(float)));
+    }
+    ParameterTransport* transport = options_.transport ? options_.transport(k) : nullptr;
+    if (transport == nullptr) {
+      if (addresses.size() != plan.num_servers()) {
+        return absl::InvalidArgumentError("server_addresses do not match the plan");
+      }
+      // Each device has channels of its own: K streams in parallel.
+      PSTRAIN_ASSIGN_OR_RETURN(d->owned_transport, CreateGrpcTransport(addresses, options_.rpc));
+      transport = d->owned_transport.get();
+    }
+    ParameterClient::Options client = options_.client;
+    client.job_id = a.job_id();
+    client.worker = a.worker_index();
+    client.mode = spec_.mode();
+    client.plan = plan;
+    d->client = std::make_unique<ParameterClient>(std::move(client), transport);
+    devices_.push_back(std::move(d));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Trainer::samples_processed(int device) const { return devices_[device]->samples; }
+
+ParameterClient::Stats Trainer::client_stats() const {
+  ParameterClient::Stats sum;
+  for (const auto& d : devices_) {
+    const ParameterClient::Stats s = d->client->stats();
+    sum.retries += s.retries;
+    sum.bytes_pushed += s.bytes_pushed;
+    sum.bytes_pulled += s.bytes_pulled;
+    sum.push_seconds += s.push_seconds;
+    sum.wait_seconds += s.wait_seconds;
+    sum.pull_seconds += s.pull_seconds;
+  }
+  return sum;
 }
 
 void Trainer::Cancel() {
   cancelled_ = true;
-  client_->Cancel();
+  if (reducer_ != nullptr) reducer_->Abort();
+  for (auto& d : devices_) d->client->Cancel();
+}
+
+absl::Status Trainer::OnAllDevices(const std::function<absl::Status(int)>& fn) {
+  const int n = static_cast<int>(devices_.size());
+  if (n == 1) return fn(0);
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int k = 1; k < n; ++k) {
+    threads.emplace_back([&, k] {
+      status[k] = fn(k);
+      // A device that fails must not leave the others waiting in a collective.
+      if (!status[k].ok()) reducer_->Abort();
+    });
+  }
+  status[0] = fn(0);
+  if (!status[0].ok()) reducer_->Abort();
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok() && s.code() != absl::StatusCode::kCancelled) return s;
+  }
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadParams() {
+  return OnAllDevices([&](int k) -> absl::Status {
+    DeviceState& d = *devices_[k];
+    if (d.params_ptr == host_params_.data()) return absl::OkStatus();
+    return d.device->CopyToDevice(d.params_ptr, host_params_.data(),
+                                  host_params_.size() * sizeof(float));
+  });
+}
+
+absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_samples,
+                                 StepResult* result) {
+  DeviceState& d = *devices_[k];
+  kernels::Device& dev = *d.device;
+  const int k_devices = static_cast<int>(devices_.size());
+  const absl::Time start = absl::Now();
+
+  // This device's samples of the node batch.
+  if (dev.host_memory()) {
+    train_->Gather(node_samples + d.offset, d.share, d.x.as<float>(), d.y.as<int32_t>());
+  } else {
+    train_->Gather(node_samples + d.offset, d.share, d.host_x.data(), d.host_y.data());
+    PSTRAIN_RETURN_IF_ERROR(
+        dev.CopyToDevice(d.x.as<float>(), d.host_x.data(), d.host_x.size() * sizeof(float)));
+    PSTRAIN_RETURN_IF_ERROR(
+        dev.CopyToDevice(d.y.as<int32_t>(), d.host_y.data(), d.host_y.size() * sizeof(int32_t)));
+  }
+
+  // As each layer's gradient is final: reduce it across the node's devices
+  // and start pushing this device's slice of it.
+  double reduce_seconds = 0;
+  absl::Status push_status;
+  auto on_ready = [&](int layer) {
+    if (options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
+    if (!push_status.ok()) return;
+    const absl::Time t0 = absl::Now();
+    const SliceLayout& layout = layer_layouts_[layer];
+    const SliceLayout::Slice& slice = layout.slices[k];
+    float* push_at = d.push_grad->data() + slice.flat_offset;
+    if (k_devices == 1) {
+      if (d.grad_ptr != d.push_grad->data()) {
+        push_status = dev.CopyToHost(push_at, d.grad_ptr + slice.flat_offset,
+                                     slice.floats * sizeof(float));
+      }
+    } else {
+      push_status = layout.Pack(dev, d.grad_ptr, d.send.as<float>());
+      if (push_status.ok()) {
+        push_status = reducer_->ReduceScatter(k, d.send.as<float>(), d.recv.as<float>(),
+                                              layout.slice_floats);
+      }
+      if (push_status.ok()) {
+        push_status = dev.CopyToHost(push_at, d.recv.as<float>(), slice.floats * sizeof(float));
+      }
+    }
+    reduce_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!push_status.ok() || slice.floats == 0) return;
+    std::vector<uint32_t> chunks;
+    for (int c = slice.first_chunk; c < slice.last_chunk; ++c) chunks.push_back(c);
+    d.pending.push_back(
+        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(chunks)));
+    if (options_.trace) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+  };
+  // Sync: the servers sum W node gradients, so each is scaled to its share
+  // of the global batch's mean. Async: each node's push is applied alone.
+  const int64_t node_batch = spec_.batch_size();
+  const float grad_scale = 1.0f / static_cast<float>(
+      spec_.mode() == v1::MODE_SYNC ? spec_.num_workers() * node_batch : node_batch);
+  absl::Status status =
+      d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
+                               grad_scale, d.grad_ptr, &result->stats, on_ready);
+  if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
+  result->compute_seconds = absl::ToDoubleSeconds(absl::Now() - start) - reduce_seconds;
+  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
+  d.pending.clear();
+  PSTRAIN_RETURN_IF_ERROR(status);
+  PSTRAIN_RETURN_IF_ERROR(push_status);
+  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(d.client->Finish(std::move(p)));
+
+  // The new parameters onto the device: each device holds the servers'
+  // answer for its slice; the all-gather gives every device all of them.
+  const absl::Time t0 = absl::Now();
+  if (k_devices == 1) {
+    if (d.params_ptr != host_params_.data()) {
+      PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.params_ptr, host_params_.data(),
+                                               host_params_.size() * sizeof(float)));
+    }
+  } else {
+    const SliceLayout::Slice& mine = model_layout_.slices[k];
+    PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.send.as<float>(),
+                                             host_params_.data() + mine.flat_offset,
+                                             mine.floats * sizeof(float)));
+    PSTRAIN_RETURN_IF_ERROR(reducer_->AllGather(k, d.send.as<float>(), d.recv.as<float>(),
+                                                model_layout_.slice_floats));
+    for (int r = 0; r < k_devices; ++r) {
+      PSTRAIN_RETURN_IF_ERROR(model_layout_.UnpackSlice(
+          dev, r, d.recv.as<float>() + r * model_layout_.slice_floats, d.params_ptr));
+    }
+  }
+  result->reduce_seconds = reduce_seconds + absl::ToDoubleSeconds(absl::Now() - t0);
+  d.samples += d.share;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::Run() {
@@ -81,31 +328,27 @@ absl::Status Trainer::Run() {
   const int64_t total_steps = TotalSteps(spec_);
   const int64_t steps_per_epoch = StepsPerEpoch(spec_);
   const bool sync = spec_.mode() == v1::MODE_SYNC;
-  // Sync: the servers sum W gradients, so each is scaled to its share of the
-  // global batch's mean. Async: each push is applied alone.
-  const float grad_scale = 1.0f / static_cast<float>(sync ? workers * batch : batch);
+  ParameterClient& client0 = *devices_[0]->client;
 
-  PSTRAIN_RETURN_IF_ERROR(client_->PullAll(0, params_.data()));
+  PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data()));
+  PSTRAIN_RETURN_IF_ERROR(LoadParams());
 
-  std::vector<float> x(static_cast<size_t>(batch) * train_->input_dim);
-  std::vector<int32_t> y(batch);
   std::vector<int64_t> order;
   int64_t epoch = -1;
-
   v1::ReportProgressRequest report;
   report.set_job_id(a.job_id());
   report.set_worker(a.worker_index());
   double window_loss = 0;
   int64_t window_steps = 0;
-  // The losses of the last kFinalLossSteps steps, for the final report.
   std::vector<double> recent_losses(std::min<int64_t>(kFinalLossSteps, total_steps));
   const absl::Time start = absl::Now();
   absl::Time window_start = start;
-
-  // Seconds spent in each StepPhase over the whole job.
+  // Seconds spent in each StepPhase over the whole job, device 0's view.
   std::array<double, kStepPhaseNames.size()> phase_totals{};
   double loss_ema = 0;
-  ParameterClient::Stats before = client_->stats();
+  ParameterClient::Stats before = client_stats();
+  std::vector<StepResult> results(devices_.size());
+
   for (int64_t step = 0; step < total_steps; ++step) {
     if (cancelled_) return absl::CancelledError("training cancelled");
     const absl::Time step_start = absl::Now();
@@ -113,34 +356,53 @@ absl::Status Trainer::Run() {
       epoch = step / steps_per_epoch;
       order = EpochOrder(spec_.seed(), epoch, train_->num_samples);
     }
-    const int64_t first = (step % steps_per_epoch) * workers * batch + worker * batch;
-    train_->Gather(order.data() + first, batch, x.data(), y.data());
-    kernels::BatchStats stats;
-    PSTRAIN_RETURN_IF_ERROR(kernels_->ForwardBackward(params_.data(), x.data(), y.data(), batch,
-                                                      grad_scale, grad_->data(), &stats));
-    if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
-    const absl::Time computed = absl::Now();
-    PSTRAIN_RETURN_IF_ERROR(client_->PushPull(step, grad_, params_.data()));
+    const int64_t* node_samples =
+        order.data() + (step % steps_per_epoch) * workers * batch + worker * batch;
+    std::fill(results.begin(), results.end(), StepResult{});
+    absl::Status status = OnAllDevices(
+        [&](int k) { return DeviceStep(k, step, node_samples, &results[k]); });
+    if (!status.ok()) {
+      if (cancelled_) return absl::CancelledError("training cancelled");
+      return status;
+    }
     const absl::Time step_end = absl::Now();
     steps_done_ = step + 1;
-    const double loss = stats.loss_sum / batch;
+    double loss_sum = 0;
+    for (const StepResult& r : results) loss_sum += r.stats.loss_sum;
+    const double loss = loss_sum / batch;
     recent_losses[step % recent_losses.size()] = loss;
     window_loss += loss;
     ++window_steps;
     loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
 
-    // Where the step's time went.
-    const ParameterClient::Stats after = client_->stats();
+    // Where the step's time went, adding up to its duration: device 0's
+    // compute and reduce, and the rest — the exchanges with the servers not
+    // hidden behind compute — split in proportion to the exchanges' own
+    // push, wait and pull times (which overlap each other and the compute).
+    const ParameterClient::Stats after = client_stats();
+    const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
+    const double compute = std::min(results[0].compute_seconds, step_seconds);
+    const double reduce = std::min(results[0].reduce_seconds, step_seconds - compute);
+    const double exposed = step_seconds - compute - reduce;
+    const double push = after.push_seconds - before.push_seconds;
+    const double wait = after.wait_seconds - before.wait_seconds;
+    const double pull = after.pull_seconds - before.pull_seconds;
+    const double exchange = push + wait + pull;
     std::array<double, kStepPhaseNames.size()> phases{};
-    phases[static_cast<int>(StepPhase::kCompute)] = absl::ToDoubleSeconds(computed - step_start);
-    phases[static_cast<int>(StepPhase::kPush)] = after.push_seconds - before.push_seconds;
-    phases[static_cast<int>(StepPhase::kWait)] = after.wait_seconds - before.wait_seconds;
-    phases[static_cast<int>(StepPhase::kPull)] = after.pull_seconds - before.pull_seconds;
+    phases[static_cast<int>(StepPhase::kCompute)] = compute;
+    phases[static_cast<int>(StepPhase::kReduce)] = reduce;
+    if (exchange > 0) {
+      phases[static_cast<int>(StepPhase::kPush)] = exposed * push / exchange;
+      phases[static_cast<int>(StepPhase::kWait)] = exposed * wait / exchange;
+      phases[static_cast<int>(StepPhase::kPull)] = exposed * pull / exchange;
+    } else {
+      phases[static_cast<int>(StepPhase::kWait)] = exposed;
+    }
     for (size_t p = 0; p < phases.size(); ++p) phase_totals[p] += phases[p];
     if (metrics_.has_value()) {
       metrics_->steps->Increment();
       metrics_->samples->Increment(batch);
-      metrics_->step_seconds->Observe(absl::ToDoubleSeconds(step_end - step_start));
+      metrics_->step_seconds->Observe(step_seconds);
       for (size_t p = 0; p < phases.size(); ++p) metrics_->phase_seconds[p]->Increment(phases[p]);
       metrics_->pushed_bytes->Increment(static_cast<double>(after.bytes_pushed - before.bytes_pushed));
       metrics_->pulled_bytes->Increment(static_cast<double>(after.bytes_pulled - before.bytes_pulled));
@@ -186,8 +448,8 @@ absl::Status Trainer::Run() {
   if (worker == 0) {
     // The final model: every worker's last push applied on every chunk.
     const int64_t final_version = sync ? total_steps : workers * total_steps;
-    PSTRAIN_RETURN_IF_ERROR(client_->PullAll(final_version, params_.data()));
-    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(spec_, params_, *test_));
+    PSTRAIN_RETURN_IF_ERROR(client0.PullAll(final_version, host_params_.data()));
+    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(spec_, host_params_, *test_));
     report.set_evaluated(true);
     report.set_test_accuracy(static_cast<float>(eval.accuracy));
     report.set_test_loss(static_cast<float>(eval.loss));

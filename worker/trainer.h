@@ -1,32 +1,58 @@
-// One worker's part of one job: the training loop.
+// One worker's part of one job: the training loop over the node's devices.
+//
+// The node's batch of B samples is split across its K devices (B/K each,
+// the remainder spread over the first ones). Each device runs forward and
+// backward on its share; as soon as a layer's gradient is final on every
+// device, the node reduce-scatters it (device k gets the sum of slice k of
+// the layer's chunks) and device k starts pushing its slice to the servers
+// on its own streams — while the earlier layers are still being computed.
+// When every reply is in, the new parameters are all-gathered onto every
+// device. With one CPU device all of that reduces to pushing the gradient
+// from where backward wrote it.
 #ifndef PSTRAIN_WORKER_TRAINER_H_
 #define PSTRAIN_WORKER_TRAINER_H_
 
 #include <atomic>
-#include <optional>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dataset.h"
+#include "kernels/device.h"
 #include "kernels/model.h"
+#include "kernels/reducer.h"
 #include "pstrain/v1/membership.pb.h"
+#include "worker/devices.h"
 #include "worker/parameter_client.h"
+#include "worker/slice_layout.h"
 #include "worker/transport.h"
 #include "worker/worker_metrics.h"
 
 namespace pstrain::worker {
+
+// What the step trace records (tests of the overlap).
+struct StepEvent {
+  enum class Kind { kBackwardDone, kPushStarted };
+  Kind kind;
+  int layer;
+  int device;
+};
 
 struct TrainerOptions {
   // What to run: the job, this worker's index, the plan and server addresses.
   v1::WorkerAssignment assignment;
   // Where the data comes from; required, shared across jobs.
   DatasetCache* data = nullptr;
-  // The transport to the servers; null: gRPC to assignment.server_addresses.
-  // When set, it must outlive the trainer.
-  ParameterTransport* transport = nullptr;
+  // The node's devices.
+  DeviceList devices;
+  // The transport to the servers for device k; null: gRPC to
+  // assignment.server_addresses, one set of channels per device. When set,
+  // the transports must outlive the trainer.
+  std::function<ParameterTransport*(int device)> transport;
   // Receives progress (about every report_interval and at the end) on the
   // training thread; must not block for long.
   std::function<void(const v1::ReportProgressRequest&)> report;
@@ -38,15 +64,18 @@ struct TrainerOptions {
   WorkerMetrics* metrics = nullptr;
   // Measures the calls to the servers; null: not measured.
   RpcMetrics* rpc = nullptr;
-  // Retry and timeout policy of the parameter client (job_id, worker, mode
+  // Called from the device threads as backward and pushes progress (tests).
+  std::function<void(const StepEvent&)> trace;
+  // Retry and timeout policy of the parameter clients (job_id, worker, mode
   // and plan are filled in from the assignment).
   ParameterClient::Options client;
 };
 
 class Trainer {
  public:
-  // Loads the data and builds the kernels. INVALID_ARGUMENT on an
-  // inconsistent assignment; the data loader's error if the data is bad.
+  // Creates the devices, loads the data and builds the kernels.
+  // INVALID_ARGUMENT on an inconsistent assignment; the devices' or the
+  // data loader's error otherwise.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options);
   ~Trainer();
 
@@ -61,23 +90,37 @@ class Trainer {
   // The job's spec, normalized.
   const v1::JobSpec& spec() const { return spec_; }
   // The parameters as this worker last received them.
-  const std::vector<float>& params() const { return params_; }
+  const std::vector<float>& params() const { return host_params_; }
   int64_t steps_done() const { return steps_done_; }
-  ParameterClient::Stats client_stats() const { return client_->stats(); }
+  // Samples device k has processed.
+  int64_t samples_processed(int device) const;
+  // The parameter clients' counters, summed over the devices.
+  ParameterClient::Stats client_stats() const;
 
  private:
+  struct DeviceState;
+  struct StepResult;
+
   explicit Trainer(TrainerOptions options);
+  absl::Status CreateDevices();
+  // Device k's part of one step.
+  absl::Status DeviceStep(int k, int64_t step, const int64_t* node_samples,
+                          StepResult* result);
+  // Runs fn(k) for every device, on the devices' threads; the first error.
+  absl::Status OnAllDevices(const std::function<absl::Status(int)>& fn);
+  // Copies the node's host parameters to every device.
+  absl::Status LoadParams();
 
   TrainerOptions options_;
   v1::JobSpec spec_;
   std::shared_ptr<const Dataset> train_;
   std::shared_ptr<const Dataset> test_;
-  std::unique_ptr<kernels::ModelKernels> kernels_;
-  std::unique_ptr<ParameterTransport> owned_transport_;
-  std::unique_ptr<ParameterClient> client_;
-  std::vector<float> params_;
-  // Shared with in-flight push frames, which keep it alive.
-  std::shared_ptr<std::vector<float>> grad_;
+  std::unique_ptr<kernels::Reducer> reducer_;
+  std::vector<std::unique_ptr<DeviceState>> devices_;
+  std::vector<SliceLayout> layer_layouts_;  // by layer
+  SliceLayout model_layout_;                // all chunks, for the all-gather
+  // The node's parameters in host memory: what the servers answered.
+  std::vector<float> host_params_;
   std::atomic<bool> cancelled_{false};
   int64_t steps_done_ = 0;
   std::optional<WorkerMetrics::Job> metrics_;

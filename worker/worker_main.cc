@@ -7,6 +7,8 @@
 #include "common/process.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_api.h"
+#include "worker/devices.h"
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
@@ -16,6 +18,8 @@ ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
 ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_job_grace_s, 300,
           "seconds a finished job's metric series are still exported");
+ABSL_FLAG(std::string, devices, "cpu:1",
+          "devices to train on: cpu:N (N CPU devices, threads) or cuda:0,cuda:1,... (GPUs)");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads in this process");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(int, step_delay_ms, 0, "testing: sleep this long in every training step");
@@ -36,6 +40,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
+  absl::StatusOr<pstrain::worker::DeviceList> devices =
+      pstrain::worker::ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) {
+    std::cerr << "pstrain-worker: --" << devices.status().message() << "\n";
+    return 2;
+  }
+  if (devices->kind == pstrain::worker::DeviceList::Kind::kCuda) {
+    // Say at once, not at the first job, that the GPUs are not usable.
+    absl::StatusOr<int> gpus = pstrain::kernels::CudaDeviceCount();
+    if (!gpus.ok()) {
+      std::cerr << "pstrain-worker: --devices=" << absl::GetFlag(FLAGS_devices)
+                << ": no usable GPU: " << gpus.status().message() << "\n";
+      return 2;
+    }
+    for (int ordinal : devices->indices) {
+      if (ordinal >= *gpus) {
+        std::cerr << "pstrain-worker: --devices: cuda:" << ordinal << " does not exist ("
+                  << *gpus << " GPU(s))\n";
+        return 2;
+      }
+    }
+  }
+  options.devices = *devices;
+  LOG(INFO) << "training on " << absl::GetFlag(FLAGS_devices);
   pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
     std::cerr << "--metrics_job_grace_s must be >= 0\n";

@@ -101,6 +101,7 @@ class WorkerNodeImpl final : public WorkerNode {
     t.data = &data_;
     t.report_interval = options_.report_interval;
     t.step_delay = options_.step_delay;
+    t.devices = options_.devices;
     t.metrics = options_.metrics;
     t.rpc = options_.rpc;
     v1::ReportProgressRequest final_report;

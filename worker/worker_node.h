@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "worker/devices.h"
 #include "worker/worker_metrics.h"
 
 namespace pstrain::worker {
@@ -21,6 +22,8 @@ class WorkerNode {
     // zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
     absl::Duration report_interval = absl::Milliseconds(500);
+    // The devices every job runs on.
+    DeviceList devices;
     // Fault injection for tests: sleep this long in every training step.
     absl::Duration step_delay = absl::ZeroDuration();
     // Metrics; null: not measured. They must outlive the node.

@@ -29,8 +29,8 @@ class CpuMlp final : public ModelKernels {
   }
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
-                               int batch, float grad_scale, float* grad,
-                               BatchStats* stats) override {
+                               int batch, float grad_scale, float* grad, BatchStats* stats,
+                               const GradientReadyFn& on_ready) override {
     if (batch < 1 || batch > max_batch_) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch ", batch, " outside [1, ", max_batch_, "]"));
@@ -55,7 +55,10 @@ class CpuMlp final : public ModelKernels {
         const float* row = delta_.data() + static_cast<size_t>(i) * out;
         for (int j = 0; j < out; ++j) db[j] += row[j];
       }
-      if (l == 0) break;
+      if (l == 0) {
+        if (on_ready) on_ready(0);
+        break;
+      }
       // delta_prev = (delta * W^T) masked by ReLU'(z) == (a > 0).
       const float* w = params + tensors_[2 * l].offset;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f,
@@ -66,6 +69,8 @@ class CpuMlp final : public ModelKernels {
         if (a[i] <= 0.0f) delta_prev_[i] = 0.0f;
       }
       std::swap(delta_, delta_prev_);
+      // W_l has been used for the last time in this pass.
+      if (on_ready) on_ready(l);
     }
     return absl::OkStatus();
   }

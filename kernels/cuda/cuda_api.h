@@ -1,0 +1,47 @@
+// pstrain's CUDA side, seen from code that includes no CUDA header: GPU
+// devices (cuBLAS kernels), the NCCL node reducer, and the fp32<->bf16/fp16
+// casts. Built from kernels/cuda/*.cu where CMake found nvcc (PSTRAIN_CUDA);
+// otherwise every call answers FAILED_PRECONDITION saying so.
+#ifndef PSTRAIN_KERNELS_CUDA_CUDA_API_H_
+#define PSTRAIN_KERNELS_CUDA_CUDA_API_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "kernels/model.h"
+#include "kernels/reducer.h"
+
+namespace pstrain::kernels {
+
+// Whether this binary was built with CUDA.
+bool CudaBuilt();
+
+// The number of usable GPUs; FAILED_PRECONDITION with CUDA's own reason
+// when there is no GPU or no driver, or CUDA was not built in.
+absl::StatusOr<int> CudaDeviceCount();
+
+// GPU `ordinal` as a Device: cuBLAS GEMMs (cublasGemmEx: fp32, TF32 or bf16
+// inputs with fp32 accumulation), bias, ReLU, softmax cross-entropy and
+// accuracy kernels, memory on that GPU.
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
+
+// One NCCL communicator over these local GPUs (rank k = ordinals[k]).
+absl::StatusOr<std::unique_ptr<Reducer>> CreateNcclReducer(const std::vector<int>& ordinals);
+
+// An optimizer whose Apply takes pointers in GPU `ordinal`'s memory.
+absl::StatusOr<std::unique_ptr<Optimizer>> CreateCudaOptimizer(const OptimizerConfig& config,
+                                                               int ordinal);
+
+// Casts on GPU `ordinal`, device pointers, round-to-nearest-even; NaN stays
+// NaN, infinities stay infinite.
+absl::Status CudaCastToBf16(int ordinal, const float* in, uint16_t* out, int64_t n);
+absl::Status CudaCastFromBf16(int ordinal, const uint16_t* in, float* out, int64_t n);
+absl::Status CudaCastToFp16(int ordinal, const float* in, uint16_t* out, int64_t n);
+absl::Status CudaCastFromFp16(int ordinal, const uint16_t* in, float* out, int64_t n);
+
+}  // namespace pstrain::kernels
+
+#endif  // PSTRAIN_KERNELS_CUDA_CUDA_API_H_
