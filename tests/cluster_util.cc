@@ -88,8 +88,7 @@ std::vector<float> InProcessServers::Gather(const std::string& job_id,
 
 WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
                          const v1::PartitionPlan& plan, const std::vector<std::string>& addresses,
-                         DatasetCache* data,
-                         std::function<worker::ParameterTransport*(int)> make_transport) {
+                         DatasetCache* data, const RunOptions& run) {
   const int workers = spec.num_workers();
   WorkersResult result;
   result.steps_done.resize(workers);
@@ -105,10 +104,12 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       *options.assignment.mutable_plan() = plan;
       for (const std::string& a : addresses) options.assignment.add_server_addresses(a);
       options.data = data;
-      if (make_transport) {
-        worker::ParameterTransport* transport = make_transport(w);
+      if (run.make_transport) {
+        worker::ParameterTransport* transport = run.make_transport(w);
         options.transport = [transport](int) { return transport; };
       }
+      options.devices = run.devices;
+      if (w == 0) options.trace = run.trace;
       options.client.retry_window = absl::Seconds(30);
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
           worker::Trainer::Create(std::move(options));
@@ -118,7 +119,12 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       if (trainer.ok()) {
         result.steps_done[w] = (*trainer)->steps_done();
         result.stats[w] = (*trainer)->client_stats();
-        if (w == 0) result.params = (*trainer)->params();
+        if (w == 0) {
+          result.params = (*trainer)->params();
+          for (size_t k = 0; k < std::max<size_t>(1, run.devices.indices.size()); ++k) {
+            result.device_samples.push_back((*trainer)->samples_processed(static_cast<int>(k)));
+          }
+        }
       }
     });
   }

@@ -14,6 +14,7 @@
 #include "server/parameter_server.h"
 #include "tests/test_util.h"
 #include "worker/parameter_client.h"
+#include "worker/trainer.h"
 #include "worker/transport.h"
 
 namespace pstrain::testing {
@@ -47,15 +48,22 @@ struct WorkersResult {
   std::vector<float> params;            // worker 0's final parameters
   std::vector<int64_t> steps_done;      // per worker
   std::vector<worker::ParameterClient::Stats> stats;
+  std::vector<int64_t> device_samples;  // worker 0, per device
 };
 
-// Runs spec.num_workers() trainers as threads until they finish. If
-// make_transport is set, worker w uses make_transport(w) (owned by the
-// caller) instead of plain gRPC.
+struct RunOptions {
+  // Worker w uses make_transport(w) (owned by the caller) instead of gRPC.
+  std::function<worker::ParameterTransport*(int)> make_transport;
+  // The devices of every worker.
+  worker::DeviceList devices;
+  // Worker 0's step events.
+  std::function<void(const worker::StepEvent&)> trace;
+};
+
+// Runs spec.num_workers() trainers as threads until they finish.
 WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
                          const v1::PartitionPlan& plan, const std::vector<std::string>& addresses,
-                         DatasetCache* data,
-                         std::function<worker::ParameterTransport*(int)> make_transport = nullptr);
+                         DatasetCache* data, const RunOptions& run = {});
 
 // Per tensor differences of `actual` against `expected`.
 std::vector<TensorDiff> CompareTensors(const v1::PartitionPlan& plan,

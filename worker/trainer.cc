@@ -114,8 +114,6 @@ absl::Status Trainer::CreateDevices() {
     layer_layouts_.push_back(SliceLayout::Create(plan, first, last, k_devices));
     padded = std::max(padded, layer_layouts_.back().padded_floats());
   }
-  model_layout_ = SliceLayout::Create(plan, 0, plan.chunks_size(), k_devices);
-  padded = std::max(padded, model_layout_.padded_floats());
   host_params_.assign(total, 0.0f);
 
   const kernels::ModelShape shape = ModelShapeOf(spec_);
@@ -304,15 +302,19 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
                                                host_params_.size() * sizeof(float)));
     }
   } else {
-    const SliceLayout::Slice& mine = model_layout_.slices[k];
-    PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.send.as<float>(),
-                                             host_params_.data() + mine.flat_offset,
-                                             mine.floats * sizeof(float)));
-    PSTRAIN_RETURN_IF_ERROR(reducer_->AllGather(k, d.send.as<float>(), d.recv.as<float>(),
-                                                model_layout_.slice_floats));
-    for (int r = 0; r < k_devices; ++r) {
-      PSTRAIN_RETURN_IF_ERROR(model_layout_.UnpackSlice(
-          dev, r, d.recv.as<float>() + r * model_layout_.slice_floats, d.params_ptr));
+    // Layer by layer, with the slices the devices pushed: device k has the
+    // answers for its slices only.
+    for (const SliceLayout& layout : layer_layouts_) {
+      const SliceLayout::Slice& mine = layout.slices[k];
+      PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.send.as<float>(),
+                                               host_params_.data() + mine.flat_offset,
+                                               mine.floats * sizeof(float)));
+      PSTRAIN_RETURN_IF_ERROR(reducer_->AllGather(k, d.send.as<float>(), d.recv.as<float>(),
+                                                  layout.slice_floats));
+      for (int r = 0; r < k_devices; ++r) {
+        PSTRAIN_RETURN_IF_ERROR(layout.UnpackSlice(
+            dev, r, d.recv.as<float>() + r * layout.slice_floats, d.params_ptr));
+      }
     }
   }
   result->reduce_seconds = reduce_seconds + absl::ToDoubleSeconds(absl::Now() - t0);

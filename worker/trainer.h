@@ -117,8 +117,8 @@ class Trainer {
   std::shared_ptr<const Dataset> test_;
   std::unique_ptr<kernels::Reducer> reducer_;
   std::vector<std::unique_ptr<DeviceState>> devices_;
-  std::vector<SliceLayout> layer_layouts_;  // by layer
-  SliceLayout model_layout_;                // all chunks, for the all-gather
+  // By layer: which device reduces, pushes and all-gathers which chunks.
+  std::vector<SliceLayout> layer_layouts_;
   // The node's parameters in host memory: what the servers answered.
   std::vector<float> host_params_;
   std::atomic<bool> cancelled_{false};

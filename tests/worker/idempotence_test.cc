@@ -75,9 +75,10 @@ TEST(IdempotenceTest, DuplicatedPushesAndLostRepliesChangeNothing) {
     transports.push_back(std::make_unique<FaultyTransport>(
         *worker::CreateGrpcTransport(faulty_servers.addresses()), 0.10, 0.05, 100 + w));
   }
+  RunOptions run;
+  run.make_transport = [&](int w) { return transports[w].get(); };
   WorkersResult faulty =
-      RunWorkers("job-faulty", spec, plan, faulty_servers.addresses(), &data,
-                 [&](int w) { return transports[w].get(); });
+      RunWorkers("job-faulty", spec, plan, faulty_servers.addresses(), &data, run);
   ASSERT_TRUE(faulty.status.ok()) << faulty.status;
 
   int duplicated = 0, dropped = 0;
