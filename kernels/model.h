@@ -106,9 +106,10 @@ class Optimizer {
   virtual int StateFloatsPerParam() const = 0;
 
   // One update of n parameters with gradient grad. update_count is the
-  // 1-based number of this update (Adam's bias correction).
-  virtual void Apply(float* params, const float* grad, float* state, int64_t n,
-                     int64_t update_count) const = 0;
+  // 1-based number of this update (Adam's bias correction). Pointers are in
+  // the implementation's device memory; an error is the device's.
+  virtual absl::Status Apply(float* params, const float* grad, float* state, int64_t n,
+                             int64_t update_count) const = 0;
 };
 
 }  // namespace pstrain::kernels

@@ -317,8 +317,9 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
           const float* g = chunk->pushed[w].data();
           for (int64_t i = 0; i < chunk->size; ++i) sum[i] += g[i];
         }
-        job->optimizer->Apply(chunk->values.data(), sum.data(), chunk->optimizer_state.data(),
-                              chunk->size, chunk->version + 1);
+        PSTRAIN_RETURN_IF_ERROR(job->optimizer->Apply(chunk->values.data(), sum.data(),
+                                                      chunk->optimizer_state.data(), chunk->size,
+                                                      chunk->version + 1));
         ++chunk->version;
         std::fill(chunk->received.begin(), chunk->received.end(), false);
         chunk->received_count = 0;
@@ -347,8 +348,9 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
       metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
     }
     frame.CopyPayloadTo(chunk->sum.data());
-    job->optimizer->Apply(chunk->values.data(), chunk->sum.data(), chunk->optimizer_state.data(),
-                          chunk->size, chunk->version + 1);
+    PSTRAIN_RETURN_IF_ERROR(job->optimizer->Apply(chunk->values.data(), chunk->sum.data(),
+                                                  chunk->optimizer_state.data(), chunk->size,
+                                                  chunk->version + 1));
     ++chunk->version;
     chunk->last_step[h.worker()] = h.step();
     if (metrics != nullptr) {

@@ -17,6 +17,14 @@ absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(const ModelS
 // INVALID_ARGUMENT on a non-positive learning rate or out-of-range factor.
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateCpuOptimizer(const OptimizerConfig& config);
 
+// fp32 <-> bf16 / fp16 in host memory, round-to-nearest-even; NaN stays a
+// (quiet) NaN, infinities and signed zeros are kept, fp16 overflows to
+// infinity and keeps subnormals. The CUDA casts (cuda_api.h) are their twins.
+void CastToBf16(const float* in, uint16_t* out, int64_t n);
+void CastFromBf16(const uint16_t* in, float* out, int64_t n);
+void CastToFp16(const float* in, uint16_t* out, int64_t n);
+void CastFromFp16(const uint16_t* in, float* out, int64_t n);
+
 // Number of threads OpenBLAS uses in this process (pstrain's default is 1:
 // several processes usually share the machine's cores).
 void SetBlasThreads(int threads);

@@ -11,7 +11,7 @@ class Sgd final : public Optimizer {
  public:
   explicit Sgd(const OptimizerConfig& c) : c_(c) {}
   int StateFloatsPerParam() const override { return c_.momentum > 0 ? 1 : 0; }
-  void Apply(float* p, const float* g, float* state, int64_t n, int64_t) const override {
+  absl::Status Apply(float* p, const float* g, float* state, int64_t n, int64_t) const override {
     const float lr = c_.learning_rate, wd = c_.weight_decay, mu = c_.momentum;
     if (mu > 0) {
       float* v = state;
@@ -22,6 +22,7 @@ class Sgd final : public Optimizer {
     } else {
       for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
     }
+    return absl::OkStatus();
   }
 
  private:
@@ -32,8 +33,8 @@ class Adam final : public Optimizer {
  public:
   explicit Adam(const OptimizerConfig& c) : c_(c) {}
   int StateFloatsPerParam() const override { return 2; }
-  void Apply(float* p, const float* g, float* state, int64_t n,
-             int64_t update_count) const override {
+  absl::Status Apply(float* p, const float* g, float* state, int64_t n,
+                     int64_t update_count) const override {
     float* m = state;
     float* v = state + n;
     const float b1 = c_.beta1, b2 = c_.beta2, wd = c_.weight_decay, eps = c_.epsilon;
@@ -48,6 +49,7 @@ class Adam final : public Optimizer {
       v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
       p[i] -= step * m[i] / (std::sqrt(v[i]) + eps_hat);
     }
+    return absl::OkStatus();
   }
 
  private:
@@ -58,7 +60,7 @@ class Adagrad final : public Optimizer {
  public:
   explicit Adagrad(const OptimizerConfig& c) : c_(c) {}
   int StateFloatsPerParam() const override { return 1; }
-  void Apply(float* p, const float* g, float* state, int64_t n, int64_t) const override {
+  absl::Status Apply(float* p, const float* g, float* state, int64_t n, int64_t) const override {
     float* s = state;
     const float lr = c_.learning_rate, wd = c_.weight_decay, eps = c_.epsilon;
     for (int64_t i = 0; i < n; ++i) {
@@ -66,6 +68,7 @@ class Adagrad final : public Optimizer {
       s[i] += gi * gi;
       p[i] -= lr * gi / (std::sqrt(s[i]) + eps);
     }
+    return absl::OkStatus();
   }
 
  private:

@@ -6,7 +6,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_api.h"
 #include "kernels/reducer.h"
+#include "worker/in_process.h"
 #include "tests/cluster_util.h"
 #include "worker/slice_layout.h"
 
@@ -171,6 +173,23 @@ TEST(CpuReducerTest, AnAbortReleasesRanksThatWait) {
   reducer->Abort();
   waiting.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+}
+
+// Skipped without a GPU.
+TEST_F(MultiDeviceTest, AnMlpTrainedOnAGpuReachesTheCpusAccuracy) {
+  if (absl::StatusOr<int> gpus = kernels::CudaDeviceCount(); !gpus.ok()) {
+    GTEST_SKIP() << "no GPU: " << gpus.status().message();
+  }
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 1, 64, 1, 300);
+  const std::shared_ptr<const Dataset> test = *data_->FashionMnist(kFashionDir, false);
+  RunOptions cpu;
+  cpu.devices = Cpus(1);
+  RunOptions gpu;
+  gpu.devices = *worker::ParseDevices("cuda:0");
+  const double cpu_accuracy = worker::Evaluate(spec, Train(spec, cpu).params, *test)->accuracy;
+  const double gpu_accuracy = worker::Evaluate(spec, Train(spec, gpu).params, *test)->accuracy;
+  EXPECT_GT(cpu_accuracy, 0.75);
+  EXPECT_NEAR(gpu_accuracy, cpu_accuracy, 0.01);
 }
 
 TEST(DevicesTest, ParsesAndRejects) {

@@ -1,0 +1,106 @@
+// fp32 <-> bf16 / fp16, round-to-nearest-even, on the edge values.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace pstrain::kernels {
+namespace {
+
+float F(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t Bf16(float f) {
+  uint16_t out;
+  CastToBf16(&f, &out, 1);
+  return out;
+}
+
+uint16_t Fp16(float f) {
+  uint16_t out;
+  CastToFp16(&f, &out, 1);
+  return out;
+}
+
+float FromFp16(uint16_t h) {
+  float f;
+  CastFromFp16(&h, &f, 1);
+  return f;
+}
+
+TEST(CastsTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(Bf16(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16(-2.0f), 0xc000);
+  EXPECT_EQ(Bf16(F(0x3f808000)), 0x3f80);  // a tie, even below: stays
+  EXPECT_EQ(Bf16(F(0x3f818000)), 0x3f82);  // a tie, odd below: up
+  EXPECT_EQ(Bf16(F(0x3f808001)), 0x3f81);  // above the tie: up
+  EXPECT_EQ(Bf16(F(0x3f807fff)), 0x3f80);  // below: down
+  EXPECT_EQ(Bf16(F(0x7f7fffff)), 0x7f80);  // the largest float rounds to infinity
+  EXPECT_EQ(Bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(Bf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(Bf16(0.0f), 0x0000);
+  EXPECT_EQ(Bf16(-0.0f), 0x8000);
+  EXPECT_EQ(Bf16(F(0x00010000)), 0x0001);  // a subnormal, exactly
+  EXPECT_EQ(Bf16(F(0x00008000)), 0x0000);  // half the smallest subnormal: even, down
+  const uint16_t nan = Bf16(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(nan & 0x7f80, 0x7f80);
+  EXPECT_NE(nan & 0x007f, 0);
+  // A signalling NaN whose payload is in the dropped bits stays a NaN.
+  EXPECT_NE(Bf16(F(0x7f800001)) & 0x007f, 0);
+}
+
+TEST(CastsTest, Bf16RoundTripsWhatItCanHold) {
+  for (uint32_t hi = 0; hi < 0x10000; hi += 7) {
+    const uint16_t b = static_cast<uint16_t>(hi);
+    float f;
+    CastFromBf16(&b, &f, 1);
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(Bf16(f), b) << std::hex << hi;
+  }
+}
+
+TEST(CastsTest, Fp16RoundsToNearestEven) {
+  EXPECT_EQ(Fp16(1.0f), 0x3c00);
+  EXPECT_EQ(Fp16(-2.0f), 0xc000);
+  EXPECT_EQ(Fp16(65504.0f), 0x7bff);             // the largest fp16
+  EXPECT_EQ(Fp16(65519.0f), 0x7bff);             // rounds down to it
+  EXPECT_EQ(Fp16(65520.0f), 0x7c00);             // the tie rounds to infinity (even)
+  EXPECT_EQ(Fp16(1e10f), 0x7c00);
+  EXPECT_EQ(Fp16(-1e10f), 0xfc00);
+  EXPECT_EQ(Fp16(std::ldexp(1.0f, -14)), 0x0400);  // the smallest normal
+  EXPECT_EQ(Fp16(std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(Fp16(std::ldexp(1.0f, -25)), 0x0000);  // half of it: a tie, even, 0
+  EXPECT_EQ(Fp16(std::ldexp(3.0f, -26)), 0x0001);  // 0.75 of it: up
+  EXPECT_EQ(Fp16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 of it: a tie, up to even 2
+  EXPECT_EQ(Fp16(std::ldexp(5.0f, -25)), 0x0002);  // 2.5 of it: a tie, down to even 2
+  EXPECT_EQ(Fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie below even: stays
+  EXPECT_EQ(Fp16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);      // tie above odd: up
+  EXPECT_EQ(Fp16(-0.0f), 0x8000);
+  EXPECT_EQ(Fp16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(Fp16(std::numeric_limits<float>::quiet_NaN()) & 0x7e00, 0x7e00);
+}
+
+TEST(CastsTest, Fp16DecodesEveryValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = FromFp16(static_cast<uint16_t>(h));
+    const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+    if (exponent == 0x1f) {
+      EXPECT_TRUE(mantissa ? std::isnan(f) : std::isinf(f)) << h;
+      continue;
+    }
+    const float expected = exponent == 0
+                               ? sign * std::ldexp(static_cast<float>(mantissa), -24)
+                               : sign * std::ldexp(1.0f + mantissa / 1024.0f, exponent - 15);
+    ASSERT_EQ(f, expected) << std::hex << h;
+    ASSERT_EQ(Fp16(f), h) << std::hex << h;  // and back
+  }
+}
+
+}  // namespace
+}  // namespace pstrain::kernels
