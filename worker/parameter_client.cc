@@ -45,7 +45,12 @@ ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
       transport_(transport),
       chunk_versions_(options_.plan.chunks_size(), -1) {}
 
-ParameterClient::~ParameterClient() = default;
+ParameterClient::~ParameterClient() {
+  Cancel();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* in_flight) { return *in_flight == 0; }, &streams_in_flight_));
+}
 
 ParameterClient::Stats ParameterClient::stats() const {
   absl::MutexLock lock(&stats_mu_);
@@ -56,20 +61,20 @@ int64_t ParameterClient::chunk_version(uint32_t chunk) const { return chunk_vers
 
 void ParameterClient::Cancel() {
   {
-    absl::MutexLock lock(&cancel_mu_);
+    absl::MutexLock lock(&mu_);
     cancelled_ = true;
   }
   transport_->CancelAll();
 }
 
 bool ParameterClient::cancelled() const {
-  absl::MutexLock lock(&cancel_mu_);
+  absl::MutexLock lock(&mu_);
   return cancelled_;
 }
 
 bool ParameterClient::SleepUnlessCancelled(absl::Duration duration) {
-  absl::MutexLock lock(&cancel_mu_);
-  return !cancel_mu_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
+  absl::MutexLock lock(&mu_);
+  return !mu_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
 }
 
 v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) const {
@@ -188,15 +193,25 @@ void ParameterClient::Send(Pending& pending) {
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
   for (int s = 0; s < num_servers; ++s) {
     if (requests[s].empty()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      ++streams_in_flight_;
+    }
     auto on_sent = [attempt] {
       absl::MutexLock lock(&attempt->mu);
       if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
     };
     transport_->StartExchange(s, pending.method, std::move(requests[s]), deadline, on_sent,
-                              on_reply, [attempt, s](absl::Status status) {
-                                absl::MutexLock lock(&attempt->mu);
-                                attempt->status[s] = std::move(status);
-                                --attempt->streams_open;
+                              on_reply, [this, attempt, s](absl::Status status) {
+                                {
+                                  absl::MutexLock lock(&attempt->mu);
+                                  attempt->status[s] = std::move(status);
+                                  --attempt->streams_open;
+                                }
+                                // The last touch of the client: it may be
+                                // destroyed once this is done.
+                                absl::MutexLock lock(&mu_);
+                                --streams_in_flight_;
                               });
   }
 }

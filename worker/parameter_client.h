@@ -51,6 +51,9 @@ class ParameterClient {
 
   // The transport must outlive the client.
   ParameterClient(Options options, ParameterTransport* transport);
+  // Cancels (the transport's calls too), and waits for this client's
+  // streams to end: no reply is written anywhere after it returns, even for
+  // exchanges never Finished.
   ~ParameterClient();
 
   // Fills params (plan.total_floats() floats, host memory) with every
@@ -95,8 +98,9 @@ class ParameterClient {
   ParameterTransport* const transport_;
   // Written from transport threads, each chunk by the one reply that claims it.
   std::vector<int64_t> chunk_versions_;
-  mutable absl::Mutex cancel_mu_;
-  bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int streams_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);
 };

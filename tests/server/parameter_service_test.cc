@@ -5,6 +5,7 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
+#include "worker/parameter_client.h"
 
 namespace pstrain::testing {
 namespace {
@@ -192,6 +193,34 @@ TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
   ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
   servers_->server(0).Shutdown(absl::Seconds(5));
   EXPECT_EQ(parked->Await().status.code(), absl::StatusCode::kUnavailable);
+}
+
+// A client destroyed with an exchange never finished (a step that failed
+// half-way) ends its streams: the barrier completing later writes nothing
+// into the parameters, and nothing touches the destroyed client.
+TEST_F(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
+  worker::ParameterClient::Options options;
+  options.job_id = "job-1";
+  options.worker = 0;
+  options.plan = plan_;
+  auto client = std::make_unique<worker::ParameterClient>(options, transport_.get());
+  std::vector<float> params(plan_.total_floats(), -7.0f);
+  auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), 1.0f);
+  auto unfinished = client->StartPushPull(0, grad, params.data());
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
+  unfinished.reset();
+  client.reset();
+
+  // Worker 1 completes the barrier on both servers, over its own transport.
+  std::unique_ptr<worker::ParameterTransport> other =
+      *worker::CreateGrpcTransport(servers_->addresses());
+  for (const v1::ChunkInfo& c : plan_.chunks()) {
+    ASSERT_TRUE(Exchange(*other, c.server(), worker::ParameterMethod::kPush,
+                         {Frame(Push(c.id(), 0, 1))})
+                    .status.ok());
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  for (float v : params) ASSERT_EQ(v, -7.0f);
 }
 
 // A plain Push that completes the barrier must wake the push-and-wait
