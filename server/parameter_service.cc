@@ -53,16 +53,21 @@ class StreamState final : public ChunkWaiter {
   void Reply(grpc::ByteBuffer frame);
   void Fail(const absl::Status& status);
   void ReadsDone();
-  // Returns true if reading, paused by back-pressure, should resume now.
+  // Returns true if reading, paused by back-pressure, should resume now;
+  // the caller then starts the read and calls ReadStarted.
   bool WriteDone(bool ok);
   // True if the stream should read the next request now; false if it
-  // failed, or if it pauses for back-pressure (WriteDone resumes it).
-  bool ReadOn() {
+  // failed, or if it pauses for back-pressure (WriteDone resumes it). On true
+  // the caller starts the read and then calls ReadStarted: until then the
+  // stream is not finished, so no read ever starts after Finish.
+  bool BeginRead() {
     absl::MutexLock lock(&mu_);
     if (!error_.ok() || finishing_) return false;
     read_paused_ = Congested(1);
-    return !read_paused_;
+    read_starting_ = !read_paused_;
+    return read_starting_;
   }
+  void ReadStarted();
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
@@ -71,7 +76,7 @@ class StreamState final : public ChunkWaiter {
  private:
   // Decides, under mu_, whether to finish now; the caller finishes outside.
   bool ShouldFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finishing_ || writing_ || reactor_ == nullptr) return false;
+    if (finishing_ || writing_ || read_starting_ || reactor_ == nullptr) return false;
     if (!error_.ok() || (reads_done_ && replies_owed_ == 0)) {
       finishing_ = true;
       return true;
@@ -92,6 +97,7 @@ class StreamState final : public ChunkWaiter {
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_starting_ ABSL_GUARDED_BY(mu_) = false;
   int64_t replies_owed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
@@ -113,13 +119,11 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
       state_->Fail(s);
       return;
     }
-    // A Finish from another thread may come between the check and the read;
-    // gRPC then fails the read, and OnDone waits for that reaction.
-    if (state_->ReadOn()) StartRead(&request_);
+    if (state_->BeginRead()) ReadNext();
   }
 
   void OnWriteDone(bool ok) override {
-    if (state_->WriteDone(ok)) StartRead(&request_);
+    if (state_->WriteDone(ok)) ReadNext();
   }
 
   void OnCancel() override { state_->Fail(absl::CancelledError("stream cancelled")); }
@@ -130,6 +134,11 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
   }
 
  private:
+  void ReadNext() {
+    StartRead(&request_);
+    state_->ReadStarted();
+  }
+
   absl::Status Handle() {
     absl::StatusOr<Frame> frame = Frame::Parse(request_);
     if (!frame.ok()) return frame.status();
@@ -205,6 +214,7 @@ bool StreamState::WriteDone(bool ok) {
     }
     if (read_paused_ && error_.ok() && !finishing_ && !Congested(2)) {
       read_paused_ = false;
+      read_starting_ = true;
       resume_reading = true;
     }
   }
@@ -231,6 +241,16 @@ void StreamState::ReadsDone() {
   {
     absl::MutexLock lock(&mu_);
     reads_done_ = true;
+    finish = ShouldFinish();
+  }
+  if (finish) FinishNow();
+}
+
+void StreamState::ReadStarted() {
+  bool finish;
+  {
+    absl::MutexLock lock(&mu_);
+    read_starting_ = false;
     finish = ShouldFinish();
   }
   if (finish) FinishNow();
