@@ -13,6 +13,25 @@
 
 namespace pstrain::cli {
 
+namespace {
+
+std::string LastLines(const std::string& path, int count) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::StrCat("(", text.status().message(), ")");
+  size_t start = text->size();
+  if (start > 0 && (*text)[start - 1] == '\n') --start;
+  for (int i = 0; i < count && start > 0; ++i) {
+    start = text->rfind('\n', start - 1);
+    if (start == std::string::npos) {
+      start = 0;
+      break;
+    }
+  }
+  return text->substr(start == 0 ? 0 : start + 1);
+}
+
+}  // namespace
+
 std::string ExecutableDir() {
   char path[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
@@ -131,8 +150,9 @@ std::optional<std::string> LocalCluster::CheckChildren() {
     if (std::optional<int> status = TryReap(c.pid)) {
       c.exited = true;
       c.status = *status;
-      return absl::StrCat(c.name, " (", DescribeWaitStatus(*status), "), log: ", options_.run_dir,
-                          "/", c.name, ".log");
+      const std::string log = absl::StrCat(options_.run_dir, "/", c.name, ".log");
+      return absl::StrCat(c.name, " (", DescribeWaitStatus(*status), "), log: ", log,
+                          "; it ends:\n", LastLines(log, 20));
     }
   }
   return std::nullopt;

@@ -63,7 +63,8 @@ class LocalCluster {
   std::vector<std::pair<std::string, pid_t>> children() const;
 
   // Describes the first child that has exited since the start ("worker-1
-  // (exit 1), log: DIR/worker-1.log"), or nullopt if all run.
+  // (exit 1), log: DIR/worker-1.log; it ends:" and the log's last 20
+  // lines), or nullopt if all run.
   std::optional<std::string> CheckChildren();
 
   // SIGTERM to the workers, then the servers, then the coordinator, each

@@ -1,5 +1,6 @@
 #include "common/init.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 
@@ -17,6 +18,10 @@ void InitMain(int argc, char** argv, absl::string_view usage) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // A crash writes its stack trace to the log. glog's handler also takes
+  // SIGTERM, which the daemons handle as a graceful stop: that one goes back.
+  google::InstallFailureSignalHandler();
+  std::signal(SIGTERM, SIG_DFL);
 }
 
 void PublishAddress(const std::string& path, const std::string& address) {

@@ -173,14 +173,14 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
     EXPECT_GT(prometheus.Scalar("count(" + series + ")"), 0) << name << " has no series";
   }
   // What a sync run must move is not zero.
-  for (const std::string& counter :
+  for (const char* counter :
        {"pstrain_worker_steps_total", "pstrain_worker_samples_total",
         "pstrain_worker_pushed_bytes_total", "pstrain_worker_pulled_bytes_total",
         "pstrain_server_pushes_total", "pstrain_server_received_bytes_total",
         "pstrain_server_sent_bytes_total", "pstrain_server_updates_total",
         "pstrain_server_barrier_wait_seconds_count", "pstrain_server_apply_seconds_count",
         "pstrain_worker_step_seconds_count"}) {
-    EXPECT_GT(prometheus.Scalar("sum(" + counter + job_label + ")"), 0) << counter;
+    EXPECT_GT(prometheus.Scalar(std::string("sum(") + counter + job_label + ")"), 0) << counter;
   }
   EXPECT_GT(prometheus.Scalar(
                 "sum(pstrain_worker_step_phase_seconds_total{phase=\"compute\",job_id=\"" + id +
