@@ -21,6 +21,7 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "pstrain/v1/control.grpc.pb.h"
+#include "worker/devices.h"
 #include "worker/in_process.h"
 
 ABSL_FLAG(std::string, job, "", "job file (YAML), e.g. examples/fashion_mlp.yaml");
@@ -33,6 +34,8 @@ ABSL_FLAG(std::string, bin_dir, "",
 ABSL_FLAG(std::string, run_dir, "",
           "directory for the processes' logs; default: a new /tmp/pstrain-local.XXXXXX");
 ABSL_FLAG(int, lease_s, 10, "heartbeat lease of the nodes, seconds");
+ABSL_FLAG(std::string, devices, "cpu:1",
+          "every worker's devices: cpu:N or cuda:0,cuda:1,... (see pstrain-worker)");
 ABSL_FLAG(double, progress_interval_s, 1.0, "seconds between progress lines");
 
 namespace pstrain::cli {
@@ -110,6 +113,12 @@ int Run() {
     }
   }
 
+  if (absl::StatusOr<worker::DeviceList> devices = worker::ParseDevices(absl::GetFlag(FLAGS_devices));
+      !devices.ok()) {
+    std::cerr << "pstrain-local: --" << devices.status().message() << "\n";
+    return kExitUsage;
+  }
+
   // Signals: stop following the job, then stop the cluster.
   absl::Mutex mu;
   int signal_received = 0;
@@ -138,6 +147,9 @@ int Run() {
   options.num_servers = spec->num_servers();
   options.num_workers = spec->num_workers();
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
+  for (int w = 0; w < spec->num_workers(); ++w) {
+    options.worker_flags[w] = {"--devices=" + absl::GetFlag(FLAGS_devices)};
+  }
   options.state_dir = run_dir + "/state";
   options.prometheus_sd_file = run_dir + "/prometheus-targets.json";
   std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s, Prometheus targets in "

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 
 namespace pstrain::kernels {
 namespace {
@@ -26,9 +25,10 @@ std::vector<TensorDesc> ModelTensors(const ModelShape& shape) {
   int64_t offset = 0;
   for (size_t l = 0; l + 1 < widths.size(); ++l) {
     const int64_t in = widths[l], out = widths[l + 1];
-    TensorDesc w{absl::StrCat("layer", l, ".weight"), {in, out}, offset, in * out, in, false};
+    const std::string layer = "layer" + std::to_string(l);
+    TensorDesc w{layer + ".weight", {in, out}, offset, in * out, in, false};
     offset += w.size;
-    TensorDesc b{absl::StrCat("layer", l, ".bias"), {out}, offset, out, in, true};
+    TensorDesc b{layer + ".bias", {out}, offset, out, in, true};
     offset += b.size;
     tensors.push_back(std::move(w));
     tensors.push_back(std::move(b));

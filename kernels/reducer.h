@@ -6,11 +6,11 @@
 #ifndef PSTRAIN_KERNELS_REDUCER_H_
 #define PSTRAIN_KERNELS_REDUCER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 
 namespace pstrain::kernels {
 
@@ -40,7 +40,7 @@ class Reducer {
 // A CpuReducer for `ranks` threads sharing host memory. A rank waits at
 // most `timeout` for the others; DEADLINE_EXCEEDED after that.
 absl::StatusOr<std::unique_ptr<Reducer>> CreateCpuReducer(
-    int ranks, absl::Duration timeout = absl::Minutes(10));
+    int ranks, std::chrono::milliseconds timeout = std::chrono::minutes(10));
 
 }  // namespace pstrain::kernels
 

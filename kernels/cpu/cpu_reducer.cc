@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include <condition_variable>
+#include <mutex>
+
 #include "kernels/reducer.h"
 
 namespace pstrain::kernels {
@@ -12,7 +14,7 @@ namespace {
 
 class CpuReducer final : public Reducer {
  public:
-  CpuReducer(int ranks, absl::Duration timeout)
+  CpuReducer(int ranks, std::chrono::milliseconds timeout)
       : ranks_(ranks), timeout_(timeout), send_(ranks, nullptr) {}
 
   int ranks() const override { return ranks_; }
@@ -38,8 +40,9 @@ class CpuReducer final : public Reducer {
   }
 
   void Abort() override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;
+    changed_.notify_all();
   }
 
  private:
@@ -50,26 +53,28 @@ class CpuReducer final : public Reducer {
     if (rank < 0 || rank >= ranks_) {
       return absl::InvalidArgumentError("rank " + std::to_string(rank) + " out of range");
     }
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const int64_t generation = generation_;
     send_[rank] = send;
-    ++arrived_;
-    auto all_arrived = [&] { return aborted_ || arrived_ == ranks_ || generation_ != generation; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&all_arrived), timeout_)) {
+    if (++arrived_ == ranks_) changed_.notify_all();
+    if (!changed_.wait_for(lock, timeout_, [&] {
+          return aborted_ || arrived_ == ranks_ || generation_ != generation;
+        })) {
       return absl::DeadlineExceededError("node reduction: other devices did not arrive");
     }
     if (aborted_) return absl::CancelledError("node reduction aborted");
-    mu_.Unlock();
+    lock.unlock();
     work();
-    mu_.Lock();
+    lock.lock();
     // Everyone has read the send buffers once all are done.
     if (++done_ == ranks_) {
       arrived_ = 0;
       done_ = 0;
       ++generation_;
+      changed_.notify_all();
     }
-    auto all_done = [&] { return aborted_ || generation_ != generation; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&all_done), timeout_)) {
+    if (!changed_.wait_for(lock, timeout_,
+                           [&] { return aborted_ || generation_ != generation; })) {
       return absl::DeadlineExceededError("node reduction: other devices did not finish");
     }
     if (aborted_) return absl::CancelledError("node reduction aborted");
@@ -77,18 +82,21 @@ class CpuReducer final : public Reducer {
   }
 
   const int ranks_;
-  const absl::Duration timeout_;
-  absl::Mutex mu_;
-  std::vector<const float*> send_ ABSL_GUARDED_BY(mu_);
-  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
-  int done_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  // All guarded by mu_.
+  std::vector<const float*> send_;
+  int arrived_ = 0;
+  int done_ = 0;
+  int64_t generation_ = 0;
+  bool aborted_ = false;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Reducer>> CreateCpuReducer(int ranks, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Reducer>> CreateCpuReducer(int ranks,
+                                                          std::chrono::milliseconds timeout) {
   if (ranks < 1) return absl::InvalidArgumentError("a reducer needs at least one rank");
   return std::make_unique<CpuReducer>(ranks, timeout);
 }

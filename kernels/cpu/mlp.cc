@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include <string>
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::kernels {
@@ -33,7 +33,7 @@ class CpuMlp final : public ModelKernels {
                                const GradientReadyFn& on_ready) override {
     if (batch < 1 || batch > max_batch_) {
       return absl::InvalidArgumentError(
-          absl::StrCat("batch ", batch, " outside [1, ", max_batch_, "]"));
+          "batch " + std::to_string(batch) + " outside [1, " + std::to_string(max_batch_) + "]");
     }
     if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;
     Forward(params, x, batch);
@@ -97,7 +97,7 @@ class CpuMlp final : public ModelKernels {
     for (int i = 0; i < batch; ++i) {
       if (labels[i] < 0 || labels[i] >= classes) {
         return absl::InvalidArgumentError(
-            absl::StrCat("label ", labels[i], " outside [0, ", classes, ")"));
+            "label " + std::to_string(labels[i]) + " outside [0, " + std::to_string(classes) + ")");
       }
     }
     return absl::OkStatus();

@@ -1,7 +1,6 @@
 // Element-wise optimizer updates on the CPU.
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::kernels {

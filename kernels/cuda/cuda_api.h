@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,15 @@ absl::Status CudaCastToBf16(int ordinal, const float* in, uint16_t* out, int64_t
 absl::Status CudaCastFromBf16(int ordinal, const uint16_t* in, float* out, int64_t n);
 absl::Status CudaCastToFp16(int ordinal, const float* in, uint16_t* out, int64_t n);
 absl::Status CudaCastFromFp16(int ordinal, const uint16_t* in, float* out, int64_t n);
+
+// Mean seconds of one m x n x k cublasGemmEx on GPU `ordinal` at the given
+// precision (inputs fp32, or bf16 for kBf16; fp32 output), over
+// `iterations` runs after a warm-up (the GPU benchmark).
+absl::StatusOr<double> CudaGemmSeconds(int ordinal, int m, int n, int k, Precision precision,
+                                       int iterations);
+
+// "NVIDIA H200" and the like.
+absl::StatusOr<std::string> CudaDeviceName(int ordinal);
 
 }  // namespace pstrain::kernels
 

@@ -103,6 +103,55 @@ absl::StatusOr<int> CudaDeviceCount() {
   return n;
 }
 
+absl::StatusOr<std::string> CudaDeviceName(int ordinal) {
+  cudaDeviceProp properties;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, ordinal));
+  return std::string(properties.name);
+}
+
+absl::StatusOr<double> CudaGemmSeconds(int ordinal, int m, int n, int k, Precision precision,
+                                       int iterations) {
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateCudaDevice(ordinal);
+  if (!device.ok()) return device.status();
+  const bool bf16 = precision == Precision::kBf16;
+  const size_t in_bytes = bf16 ? 2 : 4;
+  absl::StatusOr<DeviceBuffer> a = (*device)->Allocate(static_cast<size_t>(m) * k * in_bytes);
+  absl::StatusOr<DeviceBuffer> b = (*device)->Allocate(static_cast<size_t>(k) * n * in_bytes);
+  absl::StatusOr<DeviceBuffer> c = (*device)->Allocate(static_cast<size_t>(m) * n * 4);
+  if (!a.ok() || !b.ok() || !c.ok()) return absl::ResourceExhaustedError("GEMM buffers");
+  cublasHandle_t handle;
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  auto gemm = [&] {
+    return cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b->as<void>(), type, n,
+                        a->as<void>(), type, k, &beta, c->as<void>(), CUDA_R_32F, n, compute,
+                        CUBLAS_GEMM_DEFAULT);
+  };
+  cudaEvent_t start, stop;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  absl::Status status;
+  if (cublasStatus_t s = gemm(); s != CUBLAS_STATUS_SUCCESS) {  // warm-up
+    status = cuda::CublasError(s, "cublasGemmEx", __FILE__, __LINE__);
+  }
+  float ms = 0;
+  if (status.ok()) {
+    cudaEventRecord(start);
+    for (int i = 0; i < iterations; ++i) gemm();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    cudaEventElapsedTime(&ms, start, stop);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasDestroy(handle);
+  if (!status.ok()) return status;
+  return ms / 1e3 / iterations;
+}
+
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return count.status();

@@ -4,11 +4,11 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -27,7 +27,7 @@ namespace {
 
 class NcclReducer final : public Reducer {
  public:
-  NcclReducer(std::vector<int> ordinals, absl::Duration timeout)
+  NcclReducer(std::vector<int> ordinals, std::chrono::milliseconds timeout)
       : ordinals_(std::move(ordinals)),
         timeout_(timeout),
         comms_(ordinals_.size(), nullptr),
@@ -88,7 +88,7 @@ class NcclReducer final : public Reducer {
   // Polls the stream, watching for NCCL's asynchronous errors, an abort and
   // the deadline (a peer that never joins would block forever).
   absl::Status Wait(int rank) {
-    const absl::Time deadline = absl::Now() + timeout_;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (true) {
       const cudaError_t e = cudaStreamQuery(streams_[rank]);
       if (e == cudaSuccess) return absl::OkStatus();
@@ -100,7 +100,7 @@ class NcclReducer final : public Reducer {
         return absl::InternalError(std::string("NCCL: ") + ncclGetErrorString(async));
       }
       if (aborted_) return absl::CancelledError("node reduction aborted");
-      if (absl::Now() > deadline) {
+      if (std::chrono::steady_clock::now() > deadline) {
         aborted_ = true;
         return absl::DeadlineExceededError("NCCL collective did not complete in time");
       }
@@ -109,7 +109,7 @@ class NcclReducer final : public Reducer {
   }
 
   const std::vector<int> ordinals_;
-  const absl::Duration timeout_;
+  const std::chrono::milliseconds timeout_;
   std::vector<ncclComm_t> comms_;
   std::vector<cudaStream_t> streams_;
   std::atomic<bool> aborted_{false};
@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Reducer>> CreateNcclReducer(const std::vector<int
   if (ordinals.empty()) return absl::InvalidArgumentError("a reducer needs at least one GPU");
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return count.status();
-  auto reducer = std::make_unique<NcclReducer>(ordinals, absl::Minutes(10));
+  auto reducer = std::make_unique<NcclReducer>(ordinals, std::chrono::minutes(10));
   if (absl::Status s = reducer->Init(); !s.ok()) return s;
   return reducer;
 }

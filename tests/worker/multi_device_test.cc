@@ -166,7 +166,7 @@ TEST(SliceLayoutTest, ReduceScatterAndAllGatherMatchAPlainSum) {
 }
 
 TEST(CpuReducerTest, AnAbortReleasesRanksThatWait) {
-  auto reducer = *kernels::CreateCpuReducer(2, absl::Seconds(60));
+  auto reducer = *kernels::CreateCpuReducer(2, std::chrono::seconds(60));
   std::vector<float> send(4, 1.0f), recv(2);
   absl::Status status;
   std::thread waiting([&] { status = reducer->ReduceScatter(0, send.data(), recv.data(), 2); });
