@@ -87,8 +87,7 @@ class GrpcTransport final : public ParameterTransport {
   ~GrpcTransport() override {
     CancelAll();
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::set<ExchangeCall*>* calls) { return calls->empty(); }, &calls_));
+    mu_.Await(absl::Condition(+[](int* open) { return *open == 0; }, &calls_open_));
   }
 
   int num_servers() const override { return static_cast<int>(stubs_.size()); }
@@ -102,6 +101,7 @@ class GrpcTransport final : public ParameterTransport {
     {
       absl::MutexLock lock(&mu_);
       calls_.insert(call);
+      ++calls_open_;
       if (cancelled_) call->context()->TryCancel();
     }
     call->Start(stubs_[server].get(), MethodName(method));
@@ -113,23 +113,38 @@ class GrpcTransport final : public ParameterTransport {
     for (ExchangeCall* call : calls_) call->context()->TryCancel();
   }
 
+  // A call that is ending: no longer cancelled by CancelAll, but the
+  // transport stays until Release.
   void Forget(ExchangeCall* call) {
     absl::MutexLock lock(&mu_);
     calls_.erase(call);
+  }
+  // The call is gone, its context included: the transport may go.
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    --calls_open_;
   }
 
  private:
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   absl::Mutex mu_;
-  std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);
+  std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);  // cancellable
+  int calls_open_ ABSL_GUARDED_BY(mu_) = 0;             // not yet Released
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void ExchangeCall::OnDone(const grpc::Status& status) {
   on_done_(FromGrpcStatus(status));
-  // After Forget the transport may be destroyed; nothing below touches it.
-  transport_->Forget(this);
+  // The context holds a reference to the channel. Were it the last one, the
+  // channel would be destroyed here, on one of gRPC's callback threads, and
+  // if it were the process's last callback user that thread would tear
+  // down the very queue it is polling. So the context goes first, while the
+  // transport still holds its channels; then the transport may be
+  // destroyed, on the application's thread, and drops them there.
+  GrpcTransport* transport = transport_;
+  transport->Forget(this);
   delete this;
+  transport->Release();
 }
 
 }  // namespace
