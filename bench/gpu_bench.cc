@@ -95,7 +95,7 @@ int Run() {
   for (int i = 1; i <= steps; ++i) {
     CHECK_OK(gpu_kernels->ForwardBackward(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch,
                                           1.0f / batch, g.as<float>(), &stats));
-    CHECK_OK(gpu_adam->Apply(p.as<float>(), g.as<float>(), state.as<float>(), params_n, i));
+    CHECK_OK(gpu_adam->ApplyInPlace(p.as<float>(), g.as<float>(), state.as<float>(), params_n, i));
   }
   CHECK_OK(gpu->Synchronize());
   const double gpu_step = Seconds(start) / steps;
@@ -161,7 +161,7 @@ int Run() {
     BatchStats s;
     CHECK_OK(sk->ForwardBackward(sp.as<float>(), sx.as<float>(), sy.as<int32_t>(), tb, 1.0f / tb,
                                  sg.as<float>(), &s));
-    CHECK_OK(sadam->Apply(sp.as<float>(), sg.as<float>(), ss.as<float>(), small_n, step));
+    CHECK_OK(sadam->ApplyInPlace(sp.as<float>(), sg.as<float>(), ss.as<float>(), small_n, step));
     const double loss = s.loss_sum / tb;
     if (step == 1) first_loss = loss;
     last_loss = loss;

@@ -1,12 +1,17 @@
 #include "common/chunk_codec.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain {
 namespace {
+
+std::atomic<int64_t> g_copied_payload_bytes{0};
 
 grpc::Slice HeaderSlice(const v1::ChunkHeader& header) {
   const std::string body = header.SerializeAsString();
@@ -18,7 +23,7 @@ grpc::Slice HeaderSlice(const v1::ChunkHeader& header) {
 }
 
 size_t PayloadBytes(const v1::ChunkHeader& header) {
-  return static_cast<size_t>(header.num_elements()) * sizeof(float);
+  return static_cast<size_t>(header.num_elements()) * DTypeBytes(header.dtype());
 }
 
 // Reads bytes across slice boundaries.
@@ -36,21 +41,14 @@ class SliceCursor {
       std::memcpy(out, s.begin() + offset_, take);
       out += take;
       n -= take;
-      Advance(take);
+      offset_ += take;
+      if (offset_ == s.size()) {
+        ++slice_;
+        offset_ = 0;
+      }
     }
     return true;
   }
-
-  void Advance(size_t n) {
-    offset_ += n;
-    while (slice_ < slices_.size() && offset_ >= slices_[slice_].size()) {
-      offset_ -= slices_[slice_].size();
-      ++slice_;
-    }
-  }
-
-  size_t slice() const { return slice_; }
-  size_t offset() const { return offset_; }
 
  private:
   const std::vector<grpc::Slice>& slices_;
@@ -58,24 +56,76 @@ class SliceCursor {
   size_t offset_ = 0;
 };
 
-}  // namespace
+// Values of 16-bit dtypes are decoded through this many at a time: the
+// source may sit at any address, the casts want aligned input.
+constexpr int64_t kHalfBlock = 1024;
 
-grpc::ByteBuffer EncodeFrame(const v1::ChunkHeader& header, const float* values) {
-  grpc::Slice slices[2] = {HeaderSlice(header),
-                           grpc::Slice(values, PayloadBytes(header))};
-  return grpc::ByteBuffer(slices, PayloadBytes(header) > 0 ? 2 : 1);
+// Decodes `count` values of `dtype` at `src` (any alignment) into floats:
+// stored to dst, or added to it.
+void DecodeRun(v1::DType dtype, const unsigned char* src, int64_t count, float* dst, bool add) {
+  if (dtype == v1::DTYPE_F32) {
+    if (add) {
+      kernels::AddUnalignedFloats(src, dst, count);
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+    }
+    return;
+  }
+  uint16_t halves[kHalfBlock];
+  float floats[kHalfBlock];
+  for (int64_t done = 0; done < count; done += kHalfBlock) {
+    const int64_t n = std::min(kHalfBlock, count - done);
+    std::memcpy(halves, src + 2 * done, static_cast<size_t>(n) * 2);
+    float* out = add ? floats : dst + done;
+    if (dtype == v1::DTYPE_BF16) {
+      kernels::CastFromBf16(halves, out, n);
+    } else {
+      kernels::CastFromFp16(halves, out, n);
+    }
+    if (add) {
+      for (int64_t i = 0; i < n; ++i) dst[done + i] += floats[i];
+    }
+  }
 }
 
-grpc::ByteBuffer EncodeFrameShared(const v1::ChunkHeader& header, const float* values,
+}  // namespace
+
+size_t DTypeBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+      return 4;
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_F16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+int64_t CopiedPayloadBytes() { return g_copied_payload_bytes.load(std::memory_order_relaxed); }
+
+grpc::ByteBuffer EncodeFrame(const v1::ChunkHeader& header, const void* payload) {
+  const size_t bytes = PayloadBytes(header);
+  if (bytes == 0) {
+    grpc::Slice only = HeaderSlice(header);
+    return grpc::ByteBuffer(&only, 1);
+  }
+  g_copied_payload_bytes.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  grpc::Slice slices[2] = {HeaderSlice(header), grpc::Slice(payload, bytes)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+grpc::ByteBuffer EncodeFrameShared(const v1::ChunkHeader& header, const void* payload,
                                    std::shared_ptr<const void> owner) {
-  if (PayloadBytes(header) == 0) {
+  const size_t bytes = PayloadBytes(header);
+  if (bytes == 0) {
     grpc::Slice only = HeaderSlice(header);
     return grpc::ByteBuffer(&only, 1);
   }
   auto* keep = new std::shared_ptr<const void>(std::move(owner));
   grpc::Slice slices[2] = {
       HeaderSlice(header),
-      grpc::Slice(const_cast<float*>(values), PayloadBytes(header),
+      grpc::Slice(const_cast<void*>(payload), bytes,
                   [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }, keep)};
   return grpc::ByteBuffer(slices, 2);
 }
@@ -98,25 +148,83 @@ absl::StatusOr<Frame> Frame::Parse(const grpc::ByteBuffer& buffer) {
   if (!frame.header_.ParseFromString(header_bytes)) {
     return absl::InvalidArgumentError("frame: unparsable header");
   }
+  if (frame.header_.num_elements() > 0 && DTypeBytes(frame.header_.dtype()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame: unknown dtype ", static_cast<int>(frame.header_.dtype())));
+  }
   frame.payload_bytes_ = total - 4 - header_len;
   if (frame.payload_bytes_ != PayloadBytes(frame.header_)) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame: payload of ", frame.payload_bytes_, " bytes, header says ",
-                     frame.header_.num_elements(), " values"));
+                     frame.header_.num_elements(), " values of ",
+                     DTypeBytes(frame.header_.dtype()), " bytes"));
   }
-  frame.payload_slice_ = cursor.slice();
-  frame.payload_offset_ = cursor.offset();
+  int64_t start = -static_cast<int64_t>(4 + header_len);
+  for (const grpc::Slice& s : frame.slices_) {
+    frame.slice_start_.push_back(start);
+    start += static_cast<int64_t>(s.size());
+  }
   return frame;
 }
 
+// Calls sink(bytes, n, out) for runs of n whole values lying in one slice,
+// and for each value split between slices (gathered into 4 local bytes),
+// covering values [first, first + count) in order; out is the index of the
+// run's first value relative to `first`.
+template <typename Sink>
+void Frame::ForEachRun(int64_t first, int64_t count, Sink&& sink) const {
+  const int64_t value_bytes = static_cast<int64_t>(DTypeBytes(header_.dtype()));
+  int64_t at = first * value_bytes;  // payload byte
+  // The last slice starting at or before `at`.
+  size_t s = static_cast<size_t>(
+      std::upper_bound(slice_start_.begin(), slice_start_.end(), at) - slice_start_.begin() - 1);
+  int64_t done = 0;
+  while (done < count) {
+    while (slice_start_[s] + static_cast<int64_t>(slices_[s].size()) <= at) ++s;  // empty slices
+    const unsigned char* data = slices_[s].begin() + (at - slice_start_[s]);
+    const int64_t left = slice_start_[s] + static_cast<int64_t>(slices_[s].size()) - at;
+    const int64_t whole = std::min(left / value_bytes, count - done);
+    if (whole > 0) {
+      sink(data, whole, done);
+      done += whole;
+      at += whole * value_bytes;
+      continue;
+    }
+    // A value split between this slice and the next ones.
+    unsigned char value[4];
+    for (int64_t b = 0; b < value_bytes; ++b, ++at) {
+      while (slice_start_[s] + static_cast<int64_t>(slices_[s].size()) <= at) ++s;
+      value[b] = slices_[s].begin()[at - slice_start_[s]];
+    }
+    sink(value, 1, done);
+    ++done;
+  }
+}
+
+void Frame::ReadValues(int64_t first, int64_t count, float* dst) const {
+  const v1::DType dtype = header_.dtype();
+  ForEachRun(first, count, [&](const unsigned char* bytes, int64_t n, int64_t out) {
+    DecodeRun(dtype, bytes, n, dst + out, /*add=*/false);
+  });
+}
+
+void Frame::AddValues(int64_t first, int64_t count, float* dst) const {
+  const v1::DType dtype = header_.dtype();
+  ForEachRun(first, count, [&](const unsigned char* bytes, int64_t n, int64_t out) {
+    DecodeRun(dtype, bytes, n, dst + out, /*add=*/true);
+  });
+}
+
 void Frame::CopyPayloadTo(void* dst) const {
+  g_copied_payload_bytes.fetch_add(static_cast<int64_t>(payload_bytes_),
+                                   std::memory_order_relaxed);
   char* out = static_cast<char*>(dst);
-  size_t offset = payload_offset_;
-  for (size_t i = payload_slice_; i < slices_.size(); ++i) {
-    const grpc::Slice& s = slices_[i];
-    std::memcpy(out, s.begin() + offset, s.size() - offset);
-    out += s.size() - offset;
-    offset = 0;
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const int64_t begin = std::max<int64_t>(0, -slice_start_[i]);
+    const int64_t size = static_cast<int64_t>(slices_[i].size());
+    if (begin >= size) continue;
+    std::memcpy(out, slices_[i].begin() + begin, static_cast<size_t>(size - begin));
+    out += size - begin;
   }
 }
 

@@ -1,9 +1,17 @@
 // Chunk frames on the wire: [fixed32 LE n][n bytes ChunkHeader][payload].
 // See proto/pstrain/v1/parameters.proto.
+//
+// The data path does not copy payloads: a sent payload is a slice pointing
+// at the tensor's own memory (EncodeFrameShared), and a received one is
+// read straight from the slices gRPC received it in (Frame::ReadValues,
+// Frame::AddValues), wherever those slices split it. The copies that remain
+// possible (EncodeFrame, Frame::CopyPayloadTo) are counted:
+// CopiedPayloadBytes() stays 0 on the hot path, which tests check.
 #ifndef PSTRAIN_COMMON_CHUNK_CODEC_H_
 #define PSTRAIN_COMMON_CHUNK_CODEC_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -19,36 +27,56 @@ inline constexpr char kPushMethod[] = "/pstrain.v1.Parameters/Push";
 inline constexpr char kPullMethod[] = "/pstrain.v1.Parameters/Pull";
 inline constexpr char kPushPullMethod[] = "/pstrain.v1.Parameters/PushPull";
 
-// Builds a frame whose payload is header.num_elements() floats copied from
-// `values` (nullptr when num_elements is 0).
-grpc::ByteBuffer EncodeFrame(const v1::ChunkHeader& header, const float* values);
+// Bytes per value of a payload dtype; 0 for an unknown one.
+size_t DTypeBytes(v1::DType dtype);
 
-// Like EncodeFrame, but the payload slice points at `values` without a copy
-// and holds a reference to `owner` (whose memory holds the values) until
-// gRPC drops the slice. The caller does not change the values until the
-// call that sends the frame has finished.
-grpc::ByteBuffer EncodeFrameShared(const v1::ChunkHeader& header, const float* values,
+// Payload bytes copied by EncodeFrame and Frame::CopyPayloadTo in this
+// process so far.
+int64_t CopiedPayloadBytes();
+
+// Builds a frame whose payload is header.num_elements() values of
+// header.dtype() copied from `payload` (nullptr when there are none).
+// Counted in CopiedPayloadBytes.
+grpc::ByteBuffer EncodeFrame(const v1::ChunkHeader& header, const void* payload);
+
+// Like EncodeFrame, but the payload slice points at `payload` without a copy
+// and holds a reference to `owner` (whose memory holds the payload) until
+// gRPC drops the slice. The payload must not change while any frame built
+// from it is alive.
+grpc::ByteBuffer EncodeFrameShared(const v1::ChunkHeader& header, const void* payload,
                                    std::shared_ptr<const void> owner);
 
 // A received frame: the header, parsed, and the payload left in the
 // received slices (a value may be split between two slices at any byte).
+// Copies share the slices.
 class Frame {
  public:
   // INVALID_ARGUMENT on a frame that is truncated, has an unparsable
-  // header, or a payload whose length disagrees with the header.
+  // header, an unknown dtype, or a payload whose length disagrees with the
+  // header.
   static absl::StatusOr<Frame> Parse(const grpc::ByteBuffer& buffer);
 
   const v1::ChunkHeader& header() const { return header_; }
   size_t payload_bytes() const { return payload_bytes_; }
 
-  // Copies the payload (payload_bytes() bytes) to dst.
+  // Values [first, first + count) of the payload, as floats: written to
+  // dst[0, count), or added to it. first + count <= num_elements.
+  void ReadValues(int64_t first, int64_t count, float* dst) const;
+  void AddValues(int64_t first, int64_t count, float* dst) const;
+
+  // Copies the raw payload (payload_bytes() bytes) to dst. Counted in
+  // CopiedPayloadBytes: tools and tests only.
   void CopyPayloadTo(void* dst) const;
 
  private:
+  template <typename Sink>
+  void ForEachRun(int64_t first, int64_t count, Sink&& sink) const;
+
   v1::ChunkHeader header_;
   std::vector<grpc::Slice> slices_;
-  size_t payload_slice_ = 0;   // slice where the payload starts
-  size_t payload_offset_ = 0;  // byte in that slice
+  // Where each slice starts, counted in payload bytes (negative for bytes
+  // before the payload): ascending, one entry per slice.
+  std::vector<int64_t> slice_start_;
   size_t payload_bytes_ = 0;
 };
 

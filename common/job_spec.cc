@@ -292,6 +292,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   // Training loop and cluster.
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_SYNC);
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::PRECISION_FP32);
+  if (spec.wire_dtype() == v1::DTYPE_UNSPECIFIED) spec.set_wire_dtype(v1::DTYPE_F32);
+  if (spec.wire_dtype() != v1::DTYPE_F32 && spec.wire_dtype() != v1::DTYPE_BF16 &&
+      spec.wire_dtype() != v1::DTYPE_F16) {
+    return FieldError("wire_dtype", "must be f32, bf16 or f16");
+  }
   PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
   PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));
   PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));

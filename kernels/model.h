@@ -94,22 +94,39 @@ struct OptimizerConfig {
   float weight_decay = 0;
 };
 
+// The arrays of one optimizer update of n parameters.
+struct OptimizerSpan {
+  const float* params = nullptr;  // the current values
+  float* new_params = nullptr;    // where the updated values go; may be `params`
+  const float* grad = nullptr;
+  // StateFloatsPerParam() arrays of n floats, state_stride floats apart (a
+  // span inside a larger array passes the array's length).
+  float* state = nullptr;
+  int64_t state_stride = 0;
+  int64_t n = 0;
+};
+
 // An optimizer update rule applied to any range of parameters. Element-wise,
-// so applying it chunk by chunk equals applying it to the whole model.
-// Thread-safe (const); callers own params and state.
+// so applying it chunk by chunk, or tile by tile, equals applying it to the
+// whole model. Thread-safe (const); callers own params and state.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
 
   // Floats of optimizer state per parameter (momentum, Adam's m and v, ...),
-  // laid out as StateFloatsPerParam() arrays of n floats, zero-initialised.
+  // zero-initialised.
   virtual int StateFloatsPerParam() const = 0;
 
-  // One update of n parameters with gradient grad. update_count is the
-  // 1-based number of this update (Adam's bias correction). Pointers are in
-  // the implementation's device memory; an error is the device's.
-  virtual absl::Status Apply(float* params, const float* grad, float* state, int64_t n,
-                             int64_t update_count) const = 0;
+  // One update. update_count is the 1-based number of this update (Adam's
+  // bias correction). Pointers are in the implementation's device memory;
+  // an error is the device's.
+  virtual absl::Status Apply(const OptimizerSpan& span, int64_t update_count) const = 0;
+
+  // The whole of n parameters in place, state arrays n floats apart.
+  absl::Status ApplyInPlace(float* params, const float* grad, float* state, int64_t n,
+                            int64_t update_count) const {
+    return Apply(OptimizerSpan{params, params, grad, state, n, n}, update_count);
+  }
 };
 
 }  // namespace pstrain::kernels

@@ -26,18 +26,17 @@ class StreamState final : public ChunkWaiter {
  public:
   explicit StreamState(ChunkStream* reactor) : reactor_(reactor) {}
 
-  void OnValues(const v1::ChunkHeader& request, int64_t version, const float* values,
-                int64_t num_values) override {
+  void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) override {
     v1::ChunkHeader reply;
     reply.set_kind(v1::FRAME_KIND_VALUES);
     reply.set_job_id(request.job_id());
     reply.set_worker(request.worker());
     reply.set_step(request.step());
     reply.set_chunk(request.chunk());
-    reply.set_version(version);
-    reply.set_dtype(v1::DTYPE_F32);
-    reply.set_num_elements(static_cast<uint32_t>(num_values));
-    Reply(EncodeFrame(reply, values));
+    reply.set_version(values.version);
+    reply.set_dtype(values.dtype);
+    reply.set_num_elements(static_cast<uint32_t>(values.num_values));
+    Reply(EncodeFrameShared(reply, values.data, values.owner));
   }
   void OnAbort(const absl::Status& status) override { Fail(status); }
   bool Abandoned() const override {
@@ -152,17 +151,18 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
     state_->ExpectReply();
     absl::Status status;
     switch (method_) {
-      case Method::kPush:
-        status = store_->Push(*frame, nullptr);
+      case Method::kPush: {
+        v1::ChunkHeader ack = frame->header();
+        status = store_->Push(*std::move(frame), nullptr);
         if (status.ok()) {
-          v1::ChunkHeader ack = frame->header();
           ack.set_kind(v1::FRAME_KIND_ACK);
           ack.set_num_elements(0);
           state_->Reply(EncodeFrame(ack, nullptr));
         }
         break;
+      }
       case Method::kPushPull:
-        status = store_->Push(*frame, state_);
+        status = store_->Push(*std::move(frame), state_);
         break;
       case Method::kPull:
         status = store_->Pull(frame->header(), state_);

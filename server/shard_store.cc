@@ -1,12 +1,15 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "server/apply.h"
 
 namespace pstrain::server {
 
@@ -26,13 +29,20 @@ struct ShardStore::Chunk {
   const ServerMetrics::Job* metrics = nullptr;  // the job's series, if measured
   absl::Time step_started ABSL_GUARDED_BY(mu);  // sync: first push of the open step
   int64_t version ABSL_GUARDED_BY(mu) = 0;  // updates applied
-  std::vector<float> values ABSL_GUARDED_BY(mu);
+  // The values of `version`. Replies reference the buffer instead of
+  // copying it, so it is never written while one holds it: the update goes
+  // to `spare` then, and the two swap.
+  std::shared_ptr<std::vector<float>> values ABSL_GUARDED_BY(mu);
+  std::shared_ptr<std::vector<float>> spare ABSL_GUARDED_BY(mu);
+  // The values cast to the job's 16-bit wire dtype, and its spare; null
+  // when the wire carries f32.
+  std::shared_ptr<std::vector<uint16_t>> wire_values ABSL_GUARDED_BY(mu);
+  std::shared_ptr<std::vector<uint16_t>> wire_spare ABSL_GUARDED_BY(mu);
   std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
-  // Sync: the pushes of step `version`, by worker.
-  std::vector<std::vector<float>> pushed ABSL_GUARDED_BY(mu);
-  std::vector<bool> received ABSL_GUARDED_BY(mu);
+  // Sync: the pushes of step `version` as they arrived, by worker (their
+  // received slices, not copies).
+  std::vector<std::optional<Frame>> pushed ABSL_GUARDED_BY(mu);
   int received_count ABSL_GUARDED_BY(mu) = 0;
-  std::vector<float> sum ABSL_GUARDED_BY(mu);
   // Async: the last step applied per worker (-1: none), for retries.
   std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
   std::vector<Waiting> waiting ABSL_GUARDED_BY(mu);
@@ -46,6 +56,7 @@ struct ShardStore::Job {
   int64_t bytes = 0;  // BytesNeeded
   ServerMetrics::Job metrics{};  // bound if the store is measured
   v1::Mode mode = v1::MODE_SYNC;
+  v1::DType wire_dtype = v1::DTYPE_F32;
   uint32_t num_workers = 0;
   std::unique_ptr<kernels::Optimizer> optimizer;
   // By chunk id; null for chunks owned by other servers.
@@ -54,14 +65,30 @@ struct ShardStore::Job {
 
 namespace {
 
+// The published values of the chunk, as replies carry them.
+ChunkValues Published(const ShardStore::Chunk& chunk, v1::DType wire_dtype)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (chunk.wire_values == nullptr) {
+    return ChunkValues{chunk.version, v1::DTYPE_F32, chunk.values->data(), chunk.size,
+                       chunk.values};
+  }
+  return ChunkValues{chunk.version, wire_dtype, chunk.wire_values->data(), chunk.size,
+                     chunk.wire_values};
+}
+
 // Answers every wait the chunk's version satisfies; drops abandoned ones.
-void AnswerWaits(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+void AnswerWaits(ShardStore::Chunk& chunk, v1::DType wire_dtype)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   std::vector<Waiting> still;
+  const ChunkValues values = Published(chunk, wire_dtype);
   for (Waiting& w : chunk.waiting) {
     if (w.waiter->Abandoned()) continue;
     if (chunk.version >= w.min_version) {
-      w.waiter->OnValues(w.request, chunk.version, chunk.values.data(), chunk.size);
-      if (chunk.metrics != nullptr) chunk.metrics->sent_bytes->Increment(chunk.size * 4.0);
+      w.waiter->OnValues(w.request, values);
+      if (chunk.metrics != nullptr) {
+        chunk.metrics->sent_bytes->Increment(static_cast<double>(chunk.size) *
+                                             DTypeBytes(wire_dtype));
+      }
     } else {
       still.push_back(std::move(w));
     }
@@ -69,13 +96,62 @@ void AnswerWaits(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.m
   chunk.waiting = std::move(still);
 }
 
+// A buffer for the next version: `spare` if no reply holds it any more,
+// else a new one (replies of two versions still in flight).
+template <typename T>
+std::shared_ptr<std::vector<T>> TakeSpare(std::shared_ptr<std::vector<T>>& spare, int64_t size) {
+  if (spare != nullptr && spare.use_count() == 1) return std::move(spare);
+  return std::make_shared<std::vector<T>>(size);
+}
+
+// Writes the chunk's values in the 16-bit wire dtype into wire_values.
+void CastForTheWire(ShardStore::Chunk& chunk, v1::DType wire_dtype)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (wire_dtype == v1::DTYPE_BF16) {
+    kernels::CastToBf16(chunk.values->data(), chunk.wire_values->data(), chunk.size);
+  } else {
+    kernels::CastToFp16(chunk.values->data(), chunk.wire_values->data(), chunk.size);
+  }
+}
+
+// Applies the sum of `grads` as update version+1 and publishes it: in place
+// when no reply holds the current values, else into the spare buffer.
+absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+                    absl::Span<const Frame* const> grads, ApplyPool* pool)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  std::shared_ptr<std::vector<float>> next =
+      chunk.values.use_count() == 1 ? chunk.values : TakeSpare(chunk.spare, chunk.size);
+  kernels::OptimizerSpan span;
+  span.params = chunk.values->data();
+  span.new_params = next->data();
+  span.state = chunk.optimizer_state.data();
+  span.state_stride = chunk.size;
+  span.n = chunk.size;
+  PSTRAIN_RETURN_IF_ERROR(SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool));
+  if (next != chunk.values) {
+    chunk.spare = std::move(chunk.values);
+    chunk.values = std::move(next);
+  }
+  if (chunk.wire_values != nullptr) {
+    if (chunk.wire_values.use_count() != 1) {
+      std::shared_ptr<std::vector<uint16_t>> wire = TakeSpare(chunk.wire_spare, chunk.size);
+      chunk.wire_spare = std::move(chunk.wire_values);
+      chunk.wire_values = std::move(wire);
+    }
+    CastForTheWire(chunk, job.wire_dtype);
+  }
+  ++chunk.version;
+  return absl::OkStatus();
+}
+
 // Adds a wait (if any) and answers every wait the version now satisfies.
-void WaitAndAnswer(ShardStore::Chunk& chunk, const v1::ChunkHeader& request, int64_t min_version,
-                   std::shared_ptr<ChunkWaiter> waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+void WaitAndAnswer(ShardStore::Chunk& chunk, v1::DType wire_dtype, const v1::ChunkHeader& request,
+                   int64_t min_version, std::shared_ptr<ChunkWaiter> waiter)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   if (waiter != nullptr) {
     chunk.waiting.push_back(Waiting{request, min_version, std::move(waiter)});
   }
-  AnswerWaits(chunk);
+  AnswerWaits(chunk, wire_dtype);
 }
 
 // Ends the chunk's waits with `status` and refuses later requests.
@@ -88,7 +164,9 @@ void Close(ShardStore::Chunk& chunk, const absl::Status& status) {
 
 }  // namespace
 
-ShardStore::ShardStore(Options options) : options_(options) {}
+ShardStore::ShardStore(Options options)
+    : options_(options),
+      apply_pool_(std::make_unique<ApplyPool>(std::max(1, options.apply_threads))) {}
 
 ShardStore::~ShardStore() { Shutdown(); }
 
@@ -97,15 +175,16 @@ int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan
   absl::StatusOr<std::unique_ptr<kernels::Optimizer>> optimizer =
       kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer()));
   const int64_t state = optimizer.ok() ? (*optimizer)->StateFloatsPerParam() : 2;
-  // Values, optimizer state and the sum (or async scratch) buffer; sync
-  // keeps each worker's gradient of the open step too.
-  const int64_t copies =
+  // Two value buffers and the optimizer state; sync keeps each worker's
+  // gradient of the open step too. Two casts for a 16-bit wire.
+  const int64_t floats_per_param =
       2 + state + (spec.mode() == v1::MODE_SYNC ? spec.num_workers() : 0);
+  const int64_t wire_bytes_per_param = DTypeBytes(spec.wire_dtype()) == 2 ? 2 * 2 : 0;
   int64_t floats = 0;
   for (const v1::ChunkInfo& c : plan.chunks()) {
     if (c.server() == server) floats += c.size();
   }
-  return floats * copies * static_cast<int64_t>(sizeof(float));
+  return floats * (floats_per_param * static_cast<int64_t>(sizeof(float)) + wire_bytes_per_param);
 }
 
 void ShardStore::UpdateGauges() {
@@ -150,6 +229,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->id = a.job_id();
   job->bytes = bytes;
   job->mode = spec.mode();
+  job->wire_dtype = spec.wire_dtype();
   job->num_workers = spec.num_workers();
   job->chunks.resize(plan.chunks_size());
   if (options_.metrics != nullptr) job->metrics = options_.metrics->BindJob(job->id);
@@ -159,18 +239,21 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     absl::MutexLock lock(&chunk->mu);
     chunk->size = info.size();
     if (options_.metrics != nullptr) chunk->metrics = &job->metrics;
-    chunk->values.resize(info.size());
+    chunk->values = std::make_shared<std::vector<float>>(info.size());
+    chunk->spare = std::make_shared<std::vector<float>>(info.size());
     kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
-                        chunk->values.data());
+                        chunk->values->data());
+    if (DTypeBytes(job->wire_dtype) == 2) {
+      chunk->wire_values = std::make_shared<std::vector<uint16_t>>(info.size());
+      chunk->wire_spare = std::make_shared<std::vector<uint16_t>>(info.size());
+      CastForTheWire(*chunk, job->wire_dtype);
+    }
     chunk->optimizer_state.assign(
         static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
     if (job->mode == v1::MODE_SYNC) {
-      chunk->pushed.assign(job->num_workers, std::vector<float>(info.size()));
-      chunk->received.assign(job->num_workers, false);
-      chunk->sum.resize(info.size());
+      chunk->pushed.resize(job->num_workers);
     } else {
       chunk->last_step.assign(job->num_workers, -1);
-      chunk->sum.resize(info.size());
     }
     job->chunks[info.id()] = std::move(chunk);
   }
@@ -272,12 +355,13 @@ absl::StatusOr<ShardStore::Chunk*> ShardStore::FindChunk(const Job& job,
   return chunk;
 }
 
-absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter) {
+absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) {
   const v1::ChunkHeader& h = frame.header();
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
-  if (h.dtype() != v1::DTYPE_F32) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": unsupported dtype"));
+  if (DTypeBytes(h.dtype()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": unsupported dtype ",
+                                                   static_cast<int>(h.dtype())));
   }
   if (static_cast<int64_t>(h.num_elements()) != chunk->size) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
@@ -303,25 +387,22 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
                                                      h.step(), " is ahead of version ",
                                                      chunk->version));
     }
-    if (h.step() == chunk->version && !chunk->received[h.worker()]) {
-      frame.CopyPayloadTo(chunk->pushed[h.worker()].data());
-      chunk->received[h.worker()] = true;
+    const v1::ChunkHeader request = h;
+    if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
+      chunk->pushed[request.worker()] = std::move(frame);
       if (chunk->received_count == 0) chunk->step_started = absl::Now();
       if (++chunk->received_count == static_cast<int>(job->num_workers)) {
         const absl::Time apply_start = absl::Now();
-        // Sum in worker order so that every run adds the same floats the same way.
-        std::vector<float>& sum = chunk->sum;
-        std::fill(sum.begin(), sum.end(), 0.0f);
+        // Summed in worker order, so that every run adds the same floats the
+        // same way.
+        absl::InlinedVector<const Frame*, 16> grads;
         for (uint32_t w = 0; w < job->num_workers; ++w) {
           if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
-          const float* g = chunk->pushed[w].data();
-          for (int64_t i = 0; i < chunk->size; ++i) sum[i] += g[i];
+          grads.push_back(&*chunk->pushed[w]);
         }
-        PSTRAIN_RETURN_IF_ERROR(job->optimizer->Apply(chunk->values.data(), sum.data(),
-                                                      chunk->optimizer_state.data(), chunk->size,
-                                                      chunk->version + 1));
-        ++chunk->version;
-        std::fill(chunk->received.begin(), chunk->received.end(), false);
+        PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, grads, apply_pool_.get()));
+        // The received gradients go back to gRPC.
+        for (std::optional<Frame>& f : chunk->pushed) f.reset();
         chunk->received_count = 0;
         if (metrics != nullptr) {
           const absl::Time now = absl::Now();
@@ -332,7 +413,7 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
       }
     }
     // Older steps are retries of pushes already applied: answered, not summed.
-    WaitAndAnswer(*chunk, h, h.step() + 1, std::move(waiter));
+    WaitAndAnswer(*chunk, job->wire_dtype, request, request.step() + 1, std::move(waiter));
     return absl::OkStatus();
   }
 
@@ -347,18 +428,15 @@ absl::Status ShardStore::Push(const Frame& frame, std::shared_ptr<ChunkWaiter> w
     if (metrics != nullptr) {
       metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
     }
-    frame.CopyPayloadTo(chunk->sum.data());
-    PSTRAIN_RETURN_IF_ERROR(job->optimizer->Apply(chunk->values.data(), chunk->sum.data(),
-                                                  chunk->optimizer_state.data(), chunk->size,
-                                                  chunk->version + 1));
-    ++chunk->version;
+    const Frame* grad = &frame;
+    PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
     chunk->last_step[h.worker()] = h.step();
     if (metrics != nullptr) {
       metrics->apply->Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
       metrics->updates->Increment();
     }
   }
-  WaitAndAnswer(*chunk, h, /*min_version=*/0, std::move(waiter));
+  WaitAndAnswer(*chunk, job->wire_dtype, h, /*min_version=*/0, std::move(waiter));
   return absl::OkStatus();
 }
 
@@ -368,7 +446,7 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
   if (h.version() < 0) return absl::InvalidArgumentError("negative version");
   absl::MutexLock lock(&chunk->mu);
   if (!chunk->closed.ok()) return chunk->closed;
-  WaitAndAnswer(*chunk, h, h.version(), std::move(waiter));
+  WaitAndAnswer(*chunk, job->wire_dtype, h, h.version(), std::move(waiter));
   return absl::OkStatus();
 }
 
@@ -379,7 +457,7 @@ absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::strin
   h.set_chunk(chunk_id);
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   absl::MutexLock lock(&chunk->mu);
-  return ChunkSnapshot{chunk->version, chunk->values};
+  return ChunkSnapshot{chunk->version, *chunk->values};
 }
 
 }  // namespace pstrain::server

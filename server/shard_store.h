@@ -21,20 +21,31 @@
 
 namespace pstrain::server {
 
+// One version of a chunk's values as replies carry them: in the job's wire
+// dtype, immutable, kept alive by `owner` for as long as any reply holds it.
+struct ChunkValues {
+  int64_t version = 0;
+  v1::DType dtype = v1::DTYPE_F32;
+  const void* data = nullptr;
+  int64_t num_values = 0;
+  std::shared_ptr<const void> owner;
+};
+
 // Receives the values a push or pull asked for. Implemented by each stream.
 class ChunkWaiter {
  public:
   virtual ~ChunkWaiter() = default;
-  // The values of chunk `request.chunk()` at `version`. Called with the
-  // chunk's lock held, from whichever thread completed the step: copy the
-  // values, do not block, do not call back into the store.
-  virtual void OnValues(const v1::ChunkHeader& request, int64_t version, const float* values,
-                        int64_t num_values) = 0;
+  // The values of chunk `request.chunk()`. Called with the chunk's lock
+  // held, from whichever thread completed the step: reference the values
+  // (they do not change), do not block, do not call back into the store.
+  virtual void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) = 0;
   // The wait can never be answered (job removed, server shutting down).
   virtual void OnAbort(const absl::Status& status) = 0;
   // True once the stream is gone; lets the store drop its waits early.
   virtual bool Abandoned() const = 0;
 };
+
+class ApplyPool;
 
 class ShardStore {
  public:
@@ -48,14 +59,20 @@ class ShardStore {
     // Where to count pushes, bytes, barrier waits...; null: nowhere. Must
     // outlive the store.
     ServerMetrics* metrics = nullptr;
+    // Threads that share the sum and update of one large chunk (at least
+    // ApplyPool::kMinFloatsPerThread floats each); 1: the pushing thread
+    // alone.
+    int apply_threads = 1;
   };
 
   explicit ShardStore(Options options);
   ~ShardStore();
 
   // Bytes a server needs to hold the chunks of `plan` it owns as server
-  // `server` (values, optimizer state, and in sync mode one gradient buffer
-  // per worker). The coordinator schedules with the same figure.
+  // `server` (two buffers of values — the published version and the next —,
+  // their wire-dtype casts, optimizer state, and in sync mode the received
+  // gradient of every worker). The coordinator schedules with the same
+  // figure.
   static int64_t BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
                              uint32_t server);
 
@@ -76,16 +93,18 @@ class ShardStore {
   // Pushes and pulls waiting for a version, over every job.
   int64_t OpenWaits() const;
 
-  // A PUSH frame. Sync: the gradient joins step `step` of the chunk (a
-  // repeated push of the same worker and step is not summed again); when all
-  // workers have pushed, their gradients are summed in worker order and the
-  // optimizer runs once. Async: the gradient is applied at once (a repeated
-  // push is applied once). If waiter is set it gets the values of version
-  // step+1 (sync) or the values right after this push (async).
+  // A PUSH frame (f32, bf16 or f16 values). Sync: the frame joins step
+  // `step` of the chunk, held as received (a repeated push of the same
+  // worker and step is not summed again); when all workers have pushed,
+  // their gradients are summed in worker order straight from the received
+  // slices and the optimizer runs once. Async: the gradient is applied at
+  // once (a repeated push is applied once). If waiter is set it gets the
+  // values of version step+1 (sync) or the values right after this push
+  // (async), in the job's wire dtype.
   // Errors, with nothing changed: NOT_FOUND for a job not held;
   // INVALID_ARGUMENT for a chunk not held, a wrong size or dtype, a worker
   // out of range, or a step (version) ahead of the chunk.
-  absl::Status Push(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter);
+  absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter);
 
   // A PULL: the waiter gets the chunk's values once its version reaches
   // header.version(). Errors as for Push.
@@ -111,6 +130,7 @@ class ShardStore {
   absl::StatusOr<Chunk*> FindChunk(const Job& job, const v1::ChunkHeader& header) const;
 
   const Options options_;
+  std::unique_ptr<ApplyPool> apply_pool_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -33,7 +33,7 @@ absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, i
     kernels::BatchStats stats;
     PSTRAIN_RETURN_IF_ERROR(model->ForwardBackward(params.data(), x.data(), y.data(), batch,
                                                    1.0f / batch, grad.data(), &stats));
-    PSTRAIN_RETURN_IF_ERROR(optimizer->Apply(params.data(), grad.data(), state.data(), n, step + 1));
+    PSTRAIN_RETURN_IF_ERROR(optimizer->ApplyInPlace(params.data(), grad.data(), state.data(), n, step + 1));
   }
   return params;
 }

@@ -187,7 +187,7 @@ void ParameterClient::Send(Pending& pending) {
       attempt->bytes += frame->payload_bytes();
     }
     // Each chunk is claimed once above, so copies never overlap.
-    frame->CopyPayloadTo(params + plan.chunks(h.chunk()).offset());
+    frame->ReadValues(0, h.num_elements(), params + plan.chunks(h.chunk()).offset());
     chunk_versions_[h.chunk()] = h.version();
   };
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;

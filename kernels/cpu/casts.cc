@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/simd.h"
 
 namespace pstrain::kernels {
 namespace {
@@ -71,11 +72,11 @@ float FromFp16(uint16_t h) {
 
 }  // namespace
 
-void CastToBf16(const float* in, uint16_t* out, int64_t n) {
+PSTRAIN_SIMD_CLONES void CastToBf16(const float* in, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = ToBf16(in[i]);
 }
 
-void CastFromBf16(const uint16_t* in, float* out, int64_t n) {
+PSTRAIN_SIMD_CLONES void CastFromBf16(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = FromBits(static_cast<uint32_t>(in[i]) << 16);
 }
 

@@ -25,6 +25,10 @@ void CastFromBf16(const uint16_t* in, float* out, int64_t n);
 void CastToFp16(const float* in, uint16_t* out, int64_t n);
 void CastFromFp16(const uint16_t* in, float* out, int64_t n);
 
+// dst[i] += src[i] for i < n; src holds n floats at any address (a received
+// payload, straight from gRPC's slices).
+void AddUnalignedFloats(const void* src, float* dst, int64_t n);
+
 // Number of threads OpenBLAS uses in this process (pstrain's default is 1:
 // several processes usually share the machine's cores).
 void SetBlasThreads(int threads);

@@ -105,35 +105,36 @@ __global__ void FromFp16Kernel(const uint16_t* in, float* out, int64_t n) {
   }
 }
 
-// The updates of kernels/cpu/optimizers.cc, element for element.
-__global__ void SgdKernel(float* p, const float* g, float* v, int64_t n, float lr, float wd,
-                          float mu) {
+// The updates of kernels/cpu/optimizers.cc, element for element; `out` may
+// be `p`.
+__global__ void SgdKernel(const float* p, float* out, const float* g, float* v, int64_t n,
+                          float lr, float wd, float mu) {
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     if (mu > 0) {
       v[i] = mu * v[i] + (g[i] + wd * p[i]);
-      p[i] -= lr * v[i];
+      out[i] = p[i] - lr * v[i];
     } else {
-      p[i] -= lr * (g[i] + wd * p[i]);
+      out[i] = p[i] - lr * (g[i] + wd * p[i]);
     }
   }
 }
 
-__global__ void AdamKernel(float* p, const float* g, float* m, float* v, int64_t n, float b1,
-                           float b2, float wd, float step, float eps_hat) {
+__global__ void AdamKernel(const float* p, float* out, const float* g, float* m, float* v,
+                           int64_t n, float b1, float b2, float wd, float step, float eps_hat) {
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const float gi = g[i] + wd * p[i];
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
     v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= step * m[i] / (sqrtf(v[i]) + eps_hat);
+    out[i] = p[i] - step * m[i] / (sqrtf(v[i]) + eps_hat);
   }
 }
 
-__global__ void AdagradKernel(float* p, const float* g, float* s, int64_t n, float lr, float wd,
-                              float eps) {
+__global__ void AdagradKernel(const float* p, float* out, const float* g, float* s, int64_t n,
+                              float lr, float wd, float eps) {
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const float gi = g[i] + wd * p[i];
     s[i] += gi * gi;
-    p[i] -= lr * gi / (sqrtf(s[i]) + eps);
+    out[i] = p[i] - lr * gi / (sqrtf(s[i]) + eps);
   }
 }
 
@@ -144,26 +145,27 @@ class CudaOptimizer final : public Optimizer {
 
   int StateFloatsPerParam() const override { return state_floats_; }
 
-  absl::Status Apply(float* p, const float* g, float* state, int64_t n,
-                     int64_t update_count) const override {
+  absl::Status Apply(const OptimizerSpan& s, int64_t update_count) const override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    const int64_t n = s.n;
     switch (c_.type) {
       case OptimizerConfig::Type::kSgd:
-        SgdKernel<<<Blocks(n), kThreads>>>(p, g, state, n, c_.learning_rate, c_.weight_decay,
-                                           c_.momentum);
+        SgdKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state, n,
+                                           c_.learning_rate, c_.weight_decay, c_.momentum);
         break;
       case OptimizerConfig::Type::kAdam: {
         const double t = static_cast<double>(update_count);
         const float step = static_cast<float>(c_.learning_rate * std::sqrt(1.0 - std::pow(c_.beta2, t)) /
                                               (1.0 - std::pow(c_.beta1, t)));
         const float eps_hat = static_cast<float>(c_.epsilon * std::sqrt(1.0 - std::pow(c_.beta2, t)));
-        AdamKernel<<<Blocks(n), kThreads>>>(p, g, state, state + n, n, c_.beta1, c_.beta2,
+        AdamKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state,
+                                            s.state + s.state_stride, n, c_.beta1, c_.beta2,
                                             c_.weight_decay, step, eps_hat);
         break;
       }
       case OptimizerConfig::Type::kAdagrad:
-        AdagradKernel<<<Blocks(n), kThreads>>>(p, g, state, n, c_.learning_rate,
-                                               c_.weight_decay, c_.epsilon);
+        AdagradKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state, n,
+                                               c_.learning_rate, c_.weight_decay, c_.epsilon);
         break;
     }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());

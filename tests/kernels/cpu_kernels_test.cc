@@ -137,7 +137,7 @@ TEST(OptimizerTest, AdamMatchesTheTextbook) {
   std::vector<double> rp(p.begin(), p.end()), m(3, 0), v(3, 0);
   for (int t = 1; t <= 20; ++t) {
     std::vector<float> g = {0.1f * t, -0.2f, 0.05f * (t % 3)};
-    ASSERT_TRUE(adam->Apply(p.data(), g.data(), state.data(), 3, t).ok());
+    ASSERT_TRUE(adam->ApplyInPlace(p.data(), g.data(), state.data(), 3, t).ok());
     for (int i = 0; i < 3; ++i) {
       m[i] = 0.9 * m[i] + 0.1 * g[i];
       v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
@@ -154,8 +154,8 @@ TEST(OptimizerTest, SgdMomentumAndValidation) {
   c.momentum = 0.5f;
   auto sgd = *CreateCpuOptimizer(c);
   std::vector<float> p = {1.0f}, g = {1.0f}, v = {0.0f};
-  ASSERT_TRUE(sgd->Apply(p.data(), g.data(), v.data(), 1, 1).ok());  // v=1, p=0.9
-  ASSERT_TRUE(sgd->Apply(p.data(), g.data(), v.data(), 1, 2).ok());  // v=1.5, p=0.75
+  ASSERT_TRUE(sgd->ApplyInPlace(p.data(), g.data(), v.data(), 1, 1).ok());  // v=1, p=0.9
+  ASSERT_TRUE(sgd->ApplyInPlace(p.data(), g.data(), v.data(), 1, 2).ok());  // v=1.5, p=0.75
   EXPECT_FLOAT_EQ(p[0], 0.75f);
   c.learning_rate = 0;
   EXPECT_FALSE(CreateCpuOptimizer(c).ok());

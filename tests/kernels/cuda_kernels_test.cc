@@ -170,8 +170,8 @@ TEST(CudaTest, OptimizersMatchTheCpu) {
     for (int t = 1; t <= 5; ++t) {
       const std::vector<float> g = Random(n, 10 + t);
       DeviceBuffer dg = Upload(*gpu, g);
-      ASSERT_TRUE(cpu->Apply(p.data(), g.data(), state.data(), n, t).ok());
-      ASSERT_TRUE(cuda->Apply(dp.as<float>(), dg.as<float>(), ds.as<float>(), n, t).ok());
+      ASSERT_TRUE(cpu->ApplyInPlace(p.data(), g.data(), state.data(), n, t).ok());
+      ASSERT_TRUE(cuda->ApplyInPlace(dp.as<float>(), dg.as<float>(), ds.as<float>(), n, t).ok());
     }
     const std::vector<float> gp = Download<float>(*gpu, dp, n);
     EXPECT_LE(RelativeL2(gp.data(), p.data(), n), 1e-6) << static_cast<int>(type);

@@ -1,0 +1,14 @@
+// Run-time choice of vector instructions for the CPU's hot loops.
+#ifndef PSTRAIN_KERNELS_CPU_SIMD_H_
+#define PSTRAIN_KERNELS_CPU_SIMD_H_
+
+// On x86-64 a function so marked is compiled for AVX2 with FMA (Haswell and
+// later) and for the baseline, and the dynamic loader binds the one the CPU
+// supports (GCC target_clones). Elsewhere: compiled once.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PSTRAIN_SIMD_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define PSTRAIN_SIMD_CLONES
+#endif
+
+#endif  // PSTRAIN_KERNELS_CPU_SIMD_H_
