@@ -1,0 +1,155 @@
+#include "bench/bench_util.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/job_spec.h"
+#include "common/partition.h"
+#include "common/status.h"
+#include "glog/logging.h"
+#include "kernels/model.h"
+
+namespace pstrain::bench {
+namespace {
+
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Table::Table(std::string bench, std::vector<std::string> columns)
+    : bench_(std::move(bench)), columns_(std::move(columns)) {
+  std::string header;
+  for (const std::string& c : columns_) {
+    widths_.push_back(std::max<size_t>(c.size(), 10));
+    absl::StrAppend(&header, absl::StrFormat("%*s  ", static_cast<int>(widths_.back()), c));
+  }
+  std::printf("\n== %s ==\n%s\n", bench_.c_str(), header.c_str());
+  std::fflush(stdout);
+}
+
+Table::~Table() { Finish(); }
+
+Table::Row& Table::Row::Text(absl::string_view value) {
+  cells_.emplace_back(value);
+  json_.push_back(JsonString(value));
+  return *this;
+}
+
+Table::Row& Table::Row::Number(double value, int digits) {
+  cells_.push_back(absl::StrFormat("%.*f", digits, value));
+  json_.push_back(absl::StrFormat("%.6g", value));
+  return *this;
+}
+
+Table::Row& Table::Row::Int(int64_t value) {
+  cells_.push_back(absl::StrCat(value));
+  json_.push_back(absl::StrCat(value));
+  return *this;
+}
+
+void Table::Add(const Row& row) {
+  CHECK_EQ(row.cells_.size(), columns_.size()) << "a row of " << bench_;
+  std::string line;
+  std::string json = absl::StrCat("{\"bench\":", JsonString(bench_));
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    absl::StrAppend(&line,
+                    absl::StrFormat("%*s  ", static_cast<int>(widths_[i]), row.cells_[i]));
+    absl::StrAppend(&json, ",", JsonString(columns_[i]), ":", row.json_[i]);
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  json_lines_.push_back(json + "}");
+}
+
+void Table::Finish() {
+  if (finished_) return;
+  finished_ = true;
+  for (const std::string& line : json_lines_) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+v1::JobSpec JobOfSize(int64_t floats, int servers, int workers, int64_t chunk_bytes) {
+  v1::JobSpec spec;
+  spec.set_name("bench");
+  spec.mutable_model()->set_type(v1::MODEL_TYPE_MLP);
+  // 784 inputs, 10 classes: one hidden layer of h units holds 795 h + 10
+  // floats; two of 16384 and k units hold 785 * 16384 + 10 + 16395 k.
+  constexpr int64_t kWidest = 16384;
+  const int64_t one_layer = std::max<int64_t>(1, (floats - 10) / 795);
+  if (one_layer <= kWidest) {
+    spec.mutable_model()->add_hidden(static_cast<int>(one_layer));
+  } else {
+    spec.mutable_model()->add_hidden(kWidest);
+    const int64_t first = 785 * kWidest + 10;
+    spec.mutable_model()->add_hidden(
+        static_cast<int>(std::clamp<int64_t>((floats - first) / (kWidest + 11), 1, kWidest)));
+  }
+  spec.mutable_data()->set_dir("/usr/share/datasets/fashion-mnist");
+  spec.mutable_optimizer()->set_type(v1::OPTIMIZER_TYPE_SGD);
+  spec.mutable_optimizer()->set_learning_rate(1e-6f);
+  spec.set_mode(v1::MODE_SYNC);
+  spec.set_batch_size(1);
+  spec.set_steps(1'000'000);
+  spec.set_num_servers(servers);
+  spec.set_num_workers(workers);
+  spec.set_chunk_bytes(chunk_bytes);
+  spec.set_seed(1);
+  return spec;
+}
+
+v1::PartitionPlan PlanOf(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
+      kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(), spec.num_servers());
+  CHECK(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+absl::StatusOr<std::unique_ptr<LocalServers>> LocalServers::Start(
+    const std::string& job_id, const v1::JobSpec& spec, const v1::PartitionPlan& plan) {
+  auto out = std::unique_ptr<LocalServers>(new LocalServers);
+  for (int i = 0; i < spec.num_servers(); ++i) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<server::ParameterServer> s,
+                             server::ParameterServer::Create({}));
+    v1::ServerAssignment a;
+    a.set_job_id(job_id);
+    a.set_server_index(i);
+    *a.mutable_spec() = spec;
+    *a.mutable_plan() = plan;
+    PSTRAIN_RETURN_IF_ERROR(s->store().AddJob(a));
+    out->addresses_.push_back(s->address());
+    out->servers_.push_back(std::move(s));
+  }
+  return out;
+}
+
+LocalServers::~LocalServers() {
+  for (auto& s : servers_) s->Shutdown(absl::Seconds(1));
+}
+
+absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("not a positive integer: '", part, "'"));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("empty list");
+  return out;
+}
+
+}  // namespace pstrain::bench

@@ -1,0 +1,121 @@
+// pstrain-bench: the data-plane benchmarks (see bench/RESULTS.md).
+//   pstrain-bench transport|apply|train|all [--tiny] [flags]
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "cli/local_cluster.h"
+#include "glog/logging.h"
+
+ABSL_FLAG(bool, tiny, false,
+          "a configuration of seconds (CI runs it so that the benchmarks cannot rot)");
+ABSL_FLAG(std::string, model_mib, "4,16,64,256", "transport: model sizes, MiB");
+ABSL_FLAG(std::string, servers, "1,2,4", "transport: server counts");
+ABSL_FLAG(std::string, workers, "1,2,4", "transport: worker counts");
+ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "transport, apply: the job's chunk_bytes");
+ABSL_FLAG(double, gib_per_config, 4, "transport: GiB moved per configuration");
+ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
+ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
+ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
+ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
+ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
+ABSL_FLAG(std::string, bin_dir, "", "train: where pstrain-local is; default: beside this binary");
+
+namespace pstrain::bench {
+namespace {
+
+int Usage() {
+  std::cerr << "usage: pstrain-bench transport|apply|train|all [--tiny] [flags]\n";
+  return 2;
+}
+
+int Main(const std::vector<char*>& args) {
+  if (args.size() != 2) return Usage();
+  const std::string command = args[1];
+  if (command != "transport" && command != "apply" && command != "train" && command != "all") {
+    return Usage();
+  }
+  const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (chunk_bytes < 4 || chunk_bytes % 4 != 0 || chunk_bytes > (64 << 20)) {
+    std::cerr << "pstrain-bench: --chunk_bytes must be a multiple of 4 in [4, 64 MiB]\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_apply_mib) < 1 || absl::GetFlag(FLAGS_apply_steps) < 1 ||
+      absl::GetFlag(FLAGS_train_batch) < 1 || absl::GetFlag(FLAGS_train_steps) < 1 ||
+      !(absl::GetFlag(FLAGS_gib_per_config) > 0)) {
+    std::cerr << "pstrain-bench: sizes, steps and batches must be positive\n";
+    return 2;
+  }
+  const bool tiny = absl::GetFlag(FLAGS_tiny);
+  int status = 0;
+
+  if (command == "transport" || command == "all") {
+    TransportBenchOptions o;
+    absl::StatusOr<std::vector<int>> mib = ParseIntList(absl::GetFlag(FLAGS_model_mib));
+    absl::StatusOr<std::vector<int>> servers = ParseIntList(absl::GetFlag(FLAGS_servers));
+    absl::StatusOr<std::vector<int>> workers = ParseIntList(absl::GetFlag(FLAGS_workers));
+    for (const auto* list : {&mib, &servers, &workers}) {
+      if (!list->ok()) {
+        std::cerr << "pstrain-bench: " << list->status().message() << "\n";
+        return 2;
+      }
+    }
+    o.model_mib = *mib;
+    o.servers = *servers;
+    o.workers = *workers;
+    o.chunk_bytes = chunk_bytes;
+    o.bytes_per_config = absl::GetFlag(FLAGS_gib_per_config) * (1 << 30);
+    if (tiny) {
+      o.model_mib = {1};
+      o.servers = {1, 2};
+      o.workers = {1, 2};
+      o.bytes_per_config = 8 << 20;
+    }
+    status |= RunTransportBench(o);
+  }
+  if (command == "apply" || command == "all") {
+    ApplyBenchOptions o;
+    absl::StatusOr<std::vector<int>> workers = ParseIntList(absl::GetFlag(FLAGS_apply_workers));
+    if (!workers.ok()) {
+      std::cerr << "pstrain-bench: --apply_workers: " << workers.status().message() << "\n";
+      return 2;
+    }
+    o.mib = absl::GetFlag(FLAGS_apply_mib);
+    o.workers = *workers;
+    o.chunk_bytes = chunk_bytes;
+    o.steps = absl::GetFlag(FLAGS_apply_steps);
+    if (tiny) {
+      o.mib = 2;
+      o.steps = 2;
+    }
+    status |= RunApplyBench(o);
+  }
+  if (command == "train" || command == "all") {
+    TrainBenchOptions o;
+    o.batch = absl::GetFlag(FLAGS_train_batch);
+    o.steps = absl::GetFlag(FLAGS_train_steps);
+    o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+    if (o.bin_dir.empty()) o.bin_dir = cli::ExecutableDir();
+    if (tiny) {
+      o.batch = 64;
+      o.steps = 20;
+    }
+    status |= RunTrainBench(o);
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace pstrain::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pstrain-bench transport|apply|train|all [--tiny] [flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  return pstrain::bench::Main(args);
+}
