@@ -7,19 +7,19 @@
 namespace pstrain::kernels {
 namespace {
 
-uint32_t Bits(float f) {
+PSTRAIN_INLINE_LOOP uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
 
-float FromBits(uint32_t u) {
+PSTRAIN_INLINE_LOOP float FromBits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
-uint16_t ToBf16(float f) {
+PSTRAIN_INLINE_LOOP uint16_t ToBf16(float f) {
   const uint32_t u = Bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
   // Round to nearest even on the 16 bits that are dropped.

@@ -6,6 +6,10 @@
 // in-place one passes the same array twice, so the compiler knows the
 // read and the write of an element are the same and vectorises without a
 // run-time overlap check (which an equal pair of arrays would fail).
+// Multiply-adds are fused where the CPU has FMA (-ffp-contract=fast for
+// this file): a machine's processes all run the same clone, so results stay
+// reproducible on one kind of CPU, and may differ in the last bit between
+// an AVX2 machine and an older one.
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -14,12 +18,16 @@
 namespace pstrain::kernels {
 namespace {
 
+// std::sqrt is an ordinary inline function, which GCC does not inline into
+// the AVX2 clones (see simd.h); the builtin is one instruction in both.
+PSTRAIN_INLINE_LOOP float Sqrt(float x) { return __builtin_sqrtf(x); }
+
 struct SgdArgs {
   float lr, wd, mu;
 };
 
-inline void SgdLoop(const float* p, float* out, const float* g, float* v, int64_t n,
-                    SgdArgs a) {
+PSTRAIN_INLINE_LOOP void SgdLoop(const float* p, float* out, const float* g, float* v,
+                                 int64_t n, SgdArgs a) {
   if (a.mu > 0) {
     for (int64_t i = 0; i < n; ++i) {
       v[i] = a.mu * v[i] + (g[i] + a.wd * p[i]);
@@ -41,13 +49,13 @@ struct AdamArgs {
   float b1, b2, wd, step, eps_hat;
 };
 
-inline void AdamLoop(const float* p, float* out, const float* g, float* m, float* v, int64_t n,
-                     AdamArgs a) {
+PSTRAIN_INLINE_LOOP void AdamLoop(const float* p, float* out, const float* g, float* m,
+                                  float* v, int64_t n, AdamArgs a) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] + a.wd * p[i];
     m[i] = a.b1 * m[i] + (1.0f - a.b1) * gi;
     v[i] = a.b2 * v[i] + (1.0f - a.b2) * gi * gi;
-    out[i] = p[i] - a.step * m[i] / (std::sqrt(v[i]) + a.eps_hat);
+    out[i] = p[i] - a.step * m[i] / (Sqrt(v[i]) + a.eps_hat);
   }
 }
 PSTRAIN_SIMD_CLONES void AdamInPlace(float* p, const float* g, float* m, float* v, int64_t n,
@@ -64,12 +72,12 @@ struct AdagradArgs {
   float lr, wd, eps;
 };
 
-inline void AdagradLoop(const float* p, float* out, const float* g, float* s, int64_t n,
-                        AdagradArgs a) {
+PSTRAIN_INLINE_LOOP void AdagradLoop(const float* p, float* out, const float* g, float* s,
+                                     int64_t n, AdagradArgs a) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] + a.wd * p[i];
     s[i] += gi * gi;
-    out[i] = p[i] - a.lr * gi / (std::sqrt(s[i]) + a.eps);
+    out[i] = p[i] - a.lr * gi / (Sqrt(s[i]) + a.eps);
   }
 }
 PSTRAIN_SIMD_CLONES void AdagradInPlace(float* p, const float* g, float* s, int64_t n,

@@ -11,4 +11,13 @@
 #define PSTRAIN_SIMD_CLONES
 #endif
 
+// For a loop body shared by cloned functions: GCC inlines a function into
+// a clone of another architecture only when told to, and a call out of the
+// AVX2 clone would run the baseline code.
+#if defined(__GNUC__)
+#define PSTRAIN_INLINE_LOOP inline __attribute__((always_inline))
+#else
+#define PSTRAIN_INLINE_LOOP inline
+#endif
+
 #endif  // PSTRAIN_KERNELS_CPU_SIMD_H_

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -99,6 +100,47 @@ TEST(CastsTest, Fp16DecodesEveryValue) {
                                : sign * std::ldexp(1.0f + mantissa / 1024.0f, exponent - 15);
     ASSERT_EQ(f, expected) << std::hex << h;
     ASSERT_EQ(Fp16(f), h) << std::hex << h;  // and back
+  }
+}
+
+// The casts run vectorised over long arrays (AVX2 where the CPU has it):
+// every lane must round like the one-value path, edge values included.
+TEST(CastsTest, LongArraysRoundLikeSingleValues) {
+  std::vector<float> in;
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x00000001u, 0x00008000u, 0x00018000u,
+                        0x007fffffu, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u,
+                        0xff800000u, 0x7fc00000u, 0x7f800001u, 0x477fe000u, 0x477ff000u,
+                        0x33000000u, 0x33400000u, 0x38800000u}) {
+    in.push_back(F(bits));
+  }
+  uint64_t state = 12345;
+  while (in.size() < 4099) {  // not a multiple of any vector width
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    in.push_back(F(static_cast<uint32_t>(state >> 32)));
+  }
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> bf16(n), fp16(n);
+  CastToBf16(in.data(), bf16.data(), n);
+  CastToFp16(in.data(), fp16.data(), n);
+  std::vector<float> from_bf16(n), from_fp16(n);
+  CastFromBf16(bf16.data(), from_bf16.data(), n);
+  CastFromFp16(fp16.data(), from_fp16.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], 4);
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(from_bf16[i]) && std::isnan(from_fp16[i])) << i;
+      continue;
+    }
+    // Round to nearest even by integer arithmetic: the reference.
+    const uint16_t expected_bf16 =
+        static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    ASSERT_EQ(bf16[i], expected_bf16) << std::hex << bits;
+    ASSERT_EQ(fp16[i], Fp16(in[i])) << std::hex << bits;
+    uint32_t back;
+    std::memcpy(&back, &from_bf16[i], 4);
+    ASSERT_EQ(back, static_cast<uint32_t>(expected_bf16) << 16) << std::hex << bits;
+    ASSERT_EQ(from_fp16[i], FromFp16(fp16[i])) << std::hex << bits;
   }
 }
 
