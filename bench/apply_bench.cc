@@ -89,7 +89,7 @@ absl::StatusOr<double> ApplySeconds(const v1::JobSpec& spec, const v1::Partition
         h.set_step(step);
         h.set_version(step);
         h.set_chunk(c.id());
-        h.set_dtype(v1::DTYPE_F32);
+        h.set_dtype(v1::DTYPE_FP32);
         h.set_num_elements(static_cast<uint32_t>(c.size()));
         frames.push_back(ReceivedFrame(h, grads[w], c.offset()));
       }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/transport.h"
+
 namespace pstrain::bench {
 
 struct TransportBenchOptions {
@@ -14,6 +16,8 @@ struct TransportBenchOptions {
   std::vector<int> servers = {1, 2, 4};
   std::vector<int> workers = {1, 2, 4};
   int64_t chunk_bytes = 1 << 20;
+  // The workers' gRPC transports; metrics are not used.
+  worker::GrpcTransportOptions grpc;
   // Each configuration runs enough steps to move about this much.
   double bytes_per_config = 4.0 * (1 << 30);
 };

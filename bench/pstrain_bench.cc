@@ -17,6 +17,10 @@ ABSL_FLAG(std::string, model_mib, "4,16,64,256", "transport: model sizes, MiB");
 ABSL_FLAG(std::string, servers, "1,2,4", "transport: server counts");
 ABSL_FLAG(std::string, workers, "1,2,4", "transport: worker counts");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "transport, apply: the job's chunk_bytes");
+ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().channels_per_server,
+          "transport: gRPC channels per server");
+ABSL_FLAG(int, window, pstrain::worker::GrpcTransportOptions().window,
+          "transport: chunks a stream sends ahead of their replies");
 ABSL_FLAG(double, gib_per_config, 4, "transport: GiB moved per configuration");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
@@ -68,6 +72,14 @@ int Main(const std::vector<char*>& args) {
     o.servers = *servers;
     o.workers = *workers;
     o.chunk_bytes = chunk_bytes;
+    o.grpc.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
+    o.grpc.window = absl::GetFlag(FLAGS_window);
+    if (o.grpc.channels_per_server < 1 || o.grpc.channels_per_server > 16 || o.grpc.window < 1 ||
+        o.grpc.window > 1024) {
+      std::cerr << "pstrain-bench: --channels_per_server must be in [1, 16], --window in "
+                   "[1, 1024]\n";
+      return 2;
+    }
     o.bytes_per_config = absl::GetFlag(FLAGS_gib_per_config) * (1 << 30);
     if (tiny) {
       o.model_mib = {1};
@@ -116,6 +128,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain-bench transport|apply|train|all [--tiny] [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
+  FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines
   google::InitGoogleLogging(argv[0]);
   return pstrain::bench::Main(args);
 }

@@ -39,7 +39,7 @@ int StepsFor(double bytes, double bytes_per_step) {
 // step (connections, first touch of the buffers) is not timed. Returns
 // bytes moved (pushed plus pulled) per second.
 absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
-                                   int steps) {
+                                   const worker::GrpcTransportOptions& grpc, int steps) {
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalServers> servers,
                            LocalServers::Start("bench", spec, plan));
   const int workers = spec.num_workers();
@@ -49,7 +49,7 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> transport =
-          worker::CreateGrpcTransport(servers->addresses());
+          worker::CreateGrpcTransport(servers->addresses(), grpc);
       if (!transport.ok()) {
         status[w] = transport.status();
         warm.arrive_and_drop();
@@ -195,6 +195,9 @@ double Iperf3Rate() {
 }  // namespace
 
 int RunTransportBench(const TransportBenchOptions& options) {
+  const worker::GrpcTransportOptions& grpc = options.grpc;
+  std::printf("channels per server: %d, window: %d, chunk: %lld bytes\n", grpc.channels_per_server,
+              grpc.window, static_cast<long long>(options.chunk_bytes));
   Table table("transport", {"model_MiB", "servers", "workers", "steps", "pstrain_MiB/s",
                             "tcp_MiB/s", "ratio"});
   for (int mib : options.model_mib) {
@@ -205,7 +208,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
         const v1::PartitionPlan plan = PlanOf(spec);
         const double model_bytes = 4.0 * plan.total_floats();
         const int steps = StepsFor(options.bytes_per_config, 2 * model_bytes * workers);
-        absl::StatusOr<double> ours = PstrainRate(spec, plan, steps);
+        absl::StatusOr<double> ours = PstrainRate(spec, plan, grpc, steps);
         std::vector<int64_t> shares;
         for (int64_t floats : ServerLoads(plan)) shares.push_back(4 * floats);
         absl::StatusOr<double> tcp = RawTcpRate(shares, workers, steps);

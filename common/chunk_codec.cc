@@ -63,7 +63,7 @@ constexpr int64_t kHalfBlock = 1024;
 // Decodes `count` values of `dtype` at `src` (any alignment) into floats:
 // stored to dst, or added to it.
 void DecodeRun(v1::DType dtype, const unsigned char* src, int64_t count, float* dst, bool add) {
-  if (dtype == v1::DTYPE_F32) {
+  if (dtype == v1::DTYPE_FP32) {
     if (add) {
       kernels::AddUnalignedFloats(src, dst, count);
     } else {
@@ -92,10 +92,10 @@ void DecodeRun(v1::DType dtype, const unsigned char* src, int64_t count, float* 
 
 size_t DTypeBytes(v1::DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F32:
+    case v1::DTYPE_FP32:
       return 4;
     case v1::DTYPE_BF16:
-    case v1::DTYPE_F16:
+    case v1::DTYPE_FP16:
       return 2;
     default:
       return 0;

@@ -292,10 +292,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   // Training loop and cluster.
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_SYNC);
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::PRECISION_FP32);
-  if (spec.wire_dtype() == v1::DTYPE_UNSPECIFIED) spec.set_wire_dtype(v1::DTYPE_F32);
-  if (spec.wire_dtype() != v1::DTYPE_F32 && spec.wire_dtype() != v1::DTYPE_BF16 &&
-      spec.wire_dtype() != v1::DTYPE_F16) {
-    return FieldError("wire_dtype", "must be f32, bf16 or f16");
+  if (spec.wire_dtype() == v1::DTYPE_UNSPECIFIED) spec.set_wire_dtype(v1::DTYPE_FP32);
+  if (spec.wire_dtype() != v1::DTYPE_FP32 && spec.wire_dtype() != v1::DTYPE_BF16 &&
+      spec.wire_dtype() != v1::DTYPE_FP16) {
+    return FieldError("wire_dtype", "must be fp32, bf16 or fp16");
   }
   PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
   PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));

@@ -43,8 +43,9 @@ class ApplyPool {
 };
 
 // One update of span.n parameters: the gradient is the sum, in the order
-// given, of values [offset, offset + span.n) of each frame (none: zero), and
-// span.grad is ignored. `pool` may be null.
+// given, of values [0, span.n) of each frame (none: zero); span.grad is
+// ignored. Per element the same floats are added in the same order however
+// the work is split, so the result does not depend on `pool` (may be null).
 absl::Status SumAndApply(const kernels::Optimizer& optimizer, absl::Span<const Frame* const> grads,
                          const kernels::OptimizerSpan& span, int64_t update_count,
                          ApplyPool* pool);

@@ -15,6 +15,8 @@ ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "bytes of job state this server may hold (jobs are scheduled to fit); 0: unlimited");
+ABSL_FLAG(int, apply_threads, 1,
+          "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
 ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_job_grace_s, 300,
@@ -31,6 +33,11 @@ int main(int argc, char** argv) {
   options.store.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-server: --coordinator is required\n";
+    return 2;
+  }
+  options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (options.store.apply_threads < 1 || options.store.apply_threads > 64) {
+    std::cerr << "pstrain-server: --apply_threads must be in [1, 64]\n";
     return 2;
   }
   if (options.store.max_memory_bytes < 0) {

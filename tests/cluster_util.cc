@@ -109,6 +109,7 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
         options.transport = [transport](int) { return transport; };
       }
       options.devices = run.devices;
+      options.grpc = run.grpc;
       if (w == 0) options.trace = run.trace;
       options.client.retry_window = absl::Seconds(30);
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =

@@ -58,6 +58,8 @@ struct RunOptions {
   worker::DeviceList devices;
   // Worker 0's step events.
   std::function<void(const worker::StepEvent&)> trace;
+  // The gRPC transports' channels and window (without make_transport).
+  worker::GrpcTransportOptions grpc;
 };
 
 // Runs spec.num_workers() trainers as threads until they finish.

@@ -1,10 +1,14 @@
+// The gRPC ParameterTransport: generic bidi streams over a pool of channels
+// per server, each stream with a window of requests ahead of their replies.
+#include "worker/transport.h"
+
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chunk_codec.h"
 #include "common/rpc.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "common/chunk_codec.h"
-#include "worker/transport.h"
 
 namespace pstrain::worker {
 namespace {
@@ -25,11 +29,12 @@ class GrpcTransport;
 
 class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ExchangeCall(GrpcTransport* transport, std::vector<grpc::ByteBuffer> requests,
+  ExchangeCall(GrpcTransport* transport, std::vector<grpc::ByteBuffer> requests, int window,
                ParameterTransport::SentFn on_sent, ParameterTransport::ReplyFn on_reply,
                ParameterTransport::DoneFn on_done)
       : transport_(transport),
         requests_(std::move(requests)),
+        window_(window),
         on_sent_(std::move(on_sent)),
         on_reply_(std::move(on_reply)),
         on_done_(std::move(on_done)) {}
@@ -42,6 +47,7 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     if (requests_.empty()) {
       StartWritesDone();
     } else {
+      writing_ = true;
       StartWrite(&requests_[0]);
     }
     StartCall();
@@ -49,27 +55,57 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
   void OnWriteDone(bool ok) override {
     if (!ok) return;  // the call is failing; OnDone reports why
-    if (++next_ < requests_.size()) {
-      StartWrite(&requests_[next_]);
-    } else {
+    const grpc::ByteBuffer* next = nullptr;
+    bool all_written = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      all_written = ++written_ == requests_.size();
+      if (!all_written) next = NextWrite();
+    }
+    if (all_written) {
       if (on_sent_) on_sent_();
       StartWritesDone();
+    } else if (next != nullptr) {
+      StartWrite(next);
     }
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;
     on_reply_(reply_);
+    const grpc::ByteBuffer* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      ++replies_;
+      next = NextWrite();
+    }
+    if (next != nullptr) StartWrite(next);
     StartRead(&reply_);
   }
 
-  void OnDone(const grpc::Status& status) override;
+void OnDone(const grpc::Status& status) override;
 
  private:
+  // The request to write now, if the window allows one and no write is in
+  // progress (gRPC allows one at a time); marks it in progress.
+  const grpc::ByteBuffer* NextWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || written_ >= requests_.size() ||
+        written_ - replies_ >= static_cast<size_t>(window_)) {
+      return nullptr;
+    }
+    writing_ = true;
+    return &requests_[written_];
+  }
+
   GrpcTransport* const transport_;
   grpc::ClientContext context_;
-  std::vector<grpc::ByteBuffer> requests_;
-  size_t next_ = 0;
+  const std::vector<grpc::ByteBuffer> requests_;
+  const int window_;
+  absl::Mutex mu_;
+  size_t written_ ABSL_GUARDED_BY(mu_) = 0;  // requests whose write completed
+  size_t replies_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer reply_;
   ParameterTransport::SentFn on_sent_;
   ParameterTransport::ReplyFn on_reply_;
@@ -78,9 +114,13 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
 class GrpcTransport final : public ParameterTransport {
  public:
-  GrpcTransport(const std::vector<std::string>& addresses, RpcMetrics* metrics) {
+  GrpcTransport(const std::vector<std::string>& addresses, const GrpcTransportOptions& options)
+      : channels_per_server_(options.channels_per_server), window_(options.window) {
     for (const std::string& address : addresses) {
-      stubs_.push_back(std::make_unique<grpc::GenericStub>(MakeChannel(address, 0, metrics)));
+      for (int c = 0; c < channels_per_server_; ++c) {
+        stubs_.push_back(
+            std::make_unique<grpc::GenericStub>(MakeChannel(address, c, options.metrics)));
+      }
     }
   }
 
@@ -90,12 +130,15 @@ class GrpcTransport final : public ParameterTransport {
     mu_.Await(absl::Condition(+[](int* open) { return *open == 0; }, &calls_open_));
   }
 
-  int num_servers() const override { return static_cast<int>(stubs_.size()); }
+  int num_servers() const override {
+    return static_cast<int>(stubs_.size()) / channels_per_server_;
+  }
+  int channels_per_server() const override { return channels_per_server_; }
 
-  void StartExchange(int server, ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
-                     absl::Time deadline, SentFn on_sent, ReplyFn on_reply,
-                     DoneFn on_done) override {
-    auto* call = new ExchangeCall(this, std::move(requests), std::move(on_sent),
+  void StartExchange(int server, int channel, ParameterMethod method,
+                     std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
+                     SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
+    auto* call = new ExchangeCall(this, std::move(requests), window_, std::move(on_sent),
                                   std::move(on_reply), std::move(on_done));
     call->context()->set_deadline(absl::ToChronoTime(deadline));
     {
@@ -104,7 +147,7 @@ class GrpcTransport final : public ParameterTransport {
       ++calls_open_;
       if (cancelled_) call->context()->TryCancel();
     }
-    call->Start(stubs_[server].get(), MethodName(method));
+    call->Start(stubs_[server * channels_per_server_ + channel].get(), MethodName(method));
   }
 
   void CancelAll() override {
@@ -126,6 +169,9 @@ class GrpcTransport final : public ParameterTransport {
   }
 
  private:
+  const int channels_per_server_;
+  const int window_;
+  // Server s, channel c: stubs_[s * channels_per_server_ + c].
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   absl::Mutex mu_;
   std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);  // cancellable
@@ -150,9 +196,17 @@ void ExchangeCall::OnDone(const grpc::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
-    const std::vector<std::string>& server_addresses, RpcMetrics* metrics) {
+    const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options) {
   if (server_addresses.empty()) return absl::InvalidArgumentError("no server addresses");
-  return std::make_unique<GrpcTransport>(server_addresses, metrics);
+  if (options.channels_per_server < 1 || options.channels_per_server > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "channels per server must be in [1, 16], not ", options.channels_per_server));
+  }
+  if (options.window < 1 || options.window > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream window must be in [1, 1024], not ", options.window));
+  }
+  return std::make_unique<GrpcTransport>(server_addresses, options);
 }
 
 }  // namespace pstrain::worker

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_codec.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "glog/logging.h"
 
 namespace pstrain::worker {
@@ -43,7 +44,18 @@ struct ParameterClient::Attempt {
 ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
     : options_(std::move(options)),
       transport_(transport),
-      chunk_versions_(options_.plan.chunks_size(), -1) {}
+      chunk_versions_(options_.plan.chunks_size(), -1) {
+  const int channels = std::max(1, transport_->channels_per_server());
+  std::vector<int> next_channel(transport_->num_servers(), 0);
+  for (const v1::ChunkInfo& info : options_.plan.chunks()) {
+    int& next = next_channel[info.server() % next_channel.size()];
+    channel_of_chunk_.push_back(next);
+    next = (next + 1) % channels;
+  }
+  if (DTypeBytes(options_.wire_dtype) == 2) {
+    wire_grad_ = std::make_shared<std::vector<uint16_t>>(options_.plan.total_floats());
+  }
+}
 
 ParameterClient::~ParameterClient() {
   Cancel();
@@ -83,7 +95,7 @@ v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) cons
   h.set_job_id(options_.job_id);
   h.set_worker(options_.worker);
   h.set_chunk(chunk);
-  h.set_dtype(v1::DTYPE_F32);
+  h.set_dtype(kind == v1::FRAME_KIND_PUSH ? options_.wire_dtype : v1::DTYPE_FP32);
   return h;
 }
 
@@ -107,13 +119,31 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     std::vector<uint32_t> chunks) {
   if (chunks.empty()) chunks = AllChunks();
   const bool sync = options_.mode == v1::MODE_SYNC;
-  auto make_request = [this, step, grad, sync](uint32_t c) {
+  // The payload: the gradient itself, or its cast for the wire.
+  std::shared_ptr<const void> payload = grad;
+  const char* base = reinterpret_cast<const char*>(grad->data());
+  if (wire_grad_ != nullptr) {
+    for (uint32_t c : chunks) {
+      const v1::ChunkInfo& info = options_.plan.chunks(c);
+      if (options_.wire_dtype == v1::DTYPE_BF16) {
+        kernels::CastToBf16(grad->data() + info.offset(), wire_grad_->data() + info.offset(),
+                            info.size());
+      } else {
+        kernels::CastToFp16(grad->data() + info.offset(), wire_grad_->data() + info.offset(),
+                            info.size());
+      }
+    }
+    payload = wire_grad_;
+    base = reinterpret_cast<const char*>(wire_grad_->data());
+  }
+  const size_t value_bytes = DTypeBytes(options_.wire_dtype);
+  auto make_request = [this, step, payload, base, value_bytes, sync](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
     h.set_step(step);
     h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
     h.set_num_elements(static_cast<uint32_t>(info.size()));
-    return EncodeFrameShared(h, grad->data() + info.offset(), grad);
+    return EncodeFrameShared(h, base + info.offset() * value_bytes, payload);
   };
   // Sync: exactly version step+1. Async: whatever the server has now.
   return Start(ParameterMethod::kPushPull, std::move(chunks), make_request, sync ? step + 1 : 0,
@@ -144,11 +174,17 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
 void ParameterClient::Send(Pending& pending) {
   const v1::PartitionPlan& plan = options_.plan;
   const int num_servers = transport_->num_servers();
-  std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers);
+  const int channels = std::max(1, transport_->channels_per_server());
+  std::sort(pending.chunks.begin(), pending.chunks.end());
+  // requests[server * channels + channel]
+  std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels);
   int64_t bytes = 0;
   for (uint32_t c : pending.chunks) {
-    requests[plan.chunks(c).server()].push_back(pending.make_request(c));
-    if (pending.method == ParameterMethod::kPushPull) bytes += plan.chunks(c).size() * 4;
+    requests[plan.chunks(c).server() * channels + channel_of_chunk_[c]].push_back(
+        pending.make_request(c));
+    if (pending.method == ParameterMethod::kPushPull) {
+      bytes += plan.chunks(c).size() * static_cast<int64_t>(DTypeBytes(options_.wire_dtype));
+    }
   }
   {
     absl::MutexLock lock(&stats_mu_);
@@ -157,7 +193,7 @@ void ParameterClient::Send(Pending& pending) {
   auto attempt = std::make_shared<Attempt>();
   attempt->answered.assign(plan.chunks_size(), false);
   attempt->status.assign(num_servers, absl::OkStatus());
-  for (int s = 0; s < num_servers; ++s) attempt->streams_open += !requests[s].empty();
+  for (const auto& stream : requests) attempt->streams_open += !stream.empty();
   attempt->streams_sending = attempt->streams_open;
   attempt->start = absl::Now();
   pending.attempt = attempt;
@@ -192,27 +228,30 @@ void ParameterClient::Send(Pending& pending) {
   };
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
   for (int s = 0; s < num_servers; ++s) {
-    if (requests[s].empty()) continue;
-    {
-      absl::MutexLock lock(&mu_);
-      ++streams_in_flight_;
+    for (int channel = 0; channel < channels; ++channel) {
+      std::vector<grpc::ByteBuffer>& stream = requests[s * channels + channel];
+      if (stream.empty()) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        ++streams_in_flight_;
+      }
+      auto on_sent = [attempt] {
+        absl::MutexLock lock(&attempt->mu);
+        if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
+      };
+      auto on_done = [this, attempt, s](absl::Status status) {
+        {
+          absl::MutexLock lock(&attempt->mu);
+          if (attempt->status[s].ok()) attempt->status[s] = std::move(status);
+          --attempt->streams_open;
+        }
+        // The last touch of the client: it may be destroyed once this is done.
+        absl::MutexLock lock(&mu_);
+        --streams_in_flight_;
+      };
+      transport_->StartExchange(s, channel, pending.method, std::move(stream), deadline,
+                                on_sent, on_reply, on_done);
     }
-    auto on_sent = [attempt] {
-      absl::MutexLock lock(&attempt->mu);
-      if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
-    };
-    transport_->StartExchange(s, pending.method, std::move(requests[s]), deadline, on_sent,
-                              on_reply, [this, attempt, s](absl::Status status) {
-                                {
-                                  absl::MutexLock lock(&attempt->mu);
-                                  attempt->status[s] = std::move(status);
-                                  --attempt->streams_open;
-                                }
-                                // The last touch of the client: it may be
-                                // destroyed once this is done.
-                                absl::MutexLock lock(&mu_);
-                                --streams_in_flight_;
-                              });
   }
 }
 

@@ -26,6 +26,9 @@ class ParameterClient {
     uint32_t worker = 0;
     v1::Mode mode = v1::MODE_SYNC;
     v1::PartitionPlan plan;
+    // How pushed gradients travel: fp32, or rounded to bf16 or fp16 (half
+    // the bytes). Replies come in the job's wire dtype, whatever this is.
+    v1::DType wire_dtype = v1::DTYPE_FP32;
     // Longest one stream may take, barrier waits included.
     absl::Duration exchange_timeout = absl::Minutes(10);
     // Give up when no reply at all arrived for this long.
@@ -64,6 +67,9 @@ class ParameterClient {
   // all of them if empty) and writes the answered values into params at the
   // chunks' offsets: version step+1 in sync mode, the latest values in async
   // mode. The gradient (flat, host memory) must not change until Finish.
+  // An fp32 push sends slices of `grad` itself; a 16-bit one casts the
+  // chunks once into a buffer the client reuses for every step, so the
+  // exchanges of one step must be Finished before the next step's start.
   std::unique_ptr<Pending> StartPushPull(int64_t step,
                                          const std::shared_ptr<std::vector<float>>& grad,
                                          float* params, std::vector<uint32_t> chunks = {});
@@ -88,7 +94,10 @@ class ParameterClient {
   std::vector<uint32_t> AllChunks() const;
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
                                  RequestFn make_request, int64_t min_version, float* params);
-  // Sends one attempt for the chunks still unanswered.
+  // Sends one attempt for the chunks still unanswered: per server and
+  // channel, one stream carrying its chunks in ascending id order. (Every
+  // worker sends a chunk on the same channel and in the same order, so a
+  // sync barrier can always complete the lowest chunk a window waits on.)
   void Send(Pending& pending);
   bool cancelled() const;
   // False if cancelled before `duration` passed.
@@ -96,6 +105,11 @@ class ParameterClient {
 
   const Options options_;
   ParameterTransport* const transport_;
+  // The channel of each chunk: chunks round-robin over their server's
+  // channels in plan order.
+  std::vector<int> channel_of_chunk_;
+  // 16-bit wire dtype: the pushed gradient, cast; null for fp32.
+  std::shared_ptr<std::vector<uint16_t>> wire_grad_;
   // Written from transport threads, each chunk by the one reply that claims it.
   std::vector<int64_t> chunk_versions_;
   mutable absl::Mutex mu_;

@@ -156,13 +156,14 @@ absl::Status Trainer::CreateDevices() {
         return absl::InvalidArgumentError("server_addresses do not match the plan");
       }
       // Each device has channels of its own: K streams in parallel.
-      PSTRAIN_ASSIGN_OR_RETURN(d->owned_transport, CreateGrpcTransport(addresses, options_.rpc));
+      PSTRAIN_ASSIGN_OR_RETURN(d->owned_transport, CreateGrpcTransport(addresses, options_.grpc));
       transport = d->owned_transport.get();
     }
     ParameterClient::Options client = options_.client;
     client.job_id = a.job_id();
     client.worker = a.worker_index();
     client.mode = spec_.mode();
+    client.wire_dtype = spec_.wire_dtype();
     client.plan = plan;
     d->client = std::make_unique<ParameterClient>(std::move(client), transport);
     devices_.push_back(std::move(d));

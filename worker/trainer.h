@@ -62,8 +62,8 @@ struct TrainerOptions {
   // Where to count steps, bytes, phases...; null: nowhere. Must outlive
   // the trainer.
   WorkerMetrics* metrics = nullptr;
-  // Measures the calls to the servers; null: not measured.
-  RpcMetrics* rpc = nullptr;
+  // Channels, window and call metrics of the gRPC transports.
+  GrpcTransportOptions grpc;
   // Called from the device threads as backward and pushes progress (tests).
   std::function<void(const StepEvent&)> trace;
   // Retry and timeout policy of the parameter clients (job_id, worker, mode

@@ -20,10 +20,10 @@ namespace pstrain::worker {
 
 enum class ParameterMethod { kPush, kPull, kPushPull };
 
-// One stream to one server: requests go out in order, then the stream is
-// half-closed; on_sent runs once the last request is written; every reply
-// is handed to on_reply; on_done runs last, once, with the stream's final
-// status. Callbacks run on transport threads.
+// One stream to one server over one of its channels: requests go out in
+// order, then the stream is half-closed; on_sent runs once the last request
+// is written; every reply is handed to on_reply; on_done runs last, once,
+// with the stream's final status. Callbacks run on transport threads.
 class ParameterTransport {
  public:
   using SentFn = std::function<void()>;
@@ -33,8 +33,11 @@ class ParameterTransport {
   virtual ~ParameterTransport() = default;
 
   virtual int num_servers() const = 0;
+  // Channels to each server (separate connections); StartExchange's
+  // `channel` is in [0, channels_per_server()).
+  virtual int channels_per_server() const { return 1; }
 
-  virtual void StartExchange(int server, ParameterMethod method,
+  virtual void StartExchange(int server, int channel, ParameterMethod method,
                              std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                              SentFn on_sent, ReplyFn on_reply, DoneFn on_done) = 0;
 
@@ -42,10 +45,25 @@ class ParameterTransport {
   virtual void CancelAll() = 0;
 };
 
-// The gRPC transport: one channel per server address, measured by `metrics`
-// if set. INVALID_ARGUMENT on an empty address list.
+struct GrpcTransportOptions {
+  // Channels per server, each its own TCP connection (channels with equal
+  // arguments would share one): a server's chunks are spread over them.
+  // The defaults were the fastest all-round in bench/RESULTS.md: more
+  // bytes in flight than 4 x 2 chunks did not move more.
+  int channels_per_server = 4;
+  // Requests a stream sends ahead of their replies. Every request gets one
+  // reply, so this bounds the chunks in flight per stream (and what a
+  // server holds for it at a sync barrier).
+  int window = 2;
+  // Measures the calls; null: not measured.
+  RpcMetrics* metrics = nullptr;
+};
+
+// The gRPC transport: options.channels_per_server channels per server
+// address. INVALID_ARGUMENT on an empty address list or options out of
+// range (channels in [1, 16], window in [1, 1024]).
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
-    const std::vector<std::string>& server_addresses, RpcMetrics* metrics = nullptr);
+    const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});
 
 }  // namespace pstrain::worker
 

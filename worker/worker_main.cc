@@ -21,6 +21,10 @@ ABSL_FLAG(int, metrics_job_grace_s, 300,
 ABSL_FLAG(std::string, devices, "cpu:1",
           "devices to train on: cpu:N (N CPU devices, threads) or cuda:0,cuda:1,... (GPUs)");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads in this process");
+ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().channels_per_server,
+          "gRPC channels (TCP connections) to each parameter server, in [1, 16]");
+ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
+          "chunks a stream sends ahead of their replies, in [1, 1024]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(int, step_delay_ms, 0, "testing: sleep this long in every training step");
 
@@ -37,6 +41,16 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_blas_threads) < 1) {
     std::cerr << "pstrain-worker: --blas_threads must be >= 1\n";
+    return 2;
+  }
+  options.transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
+  options.transport.window = absl::GetFlag(FLAGS_stream_window);
+  if (options.transport.channels_per_server < 1 || options.transport.channels_per_server > 16) {
+    std::cerr << "pstrain-worker: --channels_per_server must be in [1, 16]\n";
+    return 2;
+  }
+  if (options.transport.window < 1 || options.transport.window > 1024) {
+    std::cerr << "pstrain-worker: --stream_window must be in [1, 1024]\n";
     return 2;
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));

@@ -103,7 +103,8 @@ class WorkerNodeImpl final : public WorkerNode {
     t.step_delay = options_.step_delay;
     t.devices = options_.devices;
     t.metrics = options_.metrics;
-    t.rpc = options_.rpc;
+    t.grpc = options_.transport;
+    t.grpc.metrics = options_.rpc;
     v1::ReportProgressRequest final_report;
     bool finished = false;
     t.report = [this, &final_report, &finished](const v1::ReportProgressRequest& r) {

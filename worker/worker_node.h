@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/devices.h"
+#include "worker/transport.h"
 #include "worker/worker_metrics.h"
 
 namespace pstrain::worker {
@@ -29,6 +30,9 @@ class WorkerNode {
     // Metrics; null: not measured. They must outlive the node.
     WorkerMetrics* metrics = nullptr;
     RpcMetrics* rpc = nullptr;
+    // Channels and window of the transports to the parameter servers
+    // (their metrics are `rpc`).
+    GrpcTransportOptions transport;
     // The worker's /metrics address, given to the coordinator.
     std::string metrics_address;
   };

@@ -158,7 +158,9 @@ TEST(MetricsTest, BindingAgainWithinTheGracePeriodKeepsTheSeries) {
   m.worker->expiring.JobEnded("job-1");
   m.worker->expiring.Sweep();
   for (const auto& family : m.server->registry().Collect()) {
-    if (family.name == "pstrain_worker_steps_total") EXPECT_TRUE(family.metric.empty());
+    if (family.name == "pstrain_worker_steps_total") {
+      EXPECT_TRUE(family.metric.empty());
+    }
   }
 }
 

@@ -35,7 +35,7 @@ std::shared_ptr<PendingExchange> StartExchange(worker::ParameterTransport& trans
                                                std::vector<grpc::ByteBuffer> frames) {
   auto pending = std::make_shared<PendingExchange>();
   transport.StartExchange(
-      server, method, std::move(frames), absl::Now() + absl::Seconds(60), nullptr,
+      server, /*channel=*/0, method, std::move(frames), absl::Now() + absl::Seconds(60), nullptr,
       [pending](const grpc::ByteBuffer& reply) {
         absl::StatusOr<Frame> frame = Frame::Parse(reply);
         absl::MutexLock lock(&pending->mu);
@@ -78,7 +78,7 @@ class ParameterServiceTest : public ::testing::Test {
     h.set_step(step);
     h.set_version(step);
     h.set_chunk(chunk);
-    h.set_dtype(v1::DTYPE_F32);
+    h.set_dtype(v1::DTYPE_FP32);
     h.set_num_elements(chunk < plan_.chunks_size() ? plan_.chunks(chunk).size() : 16);
     return h;
   }

@@ -17,8 +17,9 @@ class FaultyTransport final : public worker::ParameterTransport {
       : inner_(std::move(inner)), duplicate_(duplicate), drop_(drop), rng_(seed) {}
 
   int num_servers() const override { return inner_->num_servers(); }
+  int channels_per_server() const override { return inner_->channels_per_server(); }
 
-  void StartExchange(int server, worker::ParameterMethod method,
+  void StartExchange(int server, int channel, worker::ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                      SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
     std::vector<grpc::ByteBuffer> sent;
@@ -29,7 +30,7 @@ class FaultyTransport final : public worker::ParameterTransport {
         ++duplicated_;
       }
     }
-    inner_->StartExchange(server, method, std::move(sent), deadline, std::move(on_sent),
+    inner_->StartExchange(server, channel, method, std::move(sent), deadline, std::move(on_sent),
                           [this, on_reply = std::move(on_reply)](const grpc::ByteBuffer& reply) {
                             if (Chance(drop_)) {
                               ++dropped_;
