@@ -35,7 +35,7 @@ struct ShardStore::Chunk {
   std::shared_ptr<std::vector<float>> values ABSL_GUARDED_BY(mu);
   std::shared_ptr<std::vector<float>> spare ABSL_GUARDED_BY(mu);
   // The values cast to the job's 16-bit wire dtype, and its spare; null
-  // when the wire carries f32.
+  // when the wire carries fp32.
   std::shared_ptr<std::vector<uint16_t>> wire_values ABSL_GUARDED_BY(mu);
   std::shared_ptr<std::vector<uint16_t>> wire_spare ABSL_GUARDED_BY(mu);
   std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
@@ -56,7 +56,7 @@ struct ShardStore::Job {
   int64_t bytes = 0;  // BytesNeeded
   ServerMetrics::Job metrics{};  // bound if the store is measured
   v1::Mode mode = v1::MODE_SYNC;
-  v1::DType wire_dtype = v1::DTYPE_F32;
+  v1::DType wire_dtype = v1::DTYPE_FP32;
   uint32_t num_workers = 0;
   std::unique_ptr<kernels::Optimizer> optimizer;
   // By chunk id; null for chunks owned by other servers.
@@ -69,7 +69,7 @@ namespace {
 ChunkValues Published(const ShardStore::Chunk& chunk, v1::DType wire_dtype)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   if (chunk.wire_values == nullptr) {
-    return ChunkValues{chunk.version, v1::DTYPE_F32, chunk.values->data(), chunk.size,
+    return ChunkValues{chunk.version, v1::DTYPE_FP32, chunk.values->data(), chunk.size,
                        chunk.values};
   }
   return ChunkValues{chunk.version, wire_dtype, chunk.wire_values->data(), chunk.size,

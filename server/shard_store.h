@@ -25,7 +25,7 @@ namespace pstrain::server {
 // dtype, immutable, kept alive by `owner` for as long as any reply holds it.
 struct ChunkValues {
   int64_t version = 0;
-  v1::DType dtype = v1::DTYPE_F32;
+  v1::DType dtype = v1::DTYPE_FP32;
   const void* data = nullptr;
   int64_t num_values = 0;
   std::shared_ptr<const void> owner;
@@ -93,7 +93,7 @@ class ShardStore {
   // Pushes and pulls waiting for a version, over every job.
   int64_t OpenWaits() const;
 
-  // A PUSH frame (f32, bf16 or f16 values). Sync: the frame joins step
+  // A PUSH frame (fp32, bf16 or fp16 values). Sync: the frame joins step
   // `step` of the chunk, held as received (a repeated push of the same
   // worker and step is not summed again); when all workers have pushed,
   // their gradients are summed in worker order straight from the received
