@@ -2,7 +2,9 @@
 // per server, each stream with a window of requests ahead of their replies.
 #include "worker/transport.h"
 
+#include <deque>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -122,10 +124,16 @@ class GrpcTransport final : public ParameterTransport {
             std::make_unique<grpc::GenericStub>(MakeChannel(address, c, options.metrics)));
       }
     }
+    starter_ = std::thread([this] { StartLoop(); });
   }
 
   ~GrpcTransport() override {
     CancelAll();
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    starter_.join();  // after starting (cancelled) whatever was queued
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* open) { return *open == 0; }, &calls_open_));
   }
@@ -146,8 +154,9 @@ class GrpcTransport final : public ParameterTransport {
       calls_.insert(call);
       ++calls_open_;
       if (cancelled_) call->context()->TryCancel();
+      to_start_.push_back(
+          {call, stubs_[server * channels_per_server_ + channel].get(), MethodName(method)});
     }
-    call->Start(stubs_[server * channels_per_server_ + channel].get(), MethodName(method));
   }
 
   void CancelAll() override {
@@ -169,6 +178,34 @@ class GrpcTransport final : public ParameterTransport {
   }
 
  private:
+  struct ToStart {
+    ExchangeCall* call;
+    grpc::GenericStub* stub;
+    const char* method;
+  };
+
+  // Starts the queued calls. Starting a call writes its first request, and
+  // gRPC may do that write, socket included, on the thread that starts it:
+  // here, so that a worker's training thread goes straight back to its
+  // backward pass.
+  void StartLoop() {
+    while (true) {
+      ToStart next;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](GrpcTransport* t) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return t->stopping_ || !t->to_start_.empty();
+            },
+            this));
+        if (to_start_.empty()) return;  // stopping, nothing left
+        next = to_start_.front();
+        to_start_.pop_front();
+      }
+      next.call->Start(next.stub, next.method);
+    }
+  }
+
   const int channels_per_server_;
   const int window_;
   // Server s, channel c: stubs_[s * channels_per_server_ + c].
@@ -177,6 +214,9 @@ class GrpcTransport final : public ParameterTransport {
   std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);  // cancellable
   int calls_open_ ABSL_GUARDED_BY(mu_) = 0;             // not yet Released
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<ToStart> to_start_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread starter_;
 };
 
 void ExchangeCall::OnDone(const grpc::Status& status) {
