@@ -95,7 +95,7 @@ absl::StatusOr<double> ApplySeconds(const v1::JobSpec& spec, const v1::Partition
       }
     }
     const absl::Time start = absl::Now();
-    for (const Frame& f : frames) PSTRAIN_RETURN_IF_ERROR(store.Push(f, nullptr));
+    for (Frame& f : frames) PSTRAIN_RETURN_IF_ERROR(store.Push(std::move(f), nullptr));
     if (step > 0) seconds += SecondsSince(start);  // step 0 touches the memory first
   }
   return seconds / steps;
