@@ -51,11 +51,15 @@ struct BatchStats {
   int64_t correct = 0;  // samples whose arg-max logit is the label
 };
 
-// Called during backward as soon as layer `layer`'s weight and bias
-// gradients are final and the pass will not read the layer's parameters
-// again (layers in reverse order: the last layer first). The parameters of
-// that layer may be overwritten from then on.
-using GradientReadyFn = std::function<void(int layer)>;
+// Called during backward as a layer's gradient becomes final, layers in
+// reverse order (the last layer first): the first `ready_floats` floats of
+// layer `layer`'s gradient (its weight, row-major, then its bias, as laid
+// out in the flat space) are final, and the pass will not read the
+// parameters of those floats again, so they may be overwritten. The last
+// call for a layer covers all of it; a kernel may announce a prefix earlier
+// (the CPU MLP does so for the first layer's weight, computed in row blocks,
+// whose parameters backward never reads).
+using GradientReadyFn = std::function<void(int layer, int64_t ready_floats)>;
 
 // Forward and backward passes of one model on one device. Every pointer is
 // in the memory of the implementation's device (host memory for the CPU,

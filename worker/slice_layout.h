@@ -31,6 +31,12 @@ struct SliceLayout {
   std::vector<Slice> slices;
 
   int64_t padded_floats() const { return slice_floats * static_cast<int64_t>(slices.size()); }
+  // The chunks' floats over all slices, padding not counted.
+  int64_t total_floats() const {
+    int64_t n = 0;
+    for (const Slice& s : slices) n += s.floats;
+    return n;
+  }
 
   // Copies slice k of the flat buffer `flat` to padded[k*slice_floats...],
   // for every k (zeros in the padding are left as they are). Both buffers

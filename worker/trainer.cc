@@ -245,15 +245,42 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
   }
 
   // As each layer's gradient is final: reduce it across the node's devices
-  // and start pushing this device's slice of it.
+  // and start pushing this device's slice of it. A single device pushes the
+  // whole chunks of a final prefix of a layer at once.
   double reduce_seconds = 0;
   absl::Status push_status;
-  auto on_ready = [&](int layer) {
+  std::vector<int> first_unpushed(layer_layouts_.size());
+  for (size_t l = 0; l < layer_layouts_.size(); ++l) {
+    first_unpushed[l] = layer_layouts_[l].slices[k].first_chunk;
+  }
+  auto push = [&](int layer, int first_chunk, int last_chunk) {
+    if (first_chunk >= last_chunk) return;
+    std::vector<uint32_t> chunks;
+    for (int c = first_chunk; c < last_chunk; ++c) chunks.push_back(c);
+    d.pending.push_back(
+        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(chunks)));
+    first_unpushed[layer] = last_chunk;
+    if (options_.trace) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+  };
+  auto on_ready = [&](int layer, int64_t ready_floats) {
+    const SliceLayout& layout = layer_layouts_[layer];
+    const SliceLayout::Slice& slice = layout.slices[k];
+    if (ready_floats < layout.total_floats()) {
+      // A prefix: its whole chunks, when they are already in host memory.
+      if (k_devices > 1 || d.grad_ptr != d.push_grad->data() || !push_status.ok()) return;
+      const v1::PartitionPlan& plan = options_.assignment.plan();
+      const int64_t ready_end = slice.flat_offset + ready_floats;
+      int end = first_unpushed[layer];
+      while (end < slice.last_chunk &&
+             plan.chunks(end).offset() + plan.chunks(end).size() <= ready_end) {
+        ++end;
+      }
+      push(layer, first_unpushed[layer], end);
+      return;
+    }
     if (options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
     if (!push_status.ok()) return;
     const absl::Time t0 = absl::Now();
-    const SliceLayout& layout = layer_layouts_[layer];
-    const SliceLayout::Slice& slice = layout.slices[k];
     float* push_at = d.push_grad->data() + slice.flat_offset;
     if (k_devices == 1) {
       if (d.grad_ptr != d.push_grad->data()) {
@@ -271,12 +298,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
       }
     }
     reduce_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!push_status.ok() || slice.floats == 0) return;
-    std::vector<uint32_t> chunks;
-    for (int c = slice.first_chunk; c < slice.last_chunk; ++c) chunks.push_back(c);
-    d.pending.push_back(
-        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(chunks)));
-    if (options_.trace) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+    if (push_status.ok()) push(layer, first_unpushed[layer], slice.last_chunk);
   };
   // Sync: the servers sum W node gradients, so each is scaled to its share
   // of the global batch's mean. Async: each node's push is applied alone.

@@ -3,13 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
-#include <string>
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::kernels {
 namespace {
+
+// Row blocks of the first layer's weight gradient, each announced when done.
+constexpr int kFirstLayerBlocks = 8;
 
 class CpuMlp final : public ModelKernels {
  public:
@@ -47,16 +50,26 @@ class CpuMlp final : public ModelKernels {
       const float* a_in = l == 0 ? x : activations_[l].data();
       float* dw = grad + tensors_[2 * l].offset;
       float* db = grad + tensors_[2 * l + 1].offset;
-      // dW = A_in^T * delta
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, a_in, in,
-                  delta_.data(), out, 0.0f, dw, out);
+      const int64_t layer_floats = static_cast<int64_t>(in) * out + out;
+      // dW = A_in^T * delta. The first layer's, the last product of the
+      // pass, in row blocks announced one by one, so that their pushes
+      // overlap the rest of it (row r of dW is input feature r).
+      const int blocks = l == 0 && on_ready ? std::min(in, kFirstLayerBlocks) : 1;
+      for (int b = 0; b < blocks; ++b) {
+        const int r0 = static_cast<int>(static_cast<int64_t>(in) * b / blocks);
+        const int r1 = static_cast<int>(static_cast<int64_t>(in) * (b + 1) / blocks);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, out, batch, 1.0f,
+                    a_in + r0, in, delta_.data(), out, 0.0f, dw + static_cast<size_t>(r0) * out,
+                    out);
+        if (b + 1 < blocks) on_ready(0, static_cast<int64_t>(r1) * out);
+      }
       std::fill(db, db + out, 0.0f);
       for (int i = 0; i < batch; ++i) {
         const float* row = delta_.data() + static_cast<size_t>(i) * out;
         for (int j = 0; j < out; ++j) db[j] += row[j];
       }
       if (l == 0) {
-        if (on_ready) on_ready(0);
+        if (on_ready) on_ready(0, layer_floats);
         break;
       }
       // delta_prev = (delta * W^T) masked by ReLU'(z) == (a > 0).
@@ -70,7 +83,7 @@ class CpuMlp final : public ModelKernels {
       }
       std::swap(delta_, delta_prev_);
       // W_l has been used for the last time in this pass.
-      if (on_ready) on_ready(l);
+      if (on_ready) on_ready(l, layer_floats);
     }
     return absl::OkStatus();
   }

@@ -106,7 +106,7 @@ class CudaMlp final : public ModelKernels {
       if (on_ready) {
         // The gradient must be in memory before anyone reads it.
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-        on_ready(l);
+        on_ready(l, static_cast<int64_t>(in) * out + out);
       }
     }
     return Collect(batch, stats);

@@ -97,7 +97,7 @@ TEST_P(CudaMlpTest, ForwardBackwardMatchesTheCpu) {
   std::vector<int> ready;
   ASSERT_TRUE(kernels->ForwardBackward(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch,
                                        1.0f / batch, g.as<float>(), &gpu_stats,
-                                       [&](int layer) { ready.push_back(layer); })
+                                       [&](int layer, int64_t) { ready.push_back(layer); })
                   .ok());
   EXPECT_EQ(ready, (std::vector<int>{2, 1, 0}));
   const std::vector<float> gpu_grad = Download<float>(*gpu, g, n);
