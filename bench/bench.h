@@ -34,6 +34,10 @@ int RunApplyBench(const ApplyBenchOptions& options);
 struct TrainBenchOptions {
   int batch = 512;
   int steps = 300;
+  // 256 KiB: the first layer's weight (0.77 MiB) in 4 chunks, spread over
+  // 2 servers, each message large enough that gRPC's per-message costs stay
+  // small.
+  int64_t chunk_bytes = 256 << 10;
   std::string bin_dir;  // where pstrain-local is
 };
 int RunTrainBench(const TrainBenchOptions& options);

@@ -27,6 +27,7 @@ ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients su
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
 ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
 ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
+ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
 ABSL_FLAG(std::string, bin_dir, "", "train: where pstrain-local is; default: beside this binary");
 
 namespace pstrain::bench {
@@ -110,6 +111,11 @@ int Main(const std::vector<char*>& args) {
     TrainBenchOptions o;
     o.batch = absl::GetFlag(FLAGS_train_batch);
     o.steps = absl::GetFlag(FLAGS_train_steps);
+    o.chunk_bytes = absl::GetFlag(FLAGS_train_chunk_bytes);
+    if (o.chunk_bytes < 4 || o.chunk_bytes % 4 != 0 || o.chunk_bytes > (64 << 20)) {
+      std::cerr << "pstrain-bench: --train_chunk_bytes must be a multiple of 4 in [4, 64 MiB]\n";
+      return 2;
+    }
     o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
     if (o.bin_dir.empty()) o.bin_dir = cli::ExecutableDir();
     if (tiny) {
