@@ -75,10 +75,8 @@ int Main(const std::vector<char*>& args) {
     o.chunk_bytes = chunk_bytes;
     o.grpc.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
     o.grpc.window = absl::GetFlag(FLAGS_window);
-    if (o.grpc.channels_per_server < 1 || o.grpc.channels_per_server > 16 || o.grpc.window < 1 ||
-        o.grpc.window > 1024) {
-      std::cerr << "pstrain-bench: --channels_per_server must be in [1, 16], --window in "
-                   "[1, 1024]\n";
+    if (absl::Status s = worker::ValidateGrpcTransportOptions(o.grpc); !s.ok()) {
+      std::cerr << "pstrain-bench: --channels_per_server / --window: " << s.message() << "\n";
       return 2;
     }
     o.bytes_per_config = absl::GetFlag(FLAGS_gib_per_config) * (1 << 30);

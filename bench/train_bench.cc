@@ -4,6 +4,7 @@
 // 1 worker + 1 server and 2 workers + 2 servers, sync and async.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,8 +67,11 @@ absl::StatusOr<double> LocalClusterRate(const TrainBenchOptions& options, const 
   }
   const size_t key = last.find("\"samples_per_second\":");
   if (key == std::string::npos) {
-    return absl::InternalError(absl::StrCat("no samples_per_second in: ", last));
+    return absl::InternalError(
+        absl::StrCat("no samples_per_second in: ", last, " (logs in ", dir, ")"));
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);  // the logs of a run that went well
   return std::atof(last.c_str() + key + 21);
 }
 
@@ -97,6 +101,10 @@ int RunTrainBench(const TrainBenchOptions& options) {
   // the mean of the two, so that a machine that changes speed during the
   // run (a shared one) shows in the two rows instead of skewing the ratios.
   absl::StatusOr<double> before = InProcessRate(options, *train);
+  if (!before.ok()) {
+    LOG(ERROR) << "train in process: " << before.status();
+    return 1;
+  }
   std::vector<double> rates;
   for (const Setup& s : setups) {
     absl::StatusOr<double> rate = LocalClusterRate(options, s.mode, s.workers, s.servers);
@@ -107,8 +115,8 @@ int RunTrainBench(const TrainBenchOptions& options) {
     rates.push_back(*rate);
   }
   absl::StatusOr<double> after = InProcessRate(options, *train);
-  if (!before.ok() || !after.ok()) {
-    LOG(ERROR) << "train in process: " << (before.ok() ? after.status() : before.status());
+  if (!after.ok()) {
+    LOG(ERROR) << "train in process: " << after.status();
     return 1;
   }
   const double baseline = (*before + *after) / 2;

@@ -30,7 +30,7 @@ absl::Status ApplyRange(const kernels::Optimizer& optimizer, absl::Span<const Fr
     part.params += at;
     part.new_params += at;
     part.grad = tile.get();
-    part.state += at;
+    if (part.state != nullptr) part.state += at;  // plain SGD has none
     part.n = n;
     if (absl::Status s = optimizer.Apply(part, update_count); !s.ok()) return s;
   }
@@ -62,8 +62,8 @@ void ApplyPool::HelperLoop() {
           },
           this));
       if (queue_.empty()) return;  // stopping
-      task = std::move(queue_.back());
-      queue_.pop_back();
+      task = std::move(queue_.front());  // oldest first: no caller waits on others
+      queue_.pop_front();
     }
     task();
   }

@@ -4,6 +4,7 @@
 #ifndef PSTRAIN_SERVER_APPLY_H_
 #define PSTRAIN_SERVER_APPLY_H_
 
+#include <deque>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -37,7 +38,7 @@ class ApplyPool {
   void HelperLoop();
 
   absl::Mutex mu_;
-  std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> helpers_;
 };

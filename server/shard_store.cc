@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 
 #include "absl/container/inlined_vector.h"
@@ -100,8 +101,20 @@ void AnswerWaits(ShardStore::Chunk& chunk, v1::DType wire_dtype)
 // else a new one (replies of two versions still in flight).
 template <typename T>
 std::shared_ptr<std::vector<T>> TakeSpare(std::shared_ptr<std::vector<T>>& spare, int64_t size) {
-  if (spare != nullptr && spare.use_count() == 1) return std::move(spare);
+  if (spare != nullptr && spare.use_count() == 1) {
+    // The last reply let go of it on another thread: see its reads first.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return std::move(spare);
+  }
   return std::make_shared<std::vector<T>>(size);
+}
+
+// True if no reply holds `buffer` any more, so it may be written.
+template <typename T>
+bool Unshared(const std::shared_ptr<std::vector<T>>& buffer) {
+  if (buffer.use_count() != 1) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);  // as in TakeSpare
+  return true;
 }
 
 // Writes the chunk's values in the 16-bit wire dtype into wire_values.
@@ -120,7 +133,7 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
                     absl::Span<const Frame* const> grads, ApplyPool* pool)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   std::shared_ptr<std::vector<float>> next =
-      chunk.values.use_count() == 1 ? chunk.values : TakeSpare(chunk.spare, chunk.size);
+      Unshared(chunk.values) ? chunk.values : TakeSpare(chunk.spare, chunk.size);
   kernels::OptimizerSpan span;
   span.params = chunk.values->data();
   span.new_params = next->data();
@@ -133,7 +146,7 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
     chunk.values = std::move(next);
   }
   if (chunk.wire_values != nullptr) {
-    if (chunk.wire_values.use_count() != 1) {
+    if (!Unshared(chunk.wire_values)) {
       std::shared_ptr<std::vector<uint16_t>> wire = TakeSpare(chunk.wire_spare, chunk.size);
       chunk.wire_spare = std::move(chunk.wire_values);
       chunk.wire_values = std::move(wire);
@@ -175,16 +188,19 @@ int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan
   absl::StatusOr<std::unique_ptr<kernels::Optimizer>> optimizer =
       kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer()));
   const int64_t state = optimizer.ok() ? (*optimizer)->StateFloatsPerParam() : 2;
-  // Two value buffers and the optimizer state; sync keeps each worker's
-  // gradient of the open step too. Two casts for a 16-bit wire.
-  const int64_t floats_per_param =
-      2 + state + (spec.mode() == v1::MODE_SYNC ? spec.num_workers() : 0);
-  const int64_t wire_bytes_per_param = DTypeBytes(spec.wire_dtype()) == 2 ? 2 * 2 : 0;
+  // fp32 values (two buffers for an fp32 wire; one, and two 16-bit casts,
+  // for a 16-bit one) and the optimizer state; sync keeps each worker's
+  // gradient of the open step too, as received.
+  const bool wire16 = DTypeBytes(spec.wire_dtype()) == 2;  // unspecified: fp32
+  const int64_t value_bytes = wire16 ? 2 : 4;
+  const int64_t bytes_per_param =
+      4 * ((wire16 ? 1 : 2) + state) + (wire16 ? 2 * 2 : 0) +
+      (spec.mode() == v1::MODE_SYNC ? spec.num_workers() * value_bytes : 0);
   int64_t floats = 0;
   for (const v1::ChunkInfo& c : plan.chunks()) {
     if (c.server() == server) floats += c.size();
   }
-  return floats * (floats_per_param * static_cast<int64_t>(sizeof(float)) + wire_bytes_per_param);
+  return floats * bytes_per_param;
 }
 
 void ShardStore::UpdateGauges() {
@@ -240,7 +256,11 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     chunk->size = info.size();
     if (options_.metrics != nullptr) chunk->metrics = &job->metrics;
     chunk->values = std::make_shared<std::vector<float>>(info.size());
-    chunk->spare = std::make_shared<std::vector<float>>(info.size());
+    // A 16-bit wire's replies hold the casts, so fp32 updates are always
+    // in place and need no spare.
+    if (DTypeBytes(spec.wire_dtype()) == 4) {
+      chunk->spare = std::make_shared<std::vector<float>>(info.size());
+    }
     kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
                         chunk->values->data());
     if (DTypeBytes(job->wire_dtype) == 2) {

@@ -69,10 +69,10 @@ class ShardStore {
   ~ShardStore();
 
   // Bytes a server needs to hold the chunks of `plan` it owns as server
-  // `server` (two buffers of values — the published version and the next —,
-  // their wire-dtype casts, optimizer state, and in sync mode the received
-  // gradient of every worker). The coordinator schedules with the same
-  // figure.
+  // `server`: the fp32 values (the published version and the next, or, with
+  // a 16-bit wire, one fp32 buffer and two 16-bit casts), optimizer state,
+  // and in sync mode the received gradient of every worker. The coordinator
+  // schedules with the same figure.
   static int64_t BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
                              uint32_t server);
 

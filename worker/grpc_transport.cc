@@ -2,6 +2,7 @@
 // per server, each stream with a window of requests ahead of their replies.
 #include "worker/transport.h"
 
+#include <atomic>
 #include <deque>
 #include <set>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
 #include "common/rpc.h"
+#include "common/status.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace pstrain::worker {
@@ -46,11 +48,15 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   void Start(grpc::GenericStub* stub, const char* method) {
     stub->PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
     StartRead(&reply_);
-    if (requests_.empty()) {
-      StartWritesDone();
+    const grpc::ByteBuffer* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      first = NextWrite();
+    }
+    if (first != nullptr) {
+      StartWrite(first);
     } else {
-      writing_ = true;
-      StartWrite(&requests_[0]);
+      StartWritesDone();  // nothing to send
     }
     StartCall();
   }
@@ -75,7 +81,8 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    on_reply_(reply_);
+    // The window moves on before the reply is decoded: writes do not touch
+    // reply_.
     const grpc::ByteBuffer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -83,10 +90,11 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
       next = NextWrite();
     }
     if (next != nullptr) StartWrite(next);
+    on_reply_(reply_);
     StartRead(&reply_);
   }
 
-void OnDone(const grpc::Status& status) override;
+  void OnDone(const grpc::Status& status) override;
 
  private:
   // The request to write now, if the window allows one and no write is in
@@ -118,10 +126,14 @@ class GrpcTransport final : public ParameterTransport {
  public:
   GrpcTransport(const std::vector<std::string>& addresses, const GrpcTransportOptions& options)
       : channels_per_server_(options.channels_per_server), window_(options.window) {
+    // gRPC shares one connection between all channels of a process with
+    // equal arguments, whichever transport made them: every channel gets a
+    // pool index of its own, process-wide.
+    static std::atomic<int> next_pool_index{0};
     for (const std::string& address : addresses) {
       for (int c = 0; c < channels_per_server_; ++c) {
-        stubs_.push_back(
-            std::make_unique<grpc::GenericStub>(MakeChannel(address, c, options.metrics)));
+        stubs_.push_back(std::make_unique<grpc::GenericStub>(
+            MakeChannel(address, next_pool_index++, options.metrics)));
       }
     }
     starter_ = std::thread([this] { StartLoop(); });
@@ -235,9 +247,7 @@ void ExchangeCall::OnDone(const grpc::Status& status) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
-    const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options) {
-  if (server_addresses.empty()) return absl::InvalidArgumentError("no server addresses");
+absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
   if (options.channels_per_server < 1 || options.channels_per_server > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "channels per server must be in [1, 16], not ", options.channels_per_server));
@@ -246,6 +256,13 @@ absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     return absl::InvalidArgumentError(
         absl::StrCat("stream window must be in [1, 1024], not ", options.window));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
+    const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options) {
+  if (server_addresses.empty()) return absl::InvalidArgumentError("no server addresses");
+  PSTRAIN_RETURN_IF_ERROR(ValidateGrpcTransportOptions(options));
   return std::make_unique<GrpcTransport>(server_addresses, options);
 }
 

@@ -44,13 +44,15 @@ struct ParameterClient::Attempt {
 ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
     : options_(std::move(options)),
       transport_(transport),
+      channels_(std::max(1, transport_->channels_per_server())),
       chunk_versions_(options_.plan.chunks_size(), -1) {
-  const int channels = std::max(1, transport_->channels_per_server());
+  CHECK_EQ(static_cast<uint32_t>(transport_->num_servers()), options_.plan.num_servers())
+      << "the transport does not reach the plan's servers";
   std::vector<int> next_channel(transport_->num_servers(), 0);
   for (const v1::ChunkInfo& info : options_.plan.chunks()) {
-    int& next = next_channel[info.server() % next_channel.size()];
+    int& next = next_channel[info.server()];
     channel_of_chunk_.push_back(next);
-    next = (next + 1) % channels;
+    next = (next + 1) % channels_;
   }
   if (DTypeBytes(options_.wire_dtype) == 2) {
     wire_grad_ = std::make_shared<std::vector<uint16_t>>(options_.plan.total_floats());
@@ -174,7 +176,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
 void ParameterClient::Send(Pending& pending) {
   const v1::PartitionPlan& plan = options_.plan;
   const int num_servers = transport_->num_servers();
-  const int channels = std::max(1, transport_->channels_per_server());
+  const int channels = channels_;
   std::sort(pending.chunks.begin(), pending.chunks.end());
   // requests[server * channels + channel]
   std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels);

@@ -95,9 +95,11 @@ class ParameterClient {
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
                                  RequestFn make_request, int64_t min_version, float* params);
   // Sends one attempt for the chunks still unanswered: per server and
-  // channel, one stream carrying its chunks in ascending id order. (Every
-  // worker sends a chunk on the same channel and in the same order, so a
-  // sync barrier can always complete the lowest chunk a window waits on.)
+  // channel, one stream carrying its chunks in ascending id order. (With
+  // every stream of every worker in ascending order, whatever their windows
+  // and channels, a window always holds the lowest chunk its stream still
+  // waits for, so a sync barrier can always complete the lowest chunk that
+  // any worker waits for: no deadlock.)
   void Send(Pending& pending);
   bool cancelled() const;
   // False if cancelled before `duration` passed.
@@ -105,6 +107,7 @@ class ParameterClient {
 
   const Options options_;
   ParameterTransport* const transport_;
+  const int channels_;  // per server
   // The channel of each chunk: chunks round-robin over their server's
   // channels in plan order.
   std::vector<int> channel_of_chunk_;

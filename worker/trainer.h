@@ -34,7 +34,9 @@
 
 namespace pstrain::worker {
 
-// What the step trace records (tests of the overlap).
+// What the step trace records (tests of the overlap). A layer's pushes may
+// start before its kBackwardDone when the kernel announces a final prefix of
+// it (the CPU MLP's first layer).
 struct StepEvent {
   enum class Kind { kBackwardDone, kPushStarted };
   Kind kind;

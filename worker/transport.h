@@ -59,9 +59,13 @@ struct GrpcTransportOptions {
   RpcMetrics* metrics = nullptr;
 };
 
+// INVALID_ARGUMENT, naming the option, unless channels_per_server is in
+// [1, 16] and window in [1, 1024].
+absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
+
 // The gRPC transport: options.channels_per_server channels per server
-// address. INVALID_ARGUMENT on an empty address list or options out of
-// range (channels in [1, 16], window in [1, 1024]).
+// address, each its own connection (also across transports). INVALID_ARGUMENT
+// on an empty address list or invalid options.
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});
 

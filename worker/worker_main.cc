@@ -45,12 +45,10 @@ int main(int argc, char** argv) {
   }
   options.transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
   options.transport.window = absl::GetFlag(FLAGS_stream_window);
-  if (options.transport.channels_per_server < 1 || options.transport.channels_per_server > 16) {
-    std::cerr << "pstrain-worker: --channels_per_server must be in [1, 16]\n";
-    return 2;
-  }
-  if (options.transport.window < 1 || options.transport.window > 1024) {
-    std::cerr << "pstrain-worker: --stream_window must be in [1, 1024]\n";
+  if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(options.transport);
+      !s.ok()) {
+    std::cerr << "pstrain-worker: --channels_per_server / --stream_window: " << s.message()
+              << "\n";
     return 2;
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
