@@ -97,48 +97,36 @@ class ProcessCollector final : public prometheus::Collectable {
   }
 };
 
-class ServerRpcInterceptor final : public grpc::experimental::Interceptor {
+// Times one call, server or client side, and counts it when its status is
+// sent (server) or received (client).
+class RpcInterceptor final : public grpc::experimental::Interceptor {
  public:
   // The name is copied: for generic calls gRPC's pointer does not outlive
   // the call's setup.
-  ServerRpcInterceptor(RpcMetrics* metrics, const char* method)
-      : metrics_(metrics), method_(method != nullptr ? method : ""), start_(absl::Now()) {}
+  RpcInterceptor(RpcMetrics* metrics, bool server, const char* method)
+      : metrics_(metrics),
+        server_(server),
+        method_(method != nullptr ? method : ""),
+        start_(absl::Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      metrics_->Observe(/*server=*/true, method_, methods->GetSendStatus().error_code(),
-                        absl::ToDoubleSeconds(absl::Now() - start_));
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(server_ ? InterceptionHookPoints::PRE_SEND_STATUS
+                                                    : InterceptionHookPoints::POST_RECV_STATUS)) {
+      grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+      if (server_) {
+        code = methods->GetSendStatus().error_code();
+      } else if (const grpc::Status* status = methods->GetRecvStatus(); status != nullptr) {
+        code = status->error_code();
+      }
+      metrics_->Observe(server_, method_, code, absl::ToDoubleSeconds(absl::Now() - start_));
     }
     methods->Proceed();
   }
 
  private:
   RpcMetrics* const metrics_;
-  const std::string method_;
-  const absl::Time start_;
-};
-
-class ClientRpcInterceptor final : public grpc::experimental::Interceptor {
- public:
-  // The name is copied: for generic calls gRPC's pointer does not outlive
-  // the call's setup.
-  ClientRpcInterceptor(RpcMetrics* metrics, const char* method)
-      : metrics_(metrics), method_(method != nullptr ? method : ""), start_(absl::Now()) {}
-
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::POST_RECV_STATUS)) {
-      const grpc::Status* status = methods->GetRecvStatus();
-      metrics_->Observe(/*server=*/false, method_,
-                        status != nullptr ? status->error_code() : grpc::StatusCode::UNKNOWN,
-                        absl::ToDoubleSeconds(absl::Now() - start_));
-    }
-    methods->Proceed();
-  }
-
- private:
-  RpcMetrics* const metrics_;
+  const bool server_;
   const std::string method_;
   const absl::Time start_;
 };
@@ -148,7 +136,7 @@ class ServerFactory final : public grpc::experimental::ServerInterceptorFactoryI
   explicit ServerFactory(RpcMetrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new ServerRpcInterceptor(metrics_, info->method());
+    return new RpcInterceptor(metrics_, /*server=*/true, info->method());
   }
 
  private:
@@ -160,7 +148,7 @@ class ClientFactory final : public grpc::experimental::ClientInterceptorFactoryI
   explicit ClientFactory(RpcMetrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* info) override {
-    return new ClientRpcInterceptor(metrics_, info->method());
+    return new RpcInterceptor(metrics_, /*server=*/false, info->method());
   }
 
  private:

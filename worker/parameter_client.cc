@@ -176,13 +176,12 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
 void ParameterClient::Send(Pending& pending) {
   const v1::PartitionPlan& plan = options_.plan;
   const int num_servers = transport_->num_servers();
-  const int channels = channels_;
   std::sort(pending.chunks.begin(), pending.chunks.end());
-  // requests[server * channels + channel]
-  std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels);
+  // requests[server * channels_ + channel]
+  std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels_);
   int64_t bytes = 0;
   for (uint32_t c : pending.chunks) {
-    requests[plan.chunks(c).server() * channels + channel_of_chunk_[c]].push_back(
+    requests[plan.chunks(c).server() * channels_ + channel_of_chunk_[c]].push_back(
         pending.make_request(c));
     if (pending.method == ParameterMethod::kPushPull) {
       bytes += plan.chunks(c).size() * static_cast<int64_t>(DTypeBytes(options_.wire_dtype));
@@ -230,8 +229,8 @@ void ParameterClient::Send(Pending& pending) {
   };
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
   for (int s = 0; s < num_servers; ++s) {
-    for (int channel = 0; channel < channels; ++channel) {
-      std::vector<grpc::ByteBuffer>& stream = requests[s * channels + channel];
+    for (int channel = 0; channel < channels_; ++channel) {
+      std::vector<grpc::ByteBuffer>& stream = requests[s * channels_ + channel];
       if (stream.empty()) continue;
       {
         absl::MutexLock lock(&mu_);
