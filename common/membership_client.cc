@@ -118,30 +118,18 @@ void MembershipClient::Loop() {
   }
 }
 
-absl::Status MembershipClient::Retry(absl::Duration patience,
-                                     const std::function<absl::Status()>& call) {
-  const absl::Time give_up = absl::Now() + patience;
-  absl::Duration backoff = absl::Milliseconds(50);
-  while (true) {
-    absl::Status status = call();
-    if (status.ok() || status.code() == absl::StatusCode::kInvalidArgument ||
-        status.code() == absl::StatusCode::kFailedPrecondition ||
-        status.code() == absl::StatusCode::kPermissionDenied ||
-        absl::Now() + backoff > give_up) {
-      return status;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff)) return status;
-    }
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
+absl::Status MembershipClient::Retry(const RetryPolicy& policy,
+                                     absl::FunctionRef<absl::Status()> call) {
+  return pstrain::Retry(policy, call, [this](absl::Duration pause) {
+    absl::MutexLock lock(&mu_);
+    return !mu_.AwaitWithTimeout(absl::Condition(&stopping_), pause);
+  });
 }
 
 absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest request,
                                                       absl::Duration patience) {
   bool active = false;
-  absl::Status status = Retry(patience, [&] {
+  absl::Status status = Retry(options_.retry.WithPatience(patience), [&] {
     request.set_node_id(node_id());
     v1::ReportProgressResponse response;
     grpc::ClientContext context;
@@ -157,7 +145,8 @@ absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest 
 absl::Status MembershipClient::UploadModel(const std::string& job_id, const std::string& file,
                                            absl::Duration patience) {
   constexpr size_t kPiece = 1 << 20;
-  return Retry(patience, [&] {
+  return Retry(options_.retry.AlsoRetrying({absl::StatusCode::kAlreadyExists}).WithPatience(patience),
+               [&] {
     grpc::ClientContext context;
     SetTimeout(context, options_.rpc_timeout + absl::Seconds(file.size() / (10 << 20)));
     v1::UploadModelResponse response;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/retry.h"
 #include "pstrain/v1/membership.grpc.pb.h"
 
 namespace pstrain {
@@ -32,6 +33,9 @@ class MembershipClient {
     // Used until the coordinator suggests its own interval at registration.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration rpc_timeout = absl::Seconds(5);
+    // What ReportProgress and UploadModel retry (their patience is given per
+    // call). NOT_FOUND is an unknown job: permanent.
+    RetryPolicy retry = RetryPolicy::Transient();
     // If positive: call on_coordinator_lost once the coordinator has not
     // answered for this long. Zero: keep trying forever.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
@@ -52,12 +56,14 @@ class MembershipClient {
   // Stops the thread; waits for it.
   void Stop();
 
-  // Sends one progress report; retries until the coordinator answers or
-  // `patience` runs out. Returns whether the job is still active there.
+  // Sends one progress report; retries transient errors until the
+  // coordinator answers or `patience` runs out. Returns whether the job is
+  // still active there.
   absl::StatusOr<bool> ReportProgress(v1::ReportProgressRequest request, absl::Duration patience);
 
   // Uploads a job's model file (worker 0, at the end of a job); retries
-  // until the coordinator answers or `patience` runs out.
+  // transient errors (and ALREADY_EXISTS: an earlier try still being
+  // received) until the coordinator answers or `patience` runs out.
   absl::Status UploadModel(const std::string& job_id, const std::string& file,
                            absl::Duration patience);
 
@@ -69,8 +75,9 @@ class MembershipClient {
   void Loop();
   absl::Status Register();
   absl::Status Heartbeat();
-  // Retries `call` on transient errors until `patience` runs out or Stop().
-  absl::Status Retry(absl::Duration patience, const std::function<absl::Status()>& call);
+  // Retries `call` by `policy` until it succeeds, fails for good, runs out
+  // of patience, or Stop().
+  absl::Status Retry(const RetryPolicy& policy, absl::FunctionRef<absl::Status()> call);
 
   const Options options_;
   const Callbacks callbacks_;

@@ -109,9 +109,9 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
         options.transport = [transport](int) { return transport; };
       }
       options.devices = run.devices;
-      options.grpc = run.grpc;
+      options.make_transport = worker::GrpcTransportFactory(run.grpc);
       if (w == 0) options.trace = run.trace;
-      options.client.retry_window = absl::Seconds(30);
+      options.client.retry = options.client.retry.WithPatience(absl::Seconds(30));
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
           worker::Trainer::Create(std::move(options));
       absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();

@@ -266,4 +266,10 @@ absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
   return std::make_unique<GrpcTransport>(server_addresses, options);
 }
 
+TransportFactory GrpcTransportFactory(GrpcTransportOptions options) {
+  return [options](const std::vector<std::string>& addresses) {
+    return CreateGrpcTransport(addresses, options);
+  };
+}
+
 }  // namespace pstrain::worker

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_codec.h"
@@ -9,36 +10,30 @@
 #include "glog/logging.h"
 
 namespace pstrain::worker {
-namespace {
+// One exchange (a PushPull or a Pull of some chunks) and the streams that
+// carry it, shared with the transport's callbacks.
+struct ParameterClient::Exchange {
+  ParameterMethod method = ParameterMethod::kPushPull;
+  RequestFn make_request;
+  int64_t min_version = 0;
+  float* params = nullptr;
 
-bool Retryable(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kNotFound:  // the server has not loaded the job yet
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kUnknown:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
-// One round of streams, shared with the transport's callbacks.
-struct ParameterClient::Attempt {
   absl::Mutex mu;
-  std::vector<bool> answered;
-  int streams_open = 0;
-  int streams_sending = 0;
-  std::vector<absl::Status> status;
-  int64_t bytes = 0;
+  std::vector<uint8_t> answered ABSL_GUARDED_BY(mu);  // by chunk id
+  std::vector<int> carriers ABSL_GUARDED_BY(mu);      // open streams carrying each chunk
+  int unanswered ABSL_GUARDED_BY(mu) = 0;
+  // Unanswered chunks that no open stream carries any more: to send again.
+  std::vector<uint32_t> orphaned ABSL_GUARDED_BY(mu);
+  // The first error of a stream since Finish last looked, and the first
+  // permanent one, with the server named.
+  absl::Status error ABSL_GUARDED_BY(mu);
+  absl::Status permanent ABSL_GUARDED_BY(mu);
+  absl::Time last_reply ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  int64_t bytes ABSL_GUARDED_BY(mu) = 0;
   absl::Time start;
-  absl::Time all_sent = absl::InfinitePast();
-  absl::Time first_reply = absl::InfiniteFuture();
+  absl::Time all_sent ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  absl::Time first_reply ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  int streams_sending ABSL_GUARDED_BY(mu) = 0;  // of the first sending
 };
 
 ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
@@ -164,26 +159,39 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
                                                                  int64_t min_version,
                                                                  float* params) {
   auto pending = std::make_unique<Pending>();
-  pending->method = method;
-  pending->chunks = std::move(chunks);
-  pending->make_request = std::move(make_request);
-  pending->min_version = min_version;
-  pending->params = params;
-  if (!cancelled()) Send(*pending);
+  if (cancelled()) return pending;
+  auto exchange = std::make_shared<Exchange>();
+  exchange->method = method;
+  exchange->make_request = std::move(make_request);
+  exchange->min_version = min_version;
+  exchange->params = params;
+  exchange->start = absl::Now();
+  {
+    absl::MutexLock lock(&exchange->mu);
+    exchange->answered.assign(options_.plan.chunks_size(), 1);
+    exchange->carriers.assign(options_.plan.chunks_size(), 0);
+    for (uint32_t c : chunks) exchange->answered[c] = 0;
+    exchange->unanswered = static_cast<int>(chunks.size());
+  }
+  pending->exchange = exchange;
+  Send(exchange, std::move(chunks));
   return pending;
 }
 
-void ParameterClient::Send(Pending& pending) {
+void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
+                           std::vector<uint32_t> chunks) {
   const v1::PartitionPlan& plan = options_.plan;
   const int num_servers = transport_->num_servers();
-  std::sort(pending.chunks.begin(), pending.chunks.end());
-  // requests[server * channels_ + channel]
+  std::sort(chunks.begin(), chunks.end());
+  // By stream (server * channels_ + channel): its chunks and their requests.
+  std::vector<std::vector<uint32_t>> stream_chunks(num_servers * channels_);
   std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels_);
   int64_t bytes = 0;
-  for (uint32_t c : pending.chunks) {
-    requests[plan.chunks(c).server() * channels_ + channel_of_chunk_[c]].push_back(
-        pending.make_request(c));
-    if (pending.method == ParameterMethod::kPushPull) {
+  for (uint32_t c : chunks) {
+    const int stream = plan.chunks(c).server() * channels_ + channel_of_chunk_[c];
+    stream_chunks[stream].push_back(c);
+    requests[stream].push_back(exchange->make_request(c));
+    if (exchange->method == ParameterMethod::kPushPull) {
       bytes += plan.chunks(c).size() * static_cast<int64_t>(DTypeBytes(options_.wire_dtype));
     }
   }
@@ -191,19 +199,14 @@ void ParameterClient::Send(Pending& pending) {
     absl::MutexLock lock(&stats_mu_);
     stats_.bytes_pushed += bytes;
   }
-  auto attempt = std::make_shared<Attempt>();
-  attempt->answered.assign(plan.chunks_size(), false);
-  attempt->status.assign(num_servers, absl::OkStatus());
-  for (const auto& stream : requests) attempt->streams_open += !stream.empty();
-  attempt->streams_sending = attempt->streams_open;
-  attempt->start = absl::Now();
-  pending.attempt = attempt;
+  {
+    absl::MutexLock lock(&exchange->mu);
+    for (uint32_t c : chunks) ++exchange->carriers[c];
+    for (const auto& stream : stream_chunks) exchange->streams_sending += !stream.empty();
+  }
 
   const std::string& job_id = options_.job_id;
-  const int64_t min_version = pending.min_version;
-  float* params = pending.params;
-  auto on_reply = [this, attempt, params, min_version, &plan, &job_id](
-                      const grpc::ByteBuffer& buffer) {
+  auto on_reply = [this, exchange, &plan, &job_id](const grpc::ByteBuffer& buffer) {
     absl::StatusOr<Frame> frame = Frame::Parse(buffer);
     if (!frame.ok()) {
       LOG(WARNING) << "dropping a malformed reply: " << frame.status();
@@ -212,118 +215,128 @@ void ParameterClient::Send(Pending& pending) {
     const v1::ChunkHeader& h = frame->header();
     if (h.kind() != v1::FRAME_KIND_VALUES || h.job_id() != job_id ||
         h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
-        h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < min_version) {
+        h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < exchange->min_version) {
       LOG(WARNING) << "dropping an unexpected reply for chunk " << h.chunk();
       return;
     }
     {
-      absl::MutexLock lock(&attempt->mu);
-      attempt->first_reply = std::min(attempt->first_reply, absl::Now());
-      if (attempt->answered[h.chunk()]) return;  // a duplicate
-      attempt->answered[h.chunk()] = true;
-      attempt->bytes += frame->payload_bytes();
+      absl::MutexLock lock(&exchange->mu);
+      const absl::Time now = absl::Now();
+      exchange->first_reply = std::min(exchange->first_reply, now);
+      if (exchange->answered[h.chunk()]) return;  // a duplicate, or not asked for
+      exchange->answered[h.chunk()] = 1;
+      exchange->last_reply = now;
+      exchange->bytes += frame->payload_bytes();
     }
-    // Each chunk is claimed once above, so copies never overlap.
-    frame->ReadValues(0, h.num_elements(), params + plan.chunks(h.chunk()).offset());
+    // Each chunk is claimed once above, so copies never overlap. The count
+    // goes down after the copy: Finish returns only once the values are in.
+    frame->ReadValues(0, h.num_elements(), exchange->params + plan.chunks(h.chunk()).offset());
     chunk_versions_[h.chunk()] = h.version();
+    absl::MutexLock lock(&exchange->mu);
+    --exchange->unanswered;
   };
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
   for (int s = 0; s < num_servers; ++s) {
     for (int channel = 0; channel < channels_; ++channel) {
-      std::vector<grpc::ByteBuffer>& stream = requests[s * channels_ + channel];
-      if (stream.empty()) continue;
+      const int stream = s * channels_ + channel;
+      if (stream_chunks[stream].empty()) continue;
       {
         absl::MutexLock lock(&mu_);
         ++streams_in_flight_;
       }
-      auto on_sent = [attempt] {
-        absl::MutexLock lock(&attempt->mu);
-        if (--attempt->streams_sending == 0) attempt->all_sent = absl::Now();
+      auto on_sent = [exchange] {
+        absl::MutexLock lock(&exchange->mu);
+        if (--exchange->streams_sending == 0) exchange->all_sent = absl::Now();
       };
-      auto on_done = [this, attempt, s](absl::Status status) {
+      auto on_done = [this, exchange, s, carried = std::move(stream_chunks[stream])](
+                         absl::Status status) {
         {
-          absl::MutexLock lock(&attempt->mu);
-          if (attempt->status[s].ok()) attempt->status[s] = std::move(status);
-          --attempt->streams_open;
+          absl::MutexLock lock(&exchange->mu);
+          if (!status.ok()) {
+            absl::Status named(status.code(),
+                               absl::StrCat("parameter server ", s, ": ", status.message()));
+            if (exchange->error.ok()) exchange->error = named;
+            if (!options_.retry.Retryable(status) && exchange->permanent.ok()) {
+              exchange->permanent = named;
+            }
+          }
+          for (uint32_t c : carried) {
+            if (--exchange->carriers[c] == 0 && !exchange->answered[c]) {
+              exchange->orphaned.push_back(c);
+            }
+          }
         }
         // The last touch of the client: it may be destroyed once this is done.
         absl::MutexLock lock(&mu_);
         --streams_in_flight_;
       };
-      transport_->StartExchange(s, channel, pending.method, std::move(stream), deadline,
-                                on_sent, on_reply, on_done);
+      transport_->StartExchange(s, channel, exchange->method, std::move(requests[stream]),
+                                deadline, on_sent, on_reply, std::move(on_done));
     }
   }
 }
 
 absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
-  const int num_servers = transport_->num_servers();
-  absl::Duration backoff = options_.initial_backoff;
-  absl::Time give_up = absl::Now() + options_.retry_window;
+  const std::shared_ptr<Exchange> exchange = std::move(pending->exchange);
+  if (exchange == nullptr) return absl::CancelledError("parameter client cancelled");
+  Backoff backoff(options_.retry);
+  absl::Time give_up = absl::Now() + options_.retry.patience();
+  absl::Time last_reply_seen = absl::InfinitePast();
   while (true) {
-    if (pending->attempt == nullptr) return absl::CancelledError("parameter client cancelled");
-    std::shared_ptr<Attempt> attempt = pending->attempt;
+    std::vector<uint32_t> again;
+    absl::Status error, permanent;
+    bool progress;
     {
-      absl::MutexLock lock(&attempt->mu);
-      attempt->mu.Await(absl::Condition(
-          +[](Attempt* a) { return a->streams_open == 0; }, attempt.get()));
-    }
-    std::vector<uint32_t> still;
-    for (uint32_t c : pending->chunks) {
-      if (!attempt->answered[c]) still.push_back(c);
-    }
-    {
-      const absl::Time end = absl::Now();
-      absl::MutexLock lock(&stats_mu_);
-      stats_.bytes_pulled += attempt->bytes;
-      if (pending->method == ParameterMethod::kPushPull) {
-        const absl::Time sent = std::clamp(attempt->all_sent, attempt->start, end);
-        const absl::Time first = std::clamp(attempt->first_reply, sent, end);
-        stats_.push_seconds += absl::ToDoubleSeconds(sent - attempt->start);
-        stats_.wait_seconds += absl::ToDoubleSeconds(first - sent);
-        stats_.pull_seconds += absl::ToDoubleSeconds(end - first);
+      absl::MutexLock lock(&exchange->mu);
+      exchange->mu.Await(absl::Condition(
+          +[](Exchange* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return e->unanswered == 0 || !e->orphaned.empty();
+          },
+          exchange.get()));
+      if (exchange->unanswered == 0) {
+        const absl::Time end = absl::Now();
+        const absl::Time sent = std::clamp(exchange->all_sent, exchange->start, end);
+        const absl::Time first = std::clamp(exchange->first_reply, sent, end);
+        absl::MutexLock stats_lock(&stats_mu_);
+        stats_.bytes_pulled += exchange->bytes;
+        if (exchange->method == ParameterMethod::kPushPull) {
+          stats_.push_seconds += absl::ToDoubleSeconds(sent - exchange->start);
+          stats_.wait_seconds += absl::ToDoubleSeconds(first - sent);
+          stats_.pull_seconds += absl::ToDoubleSeconds(end - first);
+        }
+        return absl::OkStatus();
       }
+      again.swap(exchange->orphaned);
+      error = std::exchange(exchange->error, absl::OkStatus());
+      permanent = exchange->permanent;
+      progress = exchange->last_reply > last_reply_seen;
+      last_reply_seen = exchange->last_reply;
     }
-    if (still.empty()) return absl::OkStatus();
     if (cancelled()) return absl::CancelledError("parameter client cancelled");
-    absl::Status first_error;
-    for (int s = 0; s < num_servers; ++s) {
-      const absl::Status& status = attempt->status[s];
-      if (!Retryable(status)) {
-        return absl::Status(status.code(),
-                            absl::StrCat("parameter server ", s, ": ", status.message()));
-      }
-      if (!status.ok() && first_error.ok()) {
-        first_error = absl::Status(status.code(),
-                                   absl::StrCat("parameter server ", s, ": ", status.message()));
-      }
-    }
-    const bool progress = still.size() < pending->chunks.size();
+    if (!permanent.ok()) return permanent;
     if (progress) {
-      give_up = absl::Now() + options_.retry_window;
-      backoff = options_.initial_backoff;
+      give_up = absl::Now() + options_.retry.patience();
+      backoff.Reset();
     }
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError(
-          absl::StrCat("no reply for ", still.size(), " chunks within ",
-                       absl::FormatDuration(options_.retry_window), "; last error: ",
-                       first_error.ok() ? "none (replies lost)" : first_error.ToString()));
+          absl::StrCat("no reply for ", again.size(), " chunks within ",
+                       absl::FormatDuration(options_.retry.patience()), "; last error: ",
+                       error.ok() ? "none (replies lost)" : error.ToString()));
     }
     {
       absl::MutexLock lock(&stats_mu_);
       ++stats_.retries;
     }
-    VLOG(1) << "retrying " << still.size() << " chunks: " << first_error;
+    VLOG(1) << "retrying " << again.size() << " chunks: " << error;
     // Replies lost on the way are asked for again at once; a failing or
     // silent server is given time.
-    if (!progress || !first_error.ok()) {
-      if (!SleepUnlessCancelled(backoff)) {
+    if (!progress || !error.ok()) {
+      if (!SleepUnlessCancelled(backoff.Next())) {
         return absl::CancelledError("parameter client cancelled");
       }
-      backoff = std::min(backoff * 2, options_.max_backoff);
     }
-    pending->chunks = std::move(still);
-    Send(*pending);
+    Send(exchange, std::move(again));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/retry.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/parameters.pb.h"
 #include "worker/transport.h"
@@ -31,10 +32,10 @@ class ParameterClient {
     v1::DType wire_dtype = v1::DTYPE_FP32;
     // Longest one stream may take, barrier waits included.
     absl::Duration exchange_timeout = absl::Minutes(10);
-    // Give up when no reply at all arrived for this long.
-    absl::Duration retry_window = absl::Seconds(60);
-    absl::Duration initial_backoff = absl::Milliseconds(20);
-    absl::Duration max_backoff = absl::Seconds(1);
+    // What is retried and how: the transient codes and NOT_FOUND (the
+    // server has not loaded the job yet); the client gives up when no reply
+    // at all arrived for the policy's patience.
+    RetryPolicy retry = DefaultRetryPolicy();
   };
 
   struct Stats {
@@ -47,6 +48,13 @@ class ParameterClient {
     double wait_seconds = 0;
     double pull_seconds = 0;
   };
+
+  static RetryPolicy DefaultRetryPolicy() {
+    return RetryPolicy::Transient()
+        .AlsoRetrying({absl::StatusCode::kNotFound})
+        .WithBackoff(absl::Milliseconds(20), absl::Seconds(1))
+        .WithPatience(absl::Seconds(60));
+  }
 
   // An exchange in flight: started by Start*, completed by Finish.
   class Pending;
@@ -88,19 +96,22 @@ class ParameterClient {
   void Cancel();
 
  private:
-  struct Attempt;
+  struct Exchange;
 
   v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
   std::vector<uint32_t> AllChunks() const;
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
                                  RequestFn make_request, int64_t min_version, float* params);
-  // Sends one attempt for the chunks still unanswered: per server and
-  // channel, one stream carrying its chunks in ascending id order. (With
-  // every stream of every worker in ascending order, whatever their windows
-  // and channels, a window always holds the lowest chunk its stream still
-  // waits for, so a sync barrier can always complete the lowest chunk that
-  // any worker waits for: no deadlock.)
-  void Send(Pending& pending);
+  // Sends `chunks` of the exchange: per server and channel, one stream
+  // carrying its chunks in ascending id order. (With every stream of every
+  // worker in ascending order, whatever their windows and channels, a window
+  // always holds the lowest chunk its stream still waits for, so a sync
+  // barrier can always complete the lowest chunk that any worker waits for:
+  // no deadlock.) A chunk whose streams all ended without its reply is sent
+  // again by Finish at once, while the exchange's other streams go on: a
+  // worker that waited for all of them first could wait for a barrier that
+  // waits for a chunk another worker holds back the same way.
+  void Send(const std::shared_ptr<Exchange>& exchange, std::vector<uint32_t> chunks);
   bool cancelled() const;
   // False if cancelled before `duration` passed.
   bool SleepUnlessCancelled(absl::Duration duration);
@@ -125,12 +136,7 @@ class ParameterClient {
 class ParameterClient::Pending {
  private:
   friend class ParameterClient;
-  ParameterMethod method = ParameterMethod::kPushPull;
-  std::vector<uint32_t> chunks;  // still unanswered, as of the last attempt
-  RequestFn make_request;
-  int64_t min_version = 0;
-  float* params = nullptr;
-  std::shared_ptr<Attempt> attempt;
+  std::shared_ptr<Exchange> exchange;  // null if cancelled before it started
 };
 
 }  // namespace pstrain::worker

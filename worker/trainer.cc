@@ -155,8 +155,9 @@ absl::Status Trainer::CreateDevices() {
       if (addresses.size() != plan.num_servers()) {
         return absl::InvalidArgumentError("server_addresses do not match the plan");
       }
-      // Each device has channels of its own: K streams in parallel.
-      PSTRAIN_ASSIGN_OR_RETURN(d->owned_transport, CreateGrpcTransport(addresses, options_.grpc));
+      const TransportFactory& make =
+          options_.make_transport ? options_.make_transport : GrpcTransportFactory();
+      PSTRAIN_ASSIGN_OR_RETURN(d->owned_transport, make(addresses));
       transport = d->owned_transport.get();
     }
     ParameterClient::Options client = options_.client;
@@ -308,7 +309,6 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
   absl::Status status =
       d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
                                grad_scale, d.grad_ptr, &result->stats, on_ready);
-  if (options_.step_delay > absl::ZeroDuration()) absl::SleepFor(options_.step_delay);
   result->compute_seconds = absl::ToDoubleSeconds(absl::Now() - start) - reduce_seconds;
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
   d.pending.clear();

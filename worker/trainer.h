@@ -51,21 +51,20 @@ struct TrainerOptions {
   DatasetCache* data = nullptr;
   // The node's devices.
   DeviceList devices;
-  // The transport to the servers for device k; null: gRPC to
-  // assignment.server_addresses, one set of channels per device. When set,
-  // the transports must outlive the trainer.
+  // The transport to the servers for device k, owned by the caller (tests);
+  // it must outlive the trainer. Null: make_transport.
   std::function<ParameterTransport*(int device)> transport;
+  // Makes each device's own transport to assignment.server_addresses (its
+  // own channels: K devices stream in parallel). Default: gRPC with default
+  // options.
+  TransportFactory make_transport;
   // Receives progress (about every report_interval and at the end) on the
   // training thread; must not block for long.
   std::function<void(const v1::ReportProgressRequest&)> report;
   absl::Duration report_interval = absl::Milliseconds(500);
-  // Fault injection for tests: sleep this long in every step.
-  absl::Duration step_delay = absl::ZeroDuration();
   // Where to count steps, bytes, phases...; null: nowhere. Must outlive
   // the trainer.
   WorkerMetrics* metrics = nullptr;
-  // Channels, window and call metrics of the gRPC transports.
-  GrpcTransportOptions grpc;
   // Called from the device threads as backward and pushes progress (tests).
   std::function<void(const StepEvent&)> trace;
   // Retry and timeout policy of the parameter clients (job_id, worker, mode

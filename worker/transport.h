@@ -69,6 +69,14 @@ absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});
 
+// Makes a transport to a job's servers (by server index). The seam through
+// which a worker's transports can be wrapped (fault_injecting_transport.h).
+using TransportFactory = std::function<absl::StatusOr<std::unique_ptr<ParameterTransport>>(
+    const std::vector<std::string>& server_addresses)>;
+
+// CreateGrpcTransport with `options`.
+TransportFactory GrpcTransportFactory(GrpcTransportOptions options = {});
+
 }  // namespace pstrain::worker
 
 #endif  // PSTRAIN_WORKER_TRANSPORT_H_

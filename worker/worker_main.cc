@@ -5,10 +5,12 @@
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/status.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_api.h"
 #include "worker/devices.h"
+#include "worker/fault_injecting_transport.h"
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
@@ -26,7 +28,10 @@ ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().chan
 ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
           "chunks a stream sends ahead of their replies, in [1, 1024]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
-ABSL_FLAG(int, step_delay_ms, 0, "testing: sleep this long in every training step");
+ABSL_FLAG(std::string, fault_injection, "",
+          "testing only: faults to inject into the traffic to the parameter servers, e.g. "
+          "drop_reply=0.05,duplicate_request=0.1,delay=0.2,max_delay_ms=20,seed=7 "
+          "(worker/fault_injecting_transport.h)");
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-worker --coordinator=host:port [flags]");
@@ -34,7 +39,6 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
   options.report_interval = absl::Milliseconds(absl::GetFlag(FLAGS_report_interval_ms));
-  options.step_delay = absl::Milliseconds(absl::GetFlag(FLAGS_step_delay_ms));
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-worker: --coordinator is required\n";
     return 2;
@@ -43,12 +47,18 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-worker: --blas_threads must be >= 1\n";
     return 2;
   }
-  options.transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
-  options.transport.window = absl::GetFlag(FLAGS_stream_window);
-  if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(options.transport);
-      !s.ok()) {
+  pstrain::worker::GrpcTransportOptions transport;
+  transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
+  transport.window = absl::GetFlag(FLAGS_stream_window);
+  if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
     std::cerr << "pstrain-worker: --channels_per_server / --stream_window: " << s.message()
               << "\n";
+    return 2;
+  }
+  absl::StatusOr<pstrain::worker::FaultInjection> faults =
+      pstrain::worker::ParseFaultInjection(absl::GetFlag(FLAGS_fault_injection));
+  if (!faults.ok()) {
+    std::cerr << "pstrain-worker: --fault_injection: " << faults.status().message() << "\n";
     return 2;
   }
   pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
@@ -92,6 +102,17 @@ int main(int argc, char** argv) {
   }
   options.metrics = worker_metrics->get();
   options.rpc = &metrics->rpc();
+  transport.metrics = options.rpc;
+  options.make_transport = pstrain::worker::GrpcTransportFactory(transport);
+  if (faults->any()) {
+    options.make_transport = [grpc = options.make_transport, faults = *faults](
+                                 const std::vector<std::string>& addresses)
+        -> absl::StatusOr<std::unique_ptr<pstrain::worker::ParameterTransport>> {
+      PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<pstrain::worker::ParameterTransport> inner,
+                               grpc(addresses));
+      return pstrain::worker::FaultInjectingTransport::Create(std::move(inner), faults);
+    };
+  }
   options.metrics_address = metrics->address();
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {

@@ -9,6 +9,7 @@
 #include "common/dataset.h"
 #include "common/membership_client.h"
 #include "common/model_file.h"
+#include "common/retry.h"
 #include "glog/logging.h"
 #include "worker/trainer.h"
 
@@ -100,11 +101,9 @@ class WorkerNodeImpl final : public WorkerNode {
     t.assignment = assignment;
     t.data = &data_;
     t.report_interval = options_.report_interval;
-    t.step_delay = options_.step_delay;
     t.devices = options_.devices;
     t.metrics = options_.metrics;
-    t.grpc = options_.transport;
-    t.grpc.metrics = options_.rpc;
+    t.make_transport = options_.make_transport;
     v1::ReportProgressRequest final_report;
     bool finished = false;
     t.report = [this, &final_report, &finished](const v1::ReportProgressRequest& r) {
@@ -164,10 +163,7 @@ class WorkerNodeImpl final : public WorkerNode {
     while (true) {
       if (!model_done) {
         absl::Status s = membership_->UploadModel(job, model, absl::Seconds(30));
-        const bool permanent = s.code() == absl::StatusCode::kFailedPrecondition ||
-                               s.code() == absl::StatusCode::kPermissionDenied ||
-                               s.code() == absl::StatusCode::kInvalidArgument ||
-                               s.code() == absl::StatusCode::kNotFound;
+        const bool permanent = !s.ok() && !RetryPolicy::Transient().Retryable(s);
         if (!s.ok() && permanent) LOG(ERROR) << "model of " << job << " not kept: " << s;
         model_done = s.ok() || permanent;
       }

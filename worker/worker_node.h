@@ -25,14 +25,12 @@ class WorkerNode {
     absl::Duration report_interval = absl::Milliseconds(500);
     // The devices every job runs on.
     DeviceList devices;
-    // Fault injection for tests: sleep this long in every training step.
-    absl::Duration step_delay = absl::ZeroDuration();
     // Metrics; null: not measured. They must outlive the node.
     WorkerMetrics* metrics = nullptr;
     RpcMetrics* rpc = nullptr;
-    // Channels and window of the transports to the parameter servers
-    // (their metrics are `rpc`).
-    GrpcTransportOptions transport;
+    // Makes the transports to the parameter servers; default: gRPC with
+    // default options.
+    TransportFactory make_transport;
     // The worker's /metrics address, given to the coordinator.
     std::string metrics_address;
   };

@@ -37,13 +37,16 @@ TEST_F(ClusterTest, SyncTrainsToAccuracy) {
 }
 
 TEST_F(ClusterTest, AsyncSlowWorkerDoesNotHoldTheOtherBack) {
-  // One worker process sleeps 30 ms per step; the other runs free. Both
-  // report often, so that the coordinator's view of their steps is close to
-  // the truth. Which job index the slow process gets is the coordinator's
-  // choice: the test finds out by who finishes first.
+  // One worker process gets every exchange with the servers and every reply
+  // 30 ms late (the fault-injecting transport), so each of its steps takes
+  // at least 60 ms; the other runs free. Both report often, so that the
+  // coordinator's view of their steps is close to the truth. Which job index
+  // the slow process gets is the coordinator's choice: the test finds out by
+  // who finishes first.
   cli::LocalCluster::Options options;
-  options.worker_flags = {{0, {"--step_delay_ms=30", "--report_interval_ms=100"}},
-                          {1, {"--report_interval_ms=100"}}};
+  options.worker_flags = {
+      {0, {"--fault_injection=delay=1,min_delay_ms=30,max_delay_ms=30", "--report_interval_ms=100"}},
+      {1, {"--report_interval_ms=100"}}};
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
   constexpr int kSteps = 200;
   v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 64, 2, kSteps);

@@ -155,7 +155,7 @@ TEST_F(ControlPlaneTest, AcknowledgedJobsSurviveCoordinatorCrashes) {
 TEST_F(ControlPlaneTest, ARunningJobSurvivesACoordinatorCrash) {
   cli::LocalCluster::Options options;
   options.state_dir = dir_.path() + "/state";
-  options.worker_flags = {{0, {"--step_delay_ms=3"}}};
+  options.worker_flags = {{0, {"--fault_injection=delay=1,min_delay_ms=3,max_delay_ms=3"}}};
   ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1, options));
   const std::string id = Submit(SmallJob(1200));
   WaitFor(id, [](const v1::Job& job) { return job.progress().step() >= 100; });

@@ -1,104 +1,110 @@
-// Retries are safe: with pushes duplicated and replies dropped on the way,
-// the final parameters are bitwise those of a clean run.
-#include <random>
+// Retries are safe: with requests and replies dropped, duplicated, delayed
+// and reordered on the way (the fault-injecting transport), the final
+// parameters are bitwise those of a clean run.
+#include <cstring>
 
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
+#include "worker/fault_injecting_transport.h"
 
 namespace pstrain::testing {
 namespace {
 
-// Wraps a transport: sends some requests twice and loses some replies.
-class FaultyTransport final : public worker::ParameterTransport {
- public:
-  FaultyTransport(std::unique_ptr<worker::ParameterTransport> inner, double duplicate,
-                  double drop, uint64_t seed)
-      : inner_(std::move(inner)), duplicate_(duplicate), drop_(drop), rng_(seed) {}
-
-  int num_servers() const override { return inner_->num_servers(); }
-  int channels_per_server() const override { return inner_->channels_per_server(); }
-
-  void StartExchange(int server, int channel, worker::ParameterMethod method,
-                     std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
-                     SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
-    std::vector<grpc::ByteBuffer> sent;
-    for (grpc::ByteBuffer& r : requests) {
-      sent.push_back(r);
-      if (method == worker::ParameterMethod::kPushPull && Chance(duplicate_)) {
-        sent.push_back(r);
-        ++duplicated_;
-      }
-    }
-    inner_->StartExchange(server, channel, method, std::move(sent), deadline, std::move(on_sent),
-                          [this, on_reply = std::move(on_reply)](const grpc::ByteBuffer& reply) {
-                            if (Chance(drop_)) {
-                              ++dropped_;
-                              return;
-                            }
-                            on_reply(reply);
-                          },
-                          std::move(on_done));
-  }
-
-  void CancelAll() override { inner_->CancelAll(); }
-
-  int duplicated() const { return duplicated_; }
-  int dropped() const { return dropped_; }
-
- private:
-  bool Chance(double p) {
-    absl::MutexLock lock(&mu_);
-    return std::uniform_real_distribution<double>(0, 1)(rng_) < p;
-  }
-
-  std::unique_ptr<worker::ParameterTransport> inner_;
-  const double duplicate_, drop_;
-  absl::Mutex mu_;
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int> duplicated_{0}, dropped_{0};
+struct Case {
+  const char* name;
+  worker::FaultInjection faults;
 };
 
-TEST(IdempotenceTest, DuplicatedPushesAndLostRepliesChangeNothing) {
+class IdempotenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(IdempotenceTest, FaultsOnTheWayChangeNothing) {
   DatasetCache data;
   const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 32, 2, 40);
   const v1::PartitionPlan plan = PlanFor(spec);
 
   InProcessServers clean_servers(2);
-  ASSERT_TRUE(clean_servers.AddJob("job-clean", spec, plan).ok());
+  PSTRAIN_ASSERT_OK(clean_servers.AddJob("job-clean", spec, plan));
   WorkersResult clean = RunWorkers("job-clean", spec, plan, clean_servers.addresses(), &data);
-  ASSERT_TRUE(clean.status.ok()) << clean.status;
+  PSTRAIN_ASSERT_OK(clean.status);
 
   InProcessServers faulty_servers(2);
-  ASSERT_TRUE(faulty_servers.AddJob("job-faulty", spec, plan).ok());
-  std::vector<std::unique_ptr<FaultyTransport>> transports;
+  PSTRAIN_ASSERT_OK(faulty_servers.AddJob("job-faulty", spec, plan));
+  std::vector<std::unique_ptr<worker::FaultInjectingTransport>> transports;
   for (int w = 0; w < 2; ++w) {
-    transports.push_back(std::make_unique<FaultyTransport>(
-        *worker::CreateGrpcTransport(faulty_servers.addresses()), 0.10, 0.05, 100 + w));
+    worker::FaultInjection faults = GetParam().faults;
+    faults.seed = 100 + w;
+    absl::StatusOr<std::unique_ptr<worker::FaultInjectingTransport>> t =
+        worker::FaultInjectingTransport::Create(
+            *worker::CreateGrpcTransport(faulty_servers.addresses()), faults);
+    PSTRAIN_ASSERT_OK(t.status());
+    transports.push_back(std::move(*t));
   }
   RunOptions run;
   run.make_transport = [&](int w) { return transports[w].get(); };
   WorkersResult faulty =
       RunWorkers("job-faulty", spec, plan, faulty_servers.addresses(), &data, run);
-  ASSERT_TRUE(faulty.status.ok()) << faulty.status;
+  PSTRAIN_ASSERT_OK(faulty.status);
 
-  int duplicated = 0, dropped = 0;
+  // The faults really happened and the client really retried.
+  worker::FaultCounts total;
   int64_t retries = 0;
   for (int w = 0; w < 2; ++w) {
-    duplicated += transports[w]->duplicated();
-    dropped += transports[w]->dropped();
+    const worker::FaultCounts c = transports[w]->counts();
+    total.requests_dropped += c.requests_dropped;
+    total.requests_duplicated += c.requests_duplicated;
+    total.replies_dropped += c.replies_dropped;
+    total.replies_duplicated += c.replies_duplicated;
+    total.replies_reordered += c.replies_reordered;
+    total.delays += c.delays;
     retries += faulty.stats[w].retries;
   }
-  // The faults really happened and the client really retried.
-  EXPECT_GT(duplicated, 50);
-  EXPECT_GT(dropped, 20);
-  EXPECT_GT(retries, 0);
+  const worker::FaultInjection& f = GetParam().faults;
+  EXPECT_EQ(f.drop_request > 0, total.requests_dropped > 10);
+  EXPECT_EQ(f.duplicate_request > 0, total.requests_duplicated > 10);
+  EXPECT_EQ(f.drop_reply > 0, total.replies_dropped > 10);
+  EXPECT_EQ(f.duplicate_reply > 0, total.replies_duplicated > 10);
+  EXPECT_EQ(f.reorder_reply > 0, total.replies_reordered > 10);
+  EXPECT_EQ(f.delay > 0, total.delays > 10);
+  if (f.drop_request > 0 || f.drop_reply > 0) {
+    EXPECT_GT(retries, 0);
+  }
 
   ASSERT_EQ(faulty.params.size(), clean.params.size());
   EXPECT_EQ(0, std::memcmp(faulty.params.data(), clean.params.data(),
                            clean.params.size() * sizeof(float)))
       << "final parameters differ from the clean run";
   EXPECT_EQ(faulty_servers.Gather("job-faulty", plan), clean_servers.Gather("job-clean", plan));
+}
+
+worker::FaultInjection Faults(const char* spec) { return *worker::ParseFaultInjection(spec); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, IdempotenceTest,
+    ::testing::Values(
+        Case{"duplicated_pushes_lost_replies", Faults("duplicate_request=0.1,drop_reply=0.05")},
+        Case{"lost_pushes_duplicated_reordered_replies",
+             Faults("drop_request=0.05,duplicate_reply=0.1,reorder_reply=0.2")},
+        Case{"everything_with_delays",
+             Faults("drop_request=0.03,duplicate_request=0.05,drop_reply=0.03,"
+                    "duplicate_reply=0.05,reorder_reply=0.1,delay=0.2,max_delay_ms=5")}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(FaultInjectionTest, ParsesAndRejects) {
+  absl::StatusOr<worker::FaultInjection> f =
+      worker::ParseFaultInjection("drop_reply=0.5, delay=1,min_delay_ms=3,max_delay_ms=9,seed=42");
+  PSTRAIN_ASSERT_OK(f.status());
+  EXPECT_EQ(f->drop_reply, 0.5);
+  EXPECT_EQ(f->delay, 1.0);
+  EXPECT_EQ(f->min_delay, absl::Milliseconds(3));
+  EXPECT_EQ(f->max_delay, absl::Milliseconds(9));
+  EXPECT_EQ(f->seed, 42u);
+  EXPECT_TRUE(f->any());
+  EXPECT_FALSE(worker::ParseFaultInjection("")->any());
+  for (const char* bad : {"drop_reply=2", "drop_reply=-0.1", "explode=0.1", "delay=x",
+                          "min_delay_ms=10,max_delay_ms=5", "seed=-1"}) {
+    absl::StatusOr<worker::FaultInjection> r = worker::ParseFaultInjection(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 }  // namespace
