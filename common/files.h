@@ -1,4 +1,5 @@
-// Small file helpers.
+// Small file helpers on the machine's file system (file_system.h has the
+// seam that durable state goes through).
 #ifndef PSTRAIN_COMMON_FILES_H_
 #define PSTRAIN_COMMON_FILES_H_
 

@@ -11,16 +11,30 @@
 
 namespace pstrain {
 
+namespace {
+
+uint64_t RandomIncarnation() {
+  std::random_device entropy;
+  uint64_t n = 0;
+  while (n == 0) n = (uint64_t{entropy()} << 32) | entropy();
+  return n;
+}
+
+}  // namespace
+
 MembershipClient::MembershipClient(Options options, Callbacks callbacks)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
       stub_(v1::Membership::NewStub(
           MakeChannel(options_.coordinator_address, 0, options_.rpc))),
-      // The node names itself, so that a retried registration or one after a
-      // coordinator restart is recognised as the same node.
-      node_id_(absl::StrFormat("%s-%08x",
-                               options_.role == v1::NODE_ROLE_SERVER ? "server" : "worker",
-                               static_cast<uint32_t>(std::random_device{}()))),
+      incarnation_(RandomIncarnation()),
+      // Without an id of its own the node names itself, so that a retried
+      // registration is recognised as the same node.
+      node_id_(!options_.node_id.empty()
+                   ? options_.node_id
+                   : absl::StrFormat("%s-%08x",
+                                     options_.role == v1::NODE_ROLE_SERVER ? "server" : "worker",
+                                     static_cast<uint32_t>(incarnation_))),
       interval_(options_.heartbeat_interval) {}
 
 MembershipClient::~MembershipClient() { Stop(); }
@@ -49,6 +63,7 @@ absl::Status MembershipClient::Register() {
   request.set_hostname(host);
   request.set_pid(getpid());
   request.set_node_id(node_id());
+  request.set_incarnation(incarnation_);
   request.set_max_memory_bytes(options_.max_memory_bytes);
   request.set_metrics_address(options_.metrics_address);
   v1::RegisterResponse response;
@@ -69,8 +84,9 @@ absl::Status MembershipClient::Register() {
 absl::Status MembershipClient::Heartbeat() {
   v1::HeartbeatRequest request;
   request.set_node_id(node_id());
+  request.set_incarnation(incarnation_);
   if (callbacks_.held_jobs) {
-    for (const std::string& job : callbacks_.held_jobs()) request.add_held_jobs(job);
+    for (v1::HeldJob& job : callbacks_.held_jobs()) *request.add_held() = std::move(job);
   }
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
@@ -100,8 +116,12 @@ void MembershipClient::Loop() {
       if (status.code() == absl::StatusCode::kNotFound) {
         LOG(WARNING) << "coordinator does not know this node; registering again";
         registered = false;
+      } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
+        LOG(ERROR) << "fenced: " << status.message();
+        if (callbacks_.on_fenced) callbacks_.on_fenced(status);
+        return;
       } else {
-        LOG_EVERY_N(WARNING, 10) << "coordinator unreachable: " << status;
+        LOG_EVERY_N(WARNING, 10) << "no answer from the coordinator: " << status;
       }
       if (options_.coordinator_loss_timeout > absl::ZeroDuration() &&
           absl::Now() - last_contact > options_.coordinator_loss_timeout) {
@@ -131,6 +151,7 @@ absl::StatusOr<bool> MembershipClient::ReportProgress(v1::ReportProgressRequest 
   bool active = false;
   absl::Status status = Retry(options_.retry.WithPatience(patience), [&] {
     request.set_node_id(node_id());
+    request.set_incarnation(incarnation_);
     v1::ReportProgressResponse response;
     grpc::ClientContext context;
     SetTimeout(context, options_.rpc_timeout);

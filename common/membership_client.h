@@ -26,6 +26,9 @@ class MembershipClient {
   struct Options {
     std::string coordinator_address;  // host:port
     v1::NodeRole role = v1::NODE_ROLE_UNSPECIFIED;
+    // The node's id (--node_id): a process that starts under the id of a
+    // lost node takes its place. Empty: the node names itself at random.
+    std::string node_id;
     std::string address;  // what the node serves on, if anything
     int64_t max_memory_bytes = 0;  // servers: capacity; 0 = unlimited
     std::string metrics_address;   // host:port of the node's /metrics, if any
@@ -42,10 +45,13 @@ class MembershipClient {
   };
   struct Callbacks {
     // The jobs the node holds or runs now (sent with every heartbeat).
-    std::function<std::vector<std::string>()> held_jobs;
+    std::function<std::vector<v1::HeldJob>()> held_jobs;
     // Every heartbeat reply, on the heartbeat thread.
     std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
     std::function<void()> on_coordinator_lost;
+    // Another process holds the node's id now: this one must stop. Called
+    // once, on the heartbeat thread, which then ends.
+    std::function<void(const absl::Status&)> on_fenced;
   };
 
   MembershipClient(Options options, Callbacks callbacks);
@@ -67,9 +73,11 @@ class MembershipClient {
   absl::Status UploadModel(const std::string& job_id, const std::string& file,
                            absl::Duration patience);
 
-  // The node's id: chosen at construction, confirmed (or replaced, if
-  // another live node holds it) by the coordinator.
+  // The node's id: given or chosen at construction, confirmed by the
+  // coordinator.
   std::string node_id() const;
+  // This process's incarnation: random, never 0.
+  uint64_t incarnation() const { return incarnation_; }
 
  private:
   void Loop();
@@ -82,6 +90,7 @@ class MembershipClient {
   const Options options_;
   const Callbacks callbacks_;
   std::unique_ptr<v1::Membership::Stub> stub_;
+  const uint64_t incarnation_;
   mutable absl::Mutex mu_;
   std::string node_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,18 @@
 // and membership (register, heartbeat, progress). It schedules jobs onto the
 // registered servers and workers, computes their partition plans, follows
 // their progress and fails the jobs of nodes that miss their lease.
+//
+// Its parts, each in a file of its own: the job store (job_store.h: the
+// durable log of job snapshots), the node registry (node_registry.h: ids,
+// incarnations, leases), the scheduler (scheduler.h: placing jobs), job
+// progress (job_progress.h: reports into progress and results), watch
+// queues (watch_queue.h), model files (model_store.h) and the Prometheus
+// targets file (targets_file.h). The coordinator holds them together under
+// one lock for the in-memory state; a change that must be durable is decided
+// on copies of the jobs it touches, written to the job store with that lock
+// released (writes are serialized by a second lock), and only then installed
+// and acknowledged: reads never wait on the disk, and nothing is
+// acknowledged, or shown to a node, before it is durable.
 #ifndef PSTRAIN_SERVER_COORDINATOR_H_
 #define PSTRAIN_SERVER_COORDINATOR_H_
 
@@ -10,6 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/file_system.h"
 #include "pstrain/v1/control.pb.h"
 #include "server/coordinator_metrics.h"
 
@@ -38,10 +52,15 @@ class Coordinator {
     // coordinator and of every live node, with role and node labels; kept up
     // to date as nodes come and go.
     std::string prometheus_sd_file;
+    // The file system of the state directory; null: the machine's. Must
+    // outlive the coordinator.
+    FileSystem* fs = nullptr;
+    // The clock of leases; null: the machine's monotonic clock.
+    const Clock* clock = nullptr;
   };
 
   // Recovers the state directory, then starts serving. UNAVAILABLE if the
-  // address cannot be bound; the job log's error if it cannot be read.
+  // address cannot be bound; the job store's error if it cannot be opened.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   virtual ~Coordinator() = default;
 
@@ -49,7 +68,7 @@ class Coordinator {
   virtual std::string address() const = 0;
 
   // Ends every watch, stops the gRPC server (calls still running after
-  // `grace` are cancelled) and the lease checker. Idempotent.
+  // `grace` are cancelled) and the control loop. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;
 };
 

@@ -35,15 +35,24 @@ class ParameterServerImpl final : public ParameterServer {
       MembershipClient::Options m;
       m.coordinator_address = options_.coordinator_address;
       m.role = v1::NODE_ROLE_SERVER;
+      m.node_id = options_.node_id;
       m.address = address_;
       m.max_memory_bytes = options_.store.max_memory_bytes;
       m.metrics_address = options_.metrics_address;
       m.rpc = options_.rpc;
       m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
       MembershipClient::Callbacks callbacks;
-      callbacks.held_jobs = [this] { return store_.JobIds(); };
+      callbacks.held_jobs = [this] {
+        std::vector<v1::HeldJob> held;
+        for (const std::string& id : store_.JobIds()) held.emplace_back().set_job_id(id);
+        return held;
+      };
       callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
       callbacks.on_coordinator_lost = [this] { RequestStop(); };
+      callbacks.on_fenced = [this](const absl::Status&) {
+        fenced_ = true;
+        RequestStop();
+      };
       membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
       membership_->Start();
     }
@@ -61,6 +70,7 @@ class ParameterServerImpl final : public ParameterServer {
     absl::MutexLock lock(&stop_mu_);
     stop_mu_.Await(absl::Condition(&stop_requested_));
   }
+  bool fenced() const override { return fenced_; }
 
   void Shutdown(absl::Duration grace) override {
     if (shut_down_.exchange(true)) return;
@@ -109,6 +119,7 @@ class ParameterServerImpl final : public ParameterServer {
   absl::Mutex stop_mu_;
   bool stop_requested_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> fenced_{false};
 };
 
 }  // namespace

@@ -20,6 +20,9 @@ class ParameterServer {
     // Coordinator host:port. Empty: no membership; jobs are added through
     // store() directly (tests).
     std::string coordinator_address;
+    // The node's id (see MembershipClient::Options::node_id); empty: chosen
+    // at random.
+    std::string node_id;
     // Exit (Wait() returns) when the coordinator has not answered for this
     // long; zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
@@ -41,8 +44,11 @@ class ParameterServer {
 
   // Makes Wait() return. Thread-safe, async-signal context excluded.
   virtual void RequestStop() = 0;
-  // Blocks until RequestStop() or the loss of the coordinator.
+  // Blocks until RequestStop(), the loss of the coordinator, or until
+  // another process took the node's id (fenced()).
   virtual void Wait() = 0;
+  // True once the coordinator said another process holds the node's id.
+  virtual bool fenced() const = 0;
   // Stops heartbeats, ends every open wait, and stops the gRPC server
   // (calls still running after `grace` are cancelled). Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;

@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "common/init.h"
 #include "common/metrics.h"
+#include "common/node_id.h"
 #include "common/process.h"
 #include "glog/logging.h"
 #include "server/parameter_server.h"
@@ -11,6 +12,9 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "host:port for the parameter service; port 0 picks a free port");
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
+ABSL_FLAG(std::string, node_id, "",
+          "the node's id (e.g. server-1, a pod's name); default: $PSTRAIN_NODE_ID, else chosen at "
+          "random. A process started under the id of a lost node takes its place");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
@@ -31,6 +35,13 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
   options.store.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  absl::StatusOr<std::string> node_id =
+      pstrain::NodeIdFromFlagOrEnvironment(absl::GetFlag(FLAGS_node_id));
+  if (!node_id.ok()) {
+    std::cerr << "pstrain-server: " << node_id.status().message() << "\n";
+    return 2;
+  }
+  options.node_id = *node_id;
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-server: --coordinator is required\n";
     return 2;
@@ -71,5 +82,6 @@ int main(int argc, char** argv) {
   (*server)->Wait();
   signals.OnSignal(nullptr);
   (*server)->Shutdown(absl::Seconds(2));
-  return 0;
+  // Fenced: another process holds the node's id now.
+  return (*server)->fenced() ? 3 : 0;
 }

@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "common/init.h"
 #include "common/metrics.h"
+#include "common/node_id.h"
 #include "common/process.h"
 #include "common/status.h"
 #include "glog/logging.h"
@@ -14,6 +15,9 @@
 #include "worker/worker_node.h"
 
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
+ABSL_FLAG(std::string, node_id, "",
+          "the node's id (e.g. server-1, a pod's name); default: $PSTRAIN_NODE_ID, else chosen at "
+          "random. A process started under the id of a lost node takes its place");
 ABSL_FLAG(int, coordinator_loss_exit_s, 0,
           "exit when the coordinator has not answered for this many seconds; 0: never");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
@@ -39,6 +43,13 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
   options.report_interval = absl::Milliseconds(absl::GetFlag(FLAGS_report_interval_ms));
+  absl::StatusOr<std::string> node_id =
+      pstrain::NodeIdFromFlagOrEnvironment(absl::GetFlag(FLAGS_node_id));
+  if (!node_id.ok()) {
+    std::cerr << "pstrain-worker: " << node_id.status().message() << "\n";
+    return 2;
+  }
+  options.node_id = *node_id;
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-worker: --coordinator is required\n";
     return 2;
@@ -123,5 +134,6 @@ int main(int argc, char** argv) {
   (*node)->Wait();
   signals.OnSignal(nullptr);
   (*node)->Shutdown();
-  return 0;
+  // Fenced: another process holds the node's id now.
+  return (*node)->fenced() ? 3 : 0;
 }

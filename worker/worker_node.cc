@@ -1,5 +1,6 @@
 #include "worker/worker_node.h"
 
+#include <atomic>
 #include <deque>
 #include <optional>
 #include <set>
@@ -25,17 +26,25 @@ class WorkerNodeImpl final : public WorkerNode {
     MembershipClient::Options m;
     m.coordinator_address = options_.coordinator_address;
     m.role = v1::NODE_ROLE_WORKER;
+    m.node_id = options_.node_id;
     m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
     m.metrics_address = options_.metrics_address;
     m.rpc = options_.rpc;
     MembershipClient::Callbacks callbacks;
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);
-      return current_job_.empty() ? std::vector<std::string>{}
-                                  : std::vector<std::string>{current_job_};
+      std::vector<v1::HeldJob> held;
+      if (!current_job_.empty()) held.emplace_back().set_job_id(current_job_);
+      return held;
     };
     callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
     callbacks.on_coordinator_lost = [this] { RequestStop(); };
+    callbacks.on_fenced = [this](const absl::Status&) {
+      fenced_ = true;
+      absl::MutexLock lock(&mu_);
+      if (running_trainer_ != nullptr) running_trainer_->Cancel();
+      stop_requested_ = true;
+    };
     membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
     membership_->Start();
     reporter_ = std::thread([this] { ReportLoop(); });
@@ -50,6 +59,7 @@ class WorkerNodeImpl final : public WorkerNode {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&stop_requested_));
   }
+  bool fenced() const override { return fenced_; }
 
   void Shutdown() override {
     std::thread job_thread;
@@ -218,6 +228,7 @@ class WorkerNodeImpl final : public WorkerNode {
   DatasetCache data_;
   std::unique_ptr<MembershipClient> membership_;
   std::thread reporter_;
+  std::atomic<bool> fenced_{false};
 
   absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;

@@ -19,6 +19,9 @@ class WorkerNode {
  public:
   struct Options {
     std::string coordinator_address;  // host:port, required
+    // The node's id (see MembershipClient::Options::node_id); empty: chosen
+    // at random.
+    std::string node_id;
     // Wait() returns when the coordinator has not answered for this long;
     // zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
@@ -40,8 +43,11 @@ class WorkerNode {
   virtual ~WorkerNode() = default;
 
   virtual void RequestStop() = 0;
-  // Blocks until RequestStop() or the loss of the coordinator.
+  // Blocks until RequestStop(), the loss of the coordinator, or until
+  // another process took the node's id (fenced()).
   virtual void Wait() = 0;
+  // True once the coordinator said another process holds the node's id.
+  virtual bool fenced() const = 0;
   // Cancels the running job (it is not reported finished) and stops
   // heartbeating. Idempotent.
   virtual void Shutdown() = 0;

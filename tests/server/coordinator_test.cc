@@ -1,8 +1,8 @@
 #include "server/coordinator.h"
 
-#include <thread>
-
+#include <map>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
@@ -65,18 +65,32 @@ class CoordinatorTest : public ::testing::Test {
     return job;
   }
 
-  // Registers a node; returns its id.
+  // Registers a node as a new process, or (with the id it had) as the same
+  // process again; returns its id.
   std::string Register(v1::NodeRole role, const std::string& address,
                        const std::string& previous_id = "") {
     v1::RegisterRequest request;
     request.set_role(role);
     request.set_address(address);
     request.set_node_id(previous_id);
+    request.set_incarnation(previous_id.empty() ? ++last_incarnation_
+                                                : incarnations_.at(previous_id));
     v1::RegisterResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    EXPECT_TRUE(membership_->Register(&context, request, &response).ok());
+    grpc::Status status = membership_->Register(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    incarnations_[response.node_id()] = request.incarnation();
     return response.node_id();
+  }
+
+  v1::HeartbeatRequest HeartbeatOf(const std::string& node_id) {
+    v1::HeartbeatRequest heartbeat;
+    heartbeat.set_node_id(node_id);
+    if (auto it = incarnations_.find(node_id); it != incarnations_.end()) {
+      heartbeat.set_incarnation(it->second);
+    }
+    return heartbeat;
   }
 
   int CountJobs() {
@@ -91,6 +105,8 @@ class CoordinatorTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<v1::Membership::Stub> membership_;
+  uint64_t last_incarnation_ = 1000;
+  std::map<std::string, uint64_t> incarnations_;  // node id -> the process registered
 };
 
 TEST_F(CoordinatorTest, InvalidSpecsAreRejectedNamingTheFieldAndNothingIsQueued) {
@@ -186,9 +202,8 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   // The worker comes back under its id; its heartbeat carries the job.
   EXPECT_EQ(Register(v1::NODE_ROLE_WORKER, "", worker), worker);
-  v1::HeartbeatRequest heartbeat;
-  heartbeat.set_node_id(worker);
-  heartbeat.add_held_jobs(*first);
+  v1::HeartbeatRequest heartbeat = HeartbeatOf(worker);
+  heartbeat.add_held()->set_job_id(*first);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
@@ -206,31 +221,36 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   EXPECT_TRUE(absl::StrContains(job->reason(), server)) << job->reason();
 }
 
-TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAcrossRetries) {
+TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt) {
   v1::RegisterRequest request;
   request.set_role(v1::NODE_ROLE_WORKER);
-  request.set_node_id("worker-0000abcd");
+  request.set_node_id("worker-0");
   request.set_pid(42);
   request.set_hostname("h");
+  request.set_incarnation(7);
   for (int attempt = 0; attempt < 2; ++attempt) {  // a retried registration
     v1::RegisterResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
     ASSERT_TRUE(membership_->Register(&context, request, &response).ok());
-    EXPECT_EQ(response.node_id(), "worker-0000abcd");
+    EXPECT_EQ(response.node_id(), "worker-0");
   }
-  // Another live process asking for the same id gets a new one.
+  // Another process asking for the id while this one is alive must wait.
   request.set_pid(43);
+  request.set_incarnation(8);
   v1::RegisterResponse other;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(membership_->Register(&context, request, &other).ok());
-  EXPECT_NE(other.node_id(), "worker-0000abcd");
+  grpc::Status status = membership_->Register(&context, request, &other);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "held by a live process (pid 42"))
+      << status.error_message();
   v1::ListNodesResponse nodes;
   grpc::ClientContext list_context;
   SetTimeout(list_context, absl::Seconds(10));
   ASSERT_TRUE(control_->ListNodes(&list_context, v1::ListNodesRequest(), &nodes).ok());
-  EXPECT_EQ(nodes.nodes_size(), 2);
+  ASSERT_EQ(nodes.nodes_size(), 1);
+  EXPECT_EQ(nodes.nodes(0).pid(), 42);
 }
 
 TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
@@ -260,6 +280,7 @@ TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
 
 TEST_F(CoordinatorTest, JobsWaitForRoomOnTheServers) {
   v1::RegisterRequest small;
+  small.set_incarnation(99);
   small.set_role(v1::NODE_ROLE_SERVER);
   small.set_address("127.0.0.1:1");
   small.set_max_memory_bytes(1000);  // far too small for the model
@@ -310,6 +331,7 @@ TEST_F(CoordinatorTest, UnknownIdsAndBadRegistrations) {
 
   v1::HeartbeatRequest heartbeat;
   heartbeat.set_node_id("worker-404");
+  heartbeat.set_incarnation(1);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
@@ -318,6 +340,7 @@ TEST_F(CoordinatorTest, UnknownIdsAndBadRegistrations) {
 
   v1::RegisterRequest server_without_address;
   server_without_address.set_role(v1::NODE_ROLE_SERVER);
+  server_without_address.set_incarnation(5);
   v1::RegisterResponse registered;
   grpc::ClientContext register_context;
   SetTimeout(register_context, absl::Seconds(10));
@@ -335,8 +358,7 @@ TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
 
-  v1::HeartbeatRequest heartbeat;
-  heartbeat.set_node_id(worker);
+  v1::HeartbeatRequest heartbeat = HeartbeatOf(worker);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
@@ -390,6 +412,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   for (int i = 1; i <= 300; ++i) {
     v1::ReportProgressRequest report;
     report.set_node_id(worker);
+    report.set_incarnation(incarnations_.at(worker));
     report.set_job_id(*id);
     report.set_worker(0);
     report.set_step(std::min(i, 10));

@@ -1,0 +1,36 @@
+#include "common/node_id.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+bool IsValidNodeId(const std::string& id) {
+  if (id.empty() || id.size() > 63) return false;
+  auto alnum = [](char c) { return absl::ascii_isdigit(c) || absl::ascii_islower(c); };
+  if (!alnum(id.front()) || !alnum(id.back())) return false;
+  return std::all_of(id.begin(), id.end(),
+                     [&](char c) { return alnum(c) || c == '-' || c == '.'; });
+}
+
+absl::StatusOr<std::string> NodeIdFromFlagOrEnvironment(const std::string& flag) {
+  std::string id = flag;
+  const char* from = "--node_id";
+  if (id.empty()) {
+    const char* env = std::getenv("PSTRAIN_NODE_ID");
+    if (env == nullptr || *env == '\0') return std::string();
+    id = env;
+    from = "PSTRAIN_NODE_ID";
+  }
+  if (!IsValidNodeId(id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, ": '", id.substr(0, 80),
+        "' is not a node id (1-63 of a-z, 0-9, '-' and '.', starting and ending alphanumeric)"));
+  }
+  return id;
+}
+
+}  // namespace pstrain

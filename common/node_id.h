@@ -1,0 +1,23 @@
+// Node ids: what names a server or worker in the cluster.
+#ifndef PSTRAIN_COMMON_NODE_ID_H_
+#define PSTRAIN_COMMON_NODE_ID_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pstrain {
+
+// Whether `id` may name a node: 1 to 63 characters of [a-z0-9.-], starting
+// and ending with a letter or digit (a DNS label, as pod names are).
+bool IsValidNodeId(const std::string& id);
+
+// The node id a daemon runs under: `flag` (--node_id) if set, else the
+// environment's PSTRAIN_NODE_ID (so that a Kubernetes manifest can set it
+// from the pod name), else empty (the node names itself). INVALID_ARGUMENT
+// for an id that IsValidNodeId refuses.
+absl::StatusOr<std::string> NodeIdFromFlagOrEnvironment(const std::string& flag);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_NODE_ID_H_

@@ -1,0 +1,148 @@
+#include "server/model_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace pstrain::server {
+namespace {
+
+constexpr size_t kModelPieceBytes = 1 << 20;
+
+// Receives worker 0's model file.
+class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest> {
+ public:
+  explicit ModelUpload(ModelUploadHandler* handler) : handler_(handler) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client is done sending
+      Finish(ToGrpcStatus(began_ ? handler_->FinishUpload(job_id_, std::move(data_))
+                                 : absl::InvalidArgumentError("empty upload")));
+      return;
+    }
+    if (!began_) {
+      job_id_ = request_.job_id();
+      absl::StatusOr<int64_t> limit = handler_->BeginUpload(request_.node_id(), job_id_);
+      if (!limit.ok()) {
+        Finish(ToGrpcStatus(limit.status()));
+        return;
+      }
+      began_ = true;
+      limit_ = *limit;
+    }
+    if (static_cast<int64_t>(data_.size() + request_.data().size()) > limit_) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model file larger than the model"));
+      return;
+    }
+    data_ += request_.data();
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    if (began_) handler_->EndUpload(job_id_);
+    delete this;
+  }
+
+ private:
+  ModelUploadHandler* const handler_;
+  v1::UploadModelRequest request_;
+  std::string job_id_, data_;
+  bool began_ = false;
+  int64_t limit_ = 0;
+};
+
+// Sends a model file in pieces, reading as it goes.
+class ModelExport final : public grpc::ServerWriteReactor<v1::ModelFileChunk> {
+ public:
+  ModelExport(FileSystem* fs, absl::StatusOr<ModelStore::Source> source) {
+    if (!source.ok()) {
+      Finish(ToGrpcStatus(source.status()));
+      return;
+    }
+    source_ = std::move(*source);
+    if (source_.bytes == nullptr) {
+      absl::StatusOr<std::unique_ptr<ReadableFile>> file = fs->OpenForRead(source_.path);
+      if (!file.ok()) {
+        Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the model file"));
+        return;
+      }
+      file_ = std::move(*file);
+    }
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    std::string piece;
+    if (source_.bytes != nullptr) {
+      const size_t n = std::min(kModelPieceBytes, source_.bytes->size() - sent_);
+      piece.assign(*source_.bytes, sent_, n);
+    } else {
+      absl::StatusOr<std::string> read = file_->Read(kModelPieceBytes);
+      if (!read.ok()) {
+        Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the model file"));
+        return;
+      }
+      piece = std::move(*read);
+    }
+    if (piece.empty()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    sent_ += piece.size();
+    piece_.set_data(std::move(piece));
+    StartWrite(&piece_);
+  }
+
+  ModelStore::Source source_;
+  std::unique_ptr<ReadableFile> file_;
+  size_t sent_ = 0;
+  v1::ModelFileChunk piece_;
+};
+
+}  // namespace
+
+absl::Status ModelStore::Init() { return dir_.empty() ? absl::OkStatus() : fs_->MakeDirs(dir_); }
+
+std::string ModelStore::PathOf(const std::string& job_id) const {
+  return absl::StrCat(dir_, "/", job_id, ".pstm");
+}
+
+absl::Status ModelStore::Put(const std::string& job_id, std::string bytes) {
+  if (!dir_.empty()) return fs_->WriteFileAtomically(PathOf(job_id), bytes);
+  absl::MutexLock lock(&mu_);
+  in_memory_[job_id] = std::make_shared<const std::string>(std::move(bytes));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelStore::Source> ModelStore::Find(const std::string& job_id) const {
+  if (!dir_.empty()) {
+    const std::string path = PathOf(job_id);
+    if (!fs_->Exists(path)) return absl::NotFoundError(absl::StrCat("no model file of ", job_id));
+    return Source{path, nullptr};
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = in_memory_.find(job_id);
+  if (it == in_memory_.end()) return absl::NotFoundError(absl::StrCat("no model file of ", job_id));
+  return Source{"", it->second};
+}
+
+grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler) {
+  return new ModelUpload(handler);
+}
+
+grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(
+    FileSystem* fs, absl::StatusOr<ModelStore::Source> source) {
+  return new ModelExport(fs, std::move(source));
+}
+
+}  // namespace pstrain::server

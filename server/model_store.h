@@ -1,0 +1,72 @@
+// Model files: the final parameters of succeeded jobs (common/model_file.h
+// has the format). Worker 0 uploads them (UploadModel); users export them
+// (ExportModel). Kept in STATE_DIR/models/JOB_ID.pstm, or in memory without
+// a state directory. Thread-safe.
+#ifndef PSTRAIN_SERVER_MODEL_STORE_H_
+#define PSTRAIN_SERVER_MODEL_STORE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
+#include "grpcpp/grpcpp.h"
+#include "pstrain/v1/control.pb.h"
+#include "pstrain/v1/membership.pb.h"
+
+namespace pstrain::server {
+
+class ModelStore {
+ public:
+  // `dir` empty: in memory. The directory is created by Init().
+  ModelStore(FileSystem* fs, std::string dir) : fs_(fs), dir_(std::move(dir)) {}
+  absl::Status Init();
+
+  // Keeps `bytes` as the job's model file, durably (a file written
+  // atomically) or in memory.
+  absl::Status Put(const std::string& job_id, std::string bytes);
+
+  // Where a model file is: on disk, or in memory.
+  struct Source {
+    std::string path;
+    std::shared_ptr<const std::string> bytes;
+  };
+  // NOT_FOUND if the job has none.
+  absl::StatusOr<Source> Find(const std::string& job_id) const;
+
+  FileSystem* fs() const { return fs_; }
+
+ private:
+  std::string PathOf(const std::string& job_id) const;
+
+  FileSystem* const fs_;
+  const std::string dir_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<const std::string>> in_memory_ ABSL_GUARDED_BY(mu_);
+};
+
+// What an upload asks of the coordinator.
+class ModelUploadHandler {
+ public:
+  virtual ~ModelUploadHandler() = default;
+  // Starts node_id's upload of job_id's model; returns the largest file
+  // accepted. The error ends the upload.
+  virtual absl::StatusOr<int64_t> BeginUpload(const std::string& node_id,
+                                              const std::string& job_id) = 0;
+  // The whole file arrived: check and keep it.
+  virtual absl::Status FinishUpload(const std::string& job_id, std::string bytes) = 0;
+  // The upload ended (after FinishUpload, or cut short).
+  virtual void EndUpload(const std::string& job_id) = 0;
+};
+
+// Reactors for the two streams; they delete themselves when done.
+grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler);
+grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(
+    FileSystem* fs, absl::StatusOr<ModelStore::Source> source);
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_MODEL_STORE_H_

@@ -1,0 +1,46 @@
+// Where jobs run: choosing the nodes of a pending job. Pure functions of
+// the cluster's state, so that the policy is tested on its own.
+//
+// A worker runs one job at a time; a server holds several jobs as long as
+// their state fits in its max_memory_bytes (0: unlimited). A job takes
+// spec.num_workers free workers, in id order, and spec.num_servers distinct
+// servers: the largest shard first, each on the server with the most room
+// left.
+#ifndef PSTRAIN_SERVER_SCHEDULER_H_
+#define PSTRAIN_SERVER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pstrain/v1/job.pb.h"
+#include "pstrain/v1/membership.pb.h"
+
+namespace pstrain::server {
+
+struct Placement {
+  std::vector<const v1::Node*> servers;  // by server index
+  std::vector<const v1::Node*> workers;  // by worker index
+};
+
+// The live nodes a job may be placed on, and what running jobs already use.
+struct ClusterState {
+  std::vector<const v1::Node*> free_workers;  // alive, running no job; by id
+  std::vector<const v1::Node*> servers;       // alive; by id
+  std::map<std::string, int64_t> reserved;    // server id -> bytes running jobs need
+};
+
+// The bytes a server with `node`'s capacity has left.
+int64_t RoomOn(const v1::Node& node, const std::map<std::string, int64_t>& reserved);
+
+// Chooses the nodes for a job whose servers need need[s] bytes each.
+// FAILED_PRECONDITION with the reason shown in the job ("waiting for 2 free
+// workers (1 free)") when it cannot run yet.
+absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<int64_t>& need,
+                                   const ClusterState& cluster);
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_SCHEDULER_H_
