@@ -175,6 +175,11 @@ absl::Status FillMessage(const YAML::Node& node, const std::string& path, Messag
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
+  if (yaml.size() > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", yaml.size(),
+                                                   " bytes; a job file has at most ",
+                                                   kMaxJobFileBytes));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml));
@@ -252,6 +257,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("data.dataset", "unsupported dataset");
   }
   if (data.dir().empty()) data.set_dir(kDefaultDataDir);
+  if (data.dir().size() > kMaxPathBytes) {
+    return FieldError("data.dir", absl::StrCat("a path of ", data.dir().size(),
+                                               " bytes; at most ", kMaxPathBytes));
+  }
 
   // Optimizer.
   v1::OptimizerSpec& opt = *spec.mutable_optimizer();

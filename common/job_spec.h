@@ -20,6 +20,10 @@ inline constexpr int64_t kMaxChunkBytes = 64 << 20;
 inline constexpr int64_t kMaxParams = int64_t{1} << 30;
 inline constexpr int64_t kMaxChunks = 1 << 20;
 inline constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
+// The longest path a spec may name (PATH_MAX).
+inline constexpr size_t kMaxPathBytes = 4096;
+// The largest job file accepted (a real one is a few hundred bytes).
+inline constexpr size_t kMaxJobFileBytes = 1 << 20;
 // Fashion-MNIST sizes (the only dataset so far).
 inline constexpr int kFashionTrainSamples = 60000;
 inline constexpr int kFashionInputDim = 784;
@@ -29,8 +33,8 @@ inline constexpr int kFashionClasses = 10;
 // messages are mappings, repeated fields are sequences, enum values are their
 // names without the enum's prefix, in any case. INVALID_ARGUMENT naming the
 // field (e.g. "model.hidden[1]: expected an integer") on unknown or duplicate
-// keys, wrong types, out-of-range numbers and YAML syntax errors. Applies no
-// defaults and validates nothing else.
+// keys, wrong types, out-of-range numbers, YAML syntax errors and a text of
+// more than kMaxJobFileBytes. Applies no defaults and validates nothing else.
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
 // Reads and parses a job file; NOT_FOUND if it cannot be read.

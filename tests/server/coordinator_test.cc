@@ -6,11 +6,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
+#include "common/job_spec.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
 #include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
 
 namespace pstrain::server {
 namespace {
@@ -30,12 +33,14 @@ class CoordinatorTest : public ::testing::Test {
   void TearDown() override { coordinator_->Shutdown(absl::Seconds(1)); }
 
   // (Re)starts the coordinator, with a state directory if given.
-  void Start(const std::string& state_dir = "", absl::Duration lease = absl::Seconds(10)) {
+  void Start(const std::string& state_dir = "", absl::Duration lease = absl::Seconds(10),
+             FileSystem* fs = nullptr) {
     if (coordinator_ != nullptr) coordinator_->Shutdown(absl::Seconds(1));
     coordinator_.reset();
     Coordinator::Options options;
     options.state_dir = state_dir;
     options.lease = lease;
+    options.fs = fs;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
@@ -436,6 +441,147 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
+}
+
+// Holds every sync of the job log until released.
+class HoldingFileSystem final : public FileSystemWrapper {
+ public:
+  HoldingFileSystem() : FileSystemWrapper(PosixFileSystem()) {}
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForAppend(const std::string& path,
+                                                              bool truncate) override {
+    absl::StatusOr<std::unique_ptr<WritableFile>> inner = target()->OpenForAppend(path, truncate);
+    if (!inner.ok() || !absl::StrContains(path, "jobs.log")) return inner;
+    return std::unique_ptr<WritableFile>(new HeldFile(this, std::move(*inner)));
+  }
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    holding_ = true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    holding_ = false;
+  }
+  // Waits until a sync is being held.
+  void AwaitHeldSync() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n > 0; }, &held_));
+  }
+
+ private:
+  class HeldFile final : public WritableFile {
+   public:
+    HeldFile(HoldingFileSystem* fs, std::unique_ptr<WritableFile> inner)
+        : fs_(fs), inner_(std::move(inner)) {}
+    absl::Status Append(absl::string_view data) override { return inner_->Append(data); }
+    absl::Status Sync() override {
+      {
+        absl::MutexLock lock(&fs_->mu_);
+        ++fs_->held_;
+        fs_->mu_.Await(absl::Condition(+[](bool* holding) { return !*holding; }, &fs_->holding_));
+        --fs_->held_;
+      }
+      return inner_->Sync();
+    }
+    absl::Status Truncate(int64_t size) override { return inner_->Truncate(size); }
+    int64_t Size() const override { return inner_->Size(); }
+    absl::Status Close() override { return inner_->Close(); }
+
+   private:
+    HoldingFileSystem* const fs_;
+    const std::unique_ptr<WritableFile> inner_;
+  };
+
+  absl::Mutex mu_;
+  bool holding_ ABSL_GUARDED_BY(mu_) = false;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A write waits for the disk; reads never do: while a submission's sync
+// hangs, GetJob, ListJobs and ListNodes answer, and the job being written
+// is not shown before it is durable.
+TEST_F(CoordinatorTest, ReadsDoNotWaitForTheDisk) {
+  testing::TempDir dir;
+  HoldingFileSystem fs;
+  Start(dir.path(), absl::Seconds(10), &fs);
+  absl::StatusOr<std::string> first = Submit(kValid);
+  PSTRAIN_ASSERT_OK(first.status());
+  fs.Hold();
+  absl::StatusOr<std::string> second;
+  std::thread submitter([&] { second = Submit(kValid); });
+  fs.AwaitHeldSync();
+  absl::StatusOr<v1::Job> job = Get(*first);
+  PSTRAIN_EXPECT_OK(job.status());
+  EXPECT_EQ(CountJobs(), 1) << "the job being written is not shown yet";
+  v1::ListNodesResponse nodes;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  EXPECT_TRUE(control_->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok());
+  fs.Release();
+  submitter.join();
+  PSTRAIN_ASSERT_OK(second.status());
+  EXPECT_EQ(CountJobs(), 2);
+}
+
+// A full disk: writes are refused with UNAVAILABLE, reads are served,
+// nothing acknowledged is lost, and writing resumes once there is room.
+TEST_F(CoordinatorTest, AFullDiskRefusesWritesAndLosesNothingAcknowledged) {
+  testing::TempDir dir;
+  FaultInjectingFileSystem fs(PosixFileSystem());
+  Start(dir.path(), absl::Seconds(10), &fs);
+  absl::StatusOr<std::string> kept = Submit(kValid);
+  PSTRAIN_ASSERT_OK(kept.status());
+  for (FaultInjectingFileSystem::Fault fault :
+       {FaultInjectingFileSystem::Fault::kNoSpace, FaultInjectingFileSystem::Fault::kIoError}) {
+    fs.SetRule({.path_contains = "jobs.log", .fault = fault});
+    absl::StatusOr<std::string> refused = Submit(kValid);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "cannot record"))
+        << refused.status();
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(*kept);
+    v1::Job cancelled;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    EXPECT_EQ(control_->CancelJob(&context, cancel, &cancelled).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(Get(*kept)->state(), v1::JOB_STATE_PENDING) << "the refused cancel changed nothing";
+    EXPECT_EQ(CountJobs(), 1);
+  }
+  fs.SetRule({});
+  absl::StatusOr<std::string> later = Submit(kValid);
+  PSTRAIN_ASSERT_OK(later.status());
+  Start(dir.path());
+  EXPECT_EQ(CountJobs(), 2);
+  EXPECT_EQ(Get(*kept)->state(), v1::JOB_STATE_PENDING);
+  EXPECT_TRUE(Get(*later).ok());
+}
+
+// A job file of 64 MiB (a long data.dir, which gRPC's message limit lets
+// through) is refused, and the coordinator restarts with every other job.
+TEST_F(CoordinatorTest, AHugeJobFileIsRefusedAndEveryOtherJobSurvivesARestart) {
+  testing::TempDir dir;
+  Start(dir.path());
+  absl::StatusOr<std::string> kept = Submit(kValid);
+  PSTRAIN_ASSERT_OK(kept.status());
+  const std::string long_dir = "/" + std::string((64 << 20) - 4096, 'd');
+  absl::StatusOr<std::string> refused =
+      Submit(std::string(kValid) + "data: {dir: " + long_dir + "}\n");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "job spec:")) << refused.status();
+  // The same spec as a message: refused by its field.
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *ParseJobSpecYaml(kValid);
+  request.mutable_spec()->mutable_data()->set_dir(long_dir);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(30));
+  const grpc::Status status = control_->SubmitJob(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "data.dir")) << status.error_message();
+  Start(dir.path());
+  EXPECT_EQ(CountJobs(), 1);
+  EXPECT_TRUE(Get(*kept).ok());
 }
 
 }  // namespace

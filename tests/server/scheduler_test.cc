@@ -1,0 +1,61 @@
+#include "server/scheduler.h"
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pstrain::server {
+namespace {
+
+v1::Node Node(const std::string& id, int64_t max_memory = 0) {
+  v1::Node n;
+  n.set_id(id);
+  n.set_max_memory_bytes(max_memory);
+  return n;
+}
+
+v1::JobSpec Spec(int servers, int workers) {
+  v1::JobSpec spec;
+  spec.set_num_servers(servers);
+  spec.set_num_workers(workers);
+  return spec;
+}
+
+TEST(SchedulerTest, WaitsForWorkersThenServersThenRoom) {
+  const v1::Node w0 = Node("worker-0"), s0 = Node("server-0", 100), s1 = Node("server-1", 100);
+  ClusterState cluster;
+  absl::StatusOr<Placement> p = PlaceJob(Spec(2, 2), {10, 10}, cluster);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "waiting for 2 free workers (0 free)"));
+  cluster.free_workers = {&w0, &w0};
+  p = PlaceJob(Spec(2, 2), {10, 10}, cluster);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "waiting for 2 servers (0 alive)"));
+  cluster.servers = {&s0, &s1};
+  cluster.reserved = {{"server-0", 95}};
+  p = PlaceJob(Spec(2, 2), {10, 10}, cluster);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "waiting for room")) << p.status();
+  cluster.reserved.clear();
+  PSTRAIN_EXPECT_OK(PlaceJob(Spec(2, 2), {10, 10}, cluster).status());
+}
+
+TEST(SchedulerTest, TheLargestShardGoesToTheServerWithTheMostRoom) {
+  const v1::Node w0 = Node("worker-0"), w1 = Node("worker-1");
+  const v1::Node small = Node("server-a", 100), big = Node("server-b", 1000),
+                 unlimited = Node("server-c", 0);
+  ClusterState cluster;
+  cluster.free_workers = {&w0, &w1};
+  cluster.servers = {&small, &big};
+  absl::StatusOr<Placement> p = PlaceJob(Spec(2, 1), {50, 500}, cluster);
+  PSTRAIN_ASSERT_OK(p.status());
+  EXPECT_EQ(p->servers[1]->id(), "server-b");
+  EXPECT_EQ(p->servers[0]->id(), "server-a");
+  EXPECT_EQ(p->workers.size(), 1u);
+  EXPECT_EQ(p->workers[0]->id(), "worker-0");
+  cluster.servers = {&small, &big, &unlimited};
+  p = PlaceJob(Spec(1, 1), {2000}, cluster);
+  PSTRAIN_ASSERT_OK(p.status());
+  EXPECT_EQ(p->servers[0]->id(), "server-c") << "no limit: the most room";
+  EXPECT_EQ(RoomOn(big, {{"server-b", 300}}), 700);
+}
+
+}  // namespace
+}  // namespace pstrain::server
