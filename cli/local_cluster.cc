@@ -78,23 +78,25 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
 }
 
 absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
+  const std::string name = absl::StrCat("server-", servers_started_++);
   std::vector<std::string> argv = {
       absl::StrCat(options_.bin_dir, "/pstrain-server"), "--listen=127.0.0.1:0",
-      absl::StrCat("--coordinator=", coordinator_address_),
+      absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  return Spawn(absl::StrCat("server-", servers_started_++), std::move(argv));
+  return Spawn(name, std::move(argv));
 }
 
 absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
+  const std::string name = absl::StrCat("worker-", workers_started_++);
   std::vector<std::string> argv = {
       absl::StrCat(options_.bin_dir, "/pstrain-worker"),
-      absl::StrCat("--coordinator=", coordinator_address_),
+      absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  return Spawn(absl::StrCat("worker-", workers_started_++), std::move(argv));
+  return Spawn(name, std::move(argv));
 }
 
 void LocalCluster::KillCoordinator() {

@@ -48,7 +48,8 @@ class LocalCluster {
 
   const std::string& coordinator_address() const { return coordinator_address_; }
 
-  // Starts one more server or worker process (named server-N / worker-N).
+  // Starts one more server or worker process, named and with the node id
+  // server-N / worker-N.
   absl::Status StartServer(const std::vector<std::string>& flags = {});
   absl::Status StartWorker(const std::vector<std::string>& flags = {});
 

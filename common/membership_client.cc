@@ -37,7 +37,70 @@ MembershipClient::MembershipClient(Options options, Callbacks callbacks)
                                      static_cast<uint32_t>(incarnation_))),
       interval_(options_.heartbeat_interval) {}
 
+// The node's end of its Session stream: every event asks for a heartbeat.
+class MembershipClient::SessionReader final
+    : public grpc::ClientReadReactor<v1::SessionEvent> {
+ public:
+  SessionReader(MembershipClient* client, v1::SessionRequest request)
+      : client_(client), request_(std::move(request)) {}
+  void Start(v1::Membership::Stub* stub) {
+    stub->async()->Session(&context_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    client_->Nudge();
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    VLOG(1) << "session ended: " << status.error_message();
+    client_->SessionEnded();
+  }
+
+ private:
+  MembershipClient* const client_;
+  grpc::ClientContext context_;
+  const v1::SessionRequest request_;
+  v1::SessionEvent event_;
+};
+
 MembershipClient::~MembershipClient() { Stop(); }
+
+void MembershipClient::Nudge() {
+  absl::MutexLock lock(&mu_);
+  nudged_ = true;
+}
+
+void MembershipClient::SessionEnded() {
+  absl::MutexLock lock(&mu_);
+  session_ended_ = true;
+}
+
+void MembershipClient::KeepSessionOpen() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!session_ended_) return;
+  }
+  session_.reset();  // it has ended: its last callback has run
+  v1::SessionRequest request;
+  request.set_node_id(node_id());
+  request.set_incarnation(incarnation_);
+  {
+    absl::MutexLock lock(&mu_);
+    session_ended_ = false;
+  }
+  session_ = std::make_unique<SessionReader>(this, std::move(request));
+  session_->Start(stub_.get());
+}
+
+void MembershipClient::CloseSession() {
+  if (session_ == nullptr) return;
+  session_->Cancel();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&session_ended_));
+}
 
 void MembershipClient::Start() { thread_ = std::thread([this] { Loop(); }); }
 
@@ -112,12 +175,14 @@ void MembershipClient::Loop() {
     if (status.ok()) {
       last_contact = absl::Now();
       backoff = absl::Milliseconds(100);
+      KeepSessionOpen();
     } else {
       if (status.code() == absl::StatusCode::kNotFound) {
         LOG(WARNING) << "coordinator does not know this node; registering again";
         registered = false;
       } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
         LOG(ERROR) << "fenced: " << status.message();
+        CloseSession();
         if (callbacks_.on_fenced) callbacks_.on_fenced(status);
         return;
       } else {
@@ -127,14 +192,30 @@ void MembershipClient::Loop() {
           absl::Now() - last_contact > options_.coordinator_loss_timeout) {
         LOG(ERROR) << "no answer from the coordinator for "
                    << absl::FormatDuration(options_.coordinator_loss_timeout);
+        CloseSession();
         if (callbacks_.on_coordinator_lost) callbacks_.on_coordinator_lost();
         return;
       }
     }
-    absl::MutexLock lock(&mu_);
-    const absl::Duration wait = status.ok() ? interval_ : backoff;
-    if (!status.ok()) backoff = std::min(backoff * 2, interval_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait)) return;
+    bool stop;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Duration wait = status.ok() ? interval_ : backoff;
+      if (!status.ok()) backoff = std::min(backoff * 2, interval_);
+      // A nudge from the coordinator cuts the wait short.
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](MembershipClient* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return c->stopping_ || c->nudged_;
+                               },
+                               this),
+                           wait);
+      nudged_ = false;
+      stop = stopping_;
+    }
+    if (stop) {
+      CloseSession();
+      return;
+    }
   }
 }
 

@@ -80,9 +80,17 @@ class MembershipClient {
   uint64_t incarnation() const { return incarnation_; }
 
  private:
+  class SessionReader;
+
   void Loop();
   absl::Status Register();
   absl::Status Heartbeat();
+  // Opens the session stream if it is not open (the loop's thread only).
+  void KeepSessionOpen();
+  void CloseSession();
+  // Called by the session: heartbeat now / the stream ended.
+  void Nudge();
+  void SessionEnded();
   // Retries `call` by `policy` until it succeeds, fails for good, runs out
   // of patience, or Stop().
   absl::Status Retry(const RetryPolicy& policy, absl::FunctionRef<absl::Status()> call);
@@ -95,6 +103,10 @@ class MembershipClient {
   std::string node_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool nudged_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator asked for a heartbeat
+  // The session stream (the loop's thread opens and destroys it).
+  std::unique_ptr<SessionReader> session_;
+  bool session_ended_ ABSL_GUARDED_BY(mu_) = true;
   std::thread thread_;
 };
 

@@ -1,5 +1,10 @@
 #include "common/rpc.h"
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 
 namespace pstrain {
@@ -41,6 +46,56 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   if (metrics != nullptr) builder.experimental().SetInterceptorCreators(metrics->ServerInterceptors());
+}
+
+namespace {
+
+// host and port of "host:port" or "[v6]:port"; the port is empty if absent.
+std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos) return {address, ""};
+    const std::string host = address.substr(0, close + 1);
+    return {host, close + 1 < address.size() && address[close + 1] == ':'
+                      ? address.substr(close + 2)
+                      : ""};
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || address.find(':') != colon) return {address, ""};
+  return {address.substr(0, colon), address.substr(colon + 1)};
+}
+
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]" || host == "*";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen,
+                                              const std::string& advertise, int port) {
+  if (!advertise.empty()) {
+    auto [host, port_text] = SplitHostPort(advertise);
+    int given = 0;
+    const bool host_ok =
+        !host.empty() && !IsWildcardHost(host) &&
+        std::all_of(host.begin(), host.end(), [](char c) {
+          return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_' || c == '[' ||
+                 c == ']' || c == ':';
+        });
+    if (!host_ok || (!port_text.empty() && (!absl::SimpleAtoi(port_text, &given) || given <= 0 ||
+                                            given > 65535))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise_address: '", advertise, "' is not a host or host:port that peers can dial"));
+    }
+    return port_text.empty() ? absl::StrCat(host, ":", port) : advertise;
+  }
+  const std::string host = SplitHostPort(listen).first;
+  if (IsWildcardHost(host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--advertise_address is required: the listen address ", listen,
+        " is a wildcard, which peers cannot dial"));
+  }
+  return absl::StrCat(host, ":", port);
 }
 
 }  // namespace pstrain

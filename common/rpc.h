@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
@@ -32,6 +33,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_
 // Applies pstrain's limits to a server under construction, and measures its
 // calls with `metrics` if set.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics = nullptr);
+
+// What peers dial to reach a server that listens on `listen` and was bound
+// to `port`: `advertise` ("host", taking the bound port, or "host:port"), or
+// else listen's host when it is not a wildcard. INVALID_ARGUMENT naming
+// --advertise_address when the host is a wildcard (0.0.0.0, ::, empty) and
+// no advertise address is given, or when the advertise address is not a
+// host[:port].
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen,
+                                              const std::string& advertise, int port);
 
 inline std::chrono::system_clock::time_point ToChronoTime(absl::Time t) {
   return absl::ToChronoTime(t);

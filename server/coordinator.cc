@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -138,6 +139,79 @@ class Txn {
   std::vector<std::pair<std::string, v1::JobEvent>> events_;
 };
 
+class CoordinatorImpl;
+
+// A node's Session stream, open for as long as its process lives. gRPC is
+// called outside the lock (a reaction may run on the calling thread), and
+// never Finish while a write is in flight: that write's completion
+// finishes instead.
+class NodeSession final : public grpc::ServerWriteReactor<v1::SessionEvent> {
+ public:
+  NodeSession(CoordinatorImpl* coordinator, const v1::SessionRequest& request)
+      : coordinator_(coordinator),
+        node_id_(request.node_id()),
+        incarnation_(request.incarnation()) {}
+  const std::string& node_id() const { return node_id_; }
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Asks the node to heartbeat now. Thread-safe; nudges that come while
+  // one is being written are folded into one more.
+  void Nudge() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_.has_value()) return;
+      if (writing_) {
+        again_ = true;
+        return;
+      }
+      writing_ = true;
+    }
+    StartWrite(&event_);
+  }
+  // Ends the stream with `status` (once the write in flight, if any, is done).
+  void End(const grpc::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_.has_value()) return;
+      finish_ = status;
+      if (writing_) return;
+    }
+    Finish(status);
+  }
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    bool write_again = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok && !finish_.has_value()) finish_ = grpc::Status::CANCELLED;
+      if (finish_.has_value()) {
+        finish = finish_;
+      } else if (again_) {
+        again_ = false;
+        writing_ = write_again = true;
+      }
+    }
+    if (finish.has_value()) {
+      Finish(*finish);
+    } else if (write_again) {
+      StartWrite(&event_);
+    }
+  }
+  void OnCancel() override;  // the node's process went away (or the coordinator stops)
+  void OnDone() override;
+
+ private:
+  CoordinatorImpl* const coordinator_;
+  const std::string node_id_;
+  const uint64_t incarnation_;
+  const v1::SessionEvent event_;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool again_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);  // set once ending
+};
+
 class CoordinatorImpl final : public Coordinator,
                               public v1::Control::CallbackService,
                               public v1::Membership::CallbackService,
@@ -162,6 +236,9 @@ class CoordinatorImpl final : public Coordinator,
       absl::MutexLock lock(&mu_);
       Recover(std::move(jobs));
     }
+    // A bad advertise address is refused before anything is bound.
+    PSTRAIN_RETURN_IF_ERROR(
+        AdvertisedAddress(options_.listen_address, options_.advertise_address, 1).status());
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
@@ -172,8 +249,8 @@ class CoordinatorImpl final : public Coordinator,
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen_address));
     }
-    address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')),
-                            ":", port);
+    PSTRAIN_ASSIGN_OR_RETURN(
+        address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
     WriteTargets();
     control_thread_ = std::thread([this] { ControlLoop(); });
     return absl::OkStatus();
@@ -342,6 +419,42 @@ class CoordinatorImpl final : public Coordinator,
     return NewModelUpload(this);
   }
 
+  grpc::ServerWriteReactor<v1::SessionEvent>* Session(grpc::CallbackServerContext*,
+                                                      const v1::SessionRequest* request) override {
+    auto* session = new NodeSession(this, *request);
+    absl::Status refused;
+    {
+      absl::MutexLock lock(&mu_);
+      const NodeRegistry::Node* node = registry_.Find(request->node_id());
+      if (shut_down_) {
+        refused = absl::UnavailableError("coordinator shutting down");
+      } else if (node == nullptr || node->info.state() == v1::NODE_STATE_AWAITED) {
+        refused = absl::NotFoundError(absl::StrCat("unknown node '", request->node_id(), "'"));
+      } else if (!registry_.SessionOpened(request->node_id(), request->incarnation())) {
+        refused = absl::FailedPreconditionError(
+            absl::StrCat("node ", request->node_id(), " is held by another process"));
+      } else {
+        sessions_[request->node_id()] = session;
+      }
+    }
+    if (!refused.ok()) session->End(ToGrpcStatus(refused));
+    return session;
+  }
+
+  // The session's stream was cancelled: its process is gone, or going.
+  void SessionClosed(NodeSession* session) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      registry_.SessionClosed(session->node_id(), session->incarnation());
+    }
+    WakeControlLoop();
+  }
+  void SessionDone(NodeSession* session) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session->node_id());
+    if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+  }
+
   // ---- ModelUploadHandler: worker 0's model, one upload per job at a time ----
 
   absl::StatusOr<int64_t> BeginUpload(const std::string& node_id,
@@ -474,6 +587,16 @@ class CoordinatorImpl final : public Coordinator,
     }
     for (auto& [id, event] : txn.events()) Publish(jobs_.at(id), event, false);
     for (const auto& [id, old] : transitions) OnStateChange(id, old);
+    // The nodes of a job that changed state heartbeat now to learn it.
+    std::set<std::string> nodes;
+    for (const auto& [id, old] : transitions) {
+      const v1::Job& job = jobs_.at(id).job;
+      nodes.insert(job.server_nodes().begin(), job.server_nodes().end());
+      nodes.insert(job.worker_nodes().begin(), job.worker_nodes().end());
+    }
+    for (const std::string& node : nodes) {
+      if (auto it = sessions_.find(node); it != sessions_.end()) it->second->Nudge();
+    }
     UpdateGauges();
   }
 
@@ -911,12 +1034,23 @@ class CoordinatorImpl final : public Coordinator,
   std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::vector<std::string> running_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, NodeSession*> sessions_ ABSL_GUARDED_BY(mu_);  // open, by node
   ModelStore models_;
   TargetsFile targets_;  // written by one thread at a time (Start, then the control loop)
 
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
 };
+
+void NodeSession::OnCancel() {
+  coordinator_->SessionClosed(this);
+  End(grpc::Status::CANCELLED);
+}
+
+void NodeSession::OnDone() {
+  coordinator_->SessionDone(this);
+  delete this;
+}
 
 }  // namespace
 

@@ -34,6 +34,9 @@ class Coordinator {
   struct Options {
     // Address to listen on; port 0 picks a free port (see address()).
     std::string listen_address = "127.0.0.1:0";
+    // What nodes and clients dial: "host" (with the bound port) or
+    // "host:port". Empty: the listen address, which must not be a wildcard.
+    std::string advertise_address;
     // Where jobs and model files are kept durably (created if missing).
     // Empty: in memory only, lost when the process ends.
     std::string state_dir;
@@ -60,11 +63,13 @@ class Coordinator {
   };
 
   // Recovers the state directory, then starts serving. UNAVAILABLE if the
-  // address cannot be bound; the job store's error if it cannot be opened.
+  // address cannot be bound; INVALID_ARGUMENT for a wildcard listen address
+  // without an advertise address; the job store's error if it cannot be
+  // opened.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   virtual ~Coordinator() = default;
 
-  // host:port actually bound.
+  // host:port to dial: the advertised address, with the bound port.
   virtual std::string address() const = 0;
 
   // Ends every watch, stops the gRPC server (calls still running after

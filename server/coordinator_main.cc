@@ -10,6 +10,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50050",
           "host:port for the control and membership APIs; port 0 picks a free port");
+ABSL_FLAG(std::string, advertise_address, "",
+          "what peers dial: host (with the bound port) or host:port; required when --listen "
+          "is a wildcard (0.0.0.0, [::]); default: the listen address");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(std::string, state_dir, "",
@@ -27,6 +30,7 @@ int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-coordinator [--listen=host:port] [flags]");
   pstrain::server::Coordinator::Options options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
@@ -54,8 +58,8 @@ int main(int argc, char** argv) {
   options.prometheus_sd_file = absl::GetFlag(FLAGS_prometheus_sd_file);
   auto coordinator = pstrain::server::Coordinator::Create(options);
   if (!coordinator.ok()) {
-    std::cerr << "pstrain-coordinator: " << coordinator.status() << "\n";
-    return 1;
+    std::cerr << "pstrain-coordinator: " << coordinator.status().message() << "\n";
+    return coordinator.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   LOG(INFO) << "coordinator listening on " << (*coordinator)->address();
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*coordinator)->address());

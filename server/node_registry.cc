@@ -102,6 +102,7 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   if (node.incarnation != request.incarnation()) {
     node.session_open = false;
     node.session_seen = false;
+    node.info.set_session_open(false);
   }
   node.incarnation = request.incarnation();
   node.last_heard = clock_->Now();
@@ -143,6 +144,7 @@ bool NodeRegistry::SessionOpened(const std::string& id, uint64_t incarnation) {
   }
   it->second.session_open = true;
   it->second.session_seen = true;
+  it->second.info.set_session_open(true);
   return true;
 }
 
@@ -150,6 +152,7 @@ void NodeRegistry::SessionClosed(const std::string& id, uint64_t incarnation) {
   auto it = nodes_.find(id);
   if (it != nodes_.end() && it->second.incarnation == incarnation) {
     it->second.session_open = false;
+    it->second.info.set_session_open(false);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/membership_client.h"
 #include "common/rpc.h"
+#include "common/status.h"
 #include "glog/logging.h"
 #include "server/parameter_service.h"
 
@@ -19,6 +20,9 @@ class ParameterServerImpl final : public ParameterServer {
   ~ParameterServerImpl() override { Shutdown(absl::Seconds(1)); }
 
   absl::Status Start() {
+    // A bad advertise address is refused before anything is bound.
+    PSTRAIN_RETURN_IF_ERROR(
+        AdvertisedAddress(options_.listen_address, options_.advertise_address, 1).status());
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
@@ -28,8 +32,8 @@ class ParameterServerImpl final : public ParameterServer {
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen_address));
     }
-    address_ = absl::StrCat(options_.listen_address.substr(0, options_.listen_address.rfind(':')),
-                            ":", port);
+    PSTRAIN_ASSIGN_OR_RETURN(
+        address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
     LOG(INFO) << "parameter server listening on " << address_;
     if (!options_.coordinator_address.empty()) {
       MembershipClient::Options m;

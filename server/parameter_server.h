@@ -17,6 +17,9 @@ class ParameterServer {
   struct Options {
     // Address to listen on; port 0 picks a free port (see address()).
     std::string listen_address = "127.0.0.1:0";
+    // What workers dial: "host" (with the bound port) or "host:port".
+    // Empty: the listen address, which must not be a wildcard.
+    std::string advertise_address;
     // Coordinator host:port. Empty: no membership; jobs are added through
     // store() directly (tests).
     std::string coordinator_address;
@@ -34,11 +37,13 @@ class ParameterServer {
   };
 
   // Starts serving and, with a coordinator, registering and heartbeating.
-  // UNAVAILABLE if the address cannot be bound.
+  // UNAVAILABLE if the address cannot be bound; INVALID_ARGUMENT for a
+  // wildcard listen address without an advertise address.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Options options);
   virtual ~ParameterServer() = default;
 
-  // host:port actually bound, as registered with the coordinator.
+  // host:port to dial (the advertised address, with the bound port), as
+  // registered with the coordinator.
   virtual std::string address() const = 0;
   virtual ShardStore& store() = 0;
 

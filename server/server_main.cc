@@ -15,6 +15,9 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
 ABSL_FLAG(std::string, node_id, "",
           "the node's id (e.g. server-1, a pod's name); default: $PSTRAIN_NODE_ID, else chosen at "
           "random. A process started under the id of a lost node takes its place");
+ABSL_FLAG(std::string, advertise_address, "",
+          "what peers dial: host (with the bound port) or host:port; required when --listen "
+          "is a wildcard (0.0.0.0, [::]); default: the listen address");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-server --coordinator=host:port [flags]");
   pstrain::server::ParameterServer::Options options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
   options.store.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
@@ -74,8 +78,8 @@ int main(int argc, char** argv) {
   options.metrics_address = metrics->address();
   auto server = pstrain::server::ParameterServer::Create(options);
   if (!server.ok()) {
-    std::cerr << "pstrain-server: " << server.status() << "\n";
-    return 1;
+    std::cerr << "pstrain-server: " << server.status().message() << "\n";
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*server)->address());
   signals.OnSignal([&] { (*server)->RequestStop(); });

@@ -98,6 +98,20 @@ class CoordinatorTest : public ::testing::Test {
     return heartbeat;
   }
 
+  // The registered nodes as text, with "session" for those whose session is
+  // open.
+  std::string ListNodesText() {
+    v1::ListNodesResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    EXPECT_TRUE(control_->ListNodes(&context, v1::ListNodesRequest(), &response).ok());
+    std::string text;
+    for (const v1::Node& n : response.nodes()) {
+      text += n.id() + (n.session_open() ? " session\n" : "\n");
+    }
+    return text;
+  }
+
   int CountJobs() {
     v1::ListJobsRequest request;
     v1::ListJobsResponse response;
@@ -441,6 +455,52 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
+}
+
+// The session a node keeps open: the coordinator asks for a heartbeat
+// through it when the node's work changes, and once it closes another
+// process may take the node's id at once, without waiting out the lease.
+TEST_F(CoordinatorTest, ANodesSessionCarriesNudgesAndItsEndFreesTheId) {
+  Start("", absl::Minutes(5));
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
+  v1::SessionRequest request;
+  request.set_node_id(worker);
+  request.set_incarnation(incarnations_.at(worker));
+  grpc::ClientContext context;
+  auto reader = membership_->Session(&context, request);
+  // Once the session is open, a job that starts on the worker nudges it.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!absl::StrContains(ListNodesText(), "session")) {
+    ASSERT_LT(absl::Now(), give_up);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(Submit(kValid).ok());
+  v1::SessionEvent event;
+  EXPECT_TRUE(reader->Read(&event)) << "no nudge";
+  context.TryCancel();  // as the process's death closes its connection
+  reader->Finish();
+  // A new process takes the id well within the 5-minute lease.
+  v1::RegisterRequest again;
+  again.set_role(v1::NODE_ROLE_WORKER);
+  again.set_node_id(worker);
+  again.set_incarnation(incarnations_.at(worker) + 1);
+  while (true) {
+    v1::RegisterResponse response;
+    grpc::ClientContext c;
+    SetTimeout(c, absl::Seconds(10));
+    const grpc::Status s = membership_->Register(&c, again, &response);
+    if (s.ok()) break;
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    ASSERT_LT(absl::Now(), give_up) << "the id stayed held after the session closed";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // The old process is fenced.
+  v1::HeartbeatResponse response;
+  grpc::ClientContext c;
+  SetTimeout(c, absl::Seconds(10));
+  EXPECT_EQ(membership_->Heartbeat(&c, HeartbeatOf(worker), &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 // Holds every sync of the job log until released.
