@@ -320,6 +320,43 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (spec.epochs() == 0 && spec.steps() == 0) {
     return FieldError("epochs", "set epochs or steps to a positive number");
   }
+  // Checkpoints and recovery.
+  v1::CheckpointSpec& checkpoint = *spec.mutable_checkpoint();
+  if (checkpoint.dir().empty()) {
+    if (checkpoint.every_steps() != 0 || checkpoint.keep() != 0) {
+      return FieldError(checkpoint.every_steps() != 0 ? "checkpoint.every_steps"
+                                                      : "checkpoint.keep",
+                        "needs checkpoint.dir");
+    }
+  } else {
+    if (checkpoint.dir().size() > kMaxPathBytes) {
+      return FieldError("checkpoint.dir", absl::StrCat("a path of ", checkpoint.dir().size(),
+                                                       " bytes; at most ", kMaxPathBytes));
+    }
+    if (checkpoint.dir().front() != '/') {
+      return FieldError("checkpoint.dir", "must be an absolute path (servers run elsewhere)");
+    }
+    if (checkpoint.every_steps() == 0) checkpoint.set_every_steps(kDefaultCheckpointEverySteps);
+    if (checkpoint.keep() == 0) checkpoint.set_keep(kDefaultCheckpointsKept);
+    PSTRAIN_RETURN_IF_ERROR(
+        range("checkpoint.every_steps", checkpoint.every_steps(), 1, int64_t{1} << 40));
+    PSTRAIN_RETURN_IF_ERROR(range("checkpoint.keep", checkpoint.keep(), 1, 1000));
+  }
+  v1::RecoverySpec& recovery = *spec.mutable_recovery();
+  if (!recovery.has_replace_after_seconds()) {
+    recovery.set_replace_after_seconds(kDefaultReplaceAfterSeconds);
+  }
+  if (!recovery.has_wait_timeout_seconds()) {
+    recovery.set_wait_timeout_seconds(kDefaultWaitTimeoutSeconds);
+  }
+  PSTRAIN_RETURN_IF_ERROR(
+      range("recovery.replace_after_seconds", recovery.replace_after_seconds(), 0, 86400));
+  PSTRAIN_RETURN_IF_ERROR(
+      range("recovery.wait_timeout_seconds", recovery.wait_timeout_seconds(), 1, 864000));
+  if (recovery.on_worker_loss() == v1::WORKER_LOSS_POLICY_UNSPECIFIED) {
+    recovery.set_on_worker_loss(v1::WORKER_LOSS_POLICY_WAIT);
+  }
+
   if (!spec.has_chunk_bytes()) spec.set_chunk_bytes(kDefaultChunkBytes);
   PSTRAIN_RETURN_IF_ERROR(range("chunk_bytes", spec.chunk_bytes(), 4, kMaxChunkBytes));
   if (spec.chunk_bytes() % 4 != 0) {

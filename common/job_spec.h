@@ -22,6 +22,11 @@ inline constexpr int64_t kMaxChunks = 1 << 20;
 inline constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
 // The longest path a spec may name (PATH_MAX).
 inline constexpr size_t kMaxPathBytes = 4096;
+// Checkpoint and recovery defaults (JobSpec.checkpoint, .recovery).
+inline constexpr int64_t kDefaultCheckpointEverySteps = 100;
+inline constexpr int kDefaultCheckpointsKept = 2;
+inline constexpr int kDefaultReplaceAfterSeconds = 30;
+inline constexpr int kDefaultWaitTimeoutSeconds = 600;
 // The largest job file accepted (a real one is a few hundred bytes).
 inline constexpr size_t kMaxJobFileBytes = 1 << 20;
 // Fashion-MNIST sizes (the only dataset so far).
@@ -41,7 +46,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 // Fills in defaults (mode sync, dataset fashion_mnist, data.dir, chunk_bytes,
-// Adam's betas and epsilon) and validates every field. Returns the complete
+// Adam's betas and epsilon, checkpoint and recovery options) and validates
+// every field. Returns the complete
 // spec, or INVALID_ARGUMENT whose message starts with the field's path:
 // "optimizer.learning_rate: must be > 0".
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job_spec.h"
 #include "common/model_file.h"
@@ -26,6 +27,7 @@
 #include "server/job_store.h"
 #include "server/model_store.h"
 #include "server/node_registry.h"
+#include "server/recovery.h"
 #include "server/scheduler.h"
 #include "server/shard_store.h"
 #include "server/targets_file.h"
@@ -66,6 +68,10 @@ struct JobRecord {
   v1::PartitionPlan plan;
   std::vector<std::shared_ptr<WatchQueue>> watchers;
   std::optional<CoordinatorMetrics::Job> metrics;  // while running, if measured
+  // What the nodes reported of the running job's checkpoints, and servers
+  // that could not load the current generation (by server index).
+  CheckpointReports reports;
+  std::map<int, std::string> load_failures;
 };
 
 // One change to the jobs: decided on copies of the jobs it touches (reads
@@ -363,6 +369,48 @@ class CoordinatorImpl final : public Coordinator,
     return NewModelExport(fs_, FindModel(request->job_id()));
   }
 
+  grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* ctx,
+                                          const v1::CheckpointJobRequest* request,
+                                          v1::CheckpointJobResponse* response) override {
+    const std::string& id = request->job_id();
+    int64_t step = 0;
+    absl::Status status = Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (!jobs_.contains(id)) return UnknownJob(id);
+      const v1::Job& job = txn.Get(id);
+      if (job.state() != v1::JOB_STATE_RUNNING) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", id, " is not running (it is ", JobStateLabel(job.state()), ")"));
+      }
+      if (job.spec().checkpoint().dir().empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", id, " has no checkpoint.dir"));
+      }
+      if (job.spec().mode() != v1::MODE_SYNC) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", id, " is async: it checkpoints every checkpoint.every_steps steps only"));
+      }
+      // A step that no chunk has reached when the nodes hear of it: the
+      // furthest worker's step plus what the job does in a few seconds.
+      int64_t furthest = 0;
+      for (const v1::WorkerStatus& w : job.workers()) furthest = std::max(furthest, w.step());
+      const double steps_per_second =
+          job.progress().samples_per_second() /
+          std::max(1, job.spec().num_workers() * job.spec().batch_size());
+      step = furthest + 20 + static_cast<int64_t>(steps_per_second * 3);
+      if (step >= job.progress().total_steps()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", id, " ends before a checkpoint could be taken"));
+      }
+      txn.Mutable(id)->set_checkpoint_request_step(step);
+      return absl::OkStatus();
+    });
+    if (status.ok()) {
+      response->set_step(step);
+      absl::MutexLock lock(&mu_);
+      NudgeNodesOf(jobs_.at(id).job);
+    }
+    return Reply(ctx, status);
+  }
+
   // ---- Membership ----
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
@@ -398,7 +446,7 @@ class CoordinatorImpl final : public Coordinator,
     const NodeRegistry::Node* before = registry_.Find(request->node_id());
     const bool was_lost = before != nullptr && before->info.state() == v1::NODE_STATE_LOST;
     if (absl::Status s = registry_.Heartbeat(*request); !s.ok()) return Reply(ctx, s);
-    if (was_lost) WakeControlLoop();
+    if (RecordHeld(*request) || was_lost) WakeControlLoop();
     Assignments(*request, response);
     return Reply(ctx, absl::OkStatus());
   }
@@ -582,28 +630,41 @@ class CoordinatorImpl final : public Coordinator,
       if (c.added) continue;
       JobRecord& record = jobs_.at(id);
       const v1::JobState old = record.job.state();
+      const int64_t old_generation = record.job.generation();
       record.job = std::move(c.job);
-      if (record.job.state() != old) transitions.emplace_back(id, old);
+      if (record.job.state() != old || record.job.generation() != old_generation) {
+        transitions.emplace_back(id, old);
+      }
     }
     for (auto& [id, event] : txn.events()) Publish(jobs_.at(id), event, false);
     for (const auto& [id, old] : transitions) OnStateChange(id, old);
     // The nodes of a job that changed state heartbeat now to learn it.
-    std::set<std::string> nodes;
-    for (const auto& [id, old] : transitions) {
-      const v1::Job& job = jobs_.at(id).job;
-      nodes.insert(job.server_nodes().begin(), job.server_nodes().end());
-      nodes.insert(job.worker_nodes().begin(), job.worker_nodes().end());
-    }
-    for (const std::string& node : nodes) {
-      if (auto it = sessions_.find(node); it != sessions_.end()) it->second->Nudge();
-    }
+    for (const auto& [id, old] : transitions) NudgeNodesOf(jobs_.at(id).job);
     UpdateGauges();
   }
 
-  // Keeps the lists, metrics and watchers in step with a job's new state.
+  void NudgeNodesOf(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::set<std::string> nodes(job.server_nodes().begin(), job.server_nodes().end());
+    nodes.insert(job.worker_nodes().begin(), job.worker_nodes().end());
+    for (const std::string& node : nodes) {
+      if (auto it = sessions_.find(node); it != sessions_.end()) it->second->Nudge();
+    }
+  }
+
+  // Keeps the lists, metrics and watchers in step with a job's new state
+  // (or generation).
   void OnStateChange(const std::string& id, v1::JobState old) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     JobRecord& record = jobs_.at(id);
     const v1::JobState state = record.job.state();
+    auto generation_gauges = [&] {
+      if (!record.metrics.has_value()) return;
+      record.metrics->generation->Set(static_cast<double>(record.job.generation()));
+      record.metrics->recoveries->Set(record.job.recoveries());
+    };
+    if (state == old) {  // a new generation
+      generation_gauges();
+      return;
+    }
     if (old == v1::JOB_STATE_PENDING) std::erase(pending_, id);
     if (old == v1::JOB_STATE_RUNNING) std::erase(running_, id);
     if (state == v1::JOB_STATE_PENDING) pending_.push_back(id);
@@ -612,6 +673,7 @@ class CoordinatorImpl final : public Coordinator,
       if (state == v1::JOB_STATE_RUNNING && !record.metrics.has_value()) {
         record.metrics = m->BindJob(id);
       }
+      generation_gauges();
       if (IsTerminal(state)) {
         if (record.metrics.has_value()) {
           record.metrics->running->Set(0);
@@ -711,23 +773,69 @@ class CoordinatorImpl final : public Coordinator,
     return absl::OkStatus();
   }
 
-  // The jobs a node must hold (servers) or run (workers) now; spec and plan
-  // for those it does not hold yet.
+  // A server's reports of its jobs' checkpoints and failed loads, kept for
+  // the control loop; true if there is news for it.
+  bool RecordHeld(const v1::HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool news = false;
+    for (const v1::HeldJob& held : request.held()) {
+      auto it = jobs_.find(held.job_id());
+      if (it == jobs_.end() || it->second.job.state() != v1::JOB_STATE_RUNNING) continue;
+      JobRecord& record = it->second;
+      const v1::Job& job = record.job;
+      for (int s = 0; s < job.server_nodes_size(); ++s) {
+        if (job.server_nodes(s) != request.node_id() ||
+            job.server_incarnations(s) != request.incarnation()) {
+          continue;
+        }
+        if (record.reports.by_server.size() < static_cast<size_t>(job.server_nodes_size())) {
+          record.reports.by_server.resize(job.server_nodes_size());
+        }
+        std::vector<v1::CheckpointRecord> written(held.checkpoints().begin(),
+                                                  held.checkpoints().end());
+        if (written.size() != record.reports.by_server[s].size()) news = true;
+        record.reports.by_server[s] = std::move(written);
+        if (!held.load_error().empty() && held.generation() == job.generation() &&
+            !record.load_failures.contains(s)) {
+          record.load_failures[s] = held.load_error();
+          news = true;
+        }
+      }
+    }
+    return news;
+  }
+
+  // The jobs a node must hold (servers) or run (workers) now, at their
+  // generation; spec and plan for those it does not hold at it yet.
   void Assignments(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const NodeRegistry::Node& node = *registry_.Find(request.node_id());
-    std::set<std::string> held;
-    for (const v1::HeldJob& h : request.held()) held.insert(h.job_id());
+    std::map<std::string, int64_t> held;
+    for (const v1::HeldJob& h : request.held()) held[h.job_id()] = h.generation();
     for (const std::string& id : running_) {
       const JobRecord& record = jobs_.at(id);
       const v1::Job& job = record.job;
+      auto h = held.find(id);
+      const bool has_it = h != held.end() && h->second == job.generation();
       if (node.info.role() == v1::NODE_ROLE_SERVER) {
         for (int s = 0; s < job.server_nodes_size(); ++s) {
           if (job.server_nodes(s) != node.info.id()) continue;
           v1::ServerAssignment* a = response->add_server_jobs();
           a->set_job_id(id);
           a->set_server_index(s);
-          if (!held.contains(id)) {
+          a->set_generation(job.generation());
+          a->set_num_workers(job.worker_nodes_size());
+          const std::optional<v1::CheckpointRecord> from = ResumeCheckpoint(job);
+          if (KeepsValues(job, s)) {
+            a->set_keep_values(true);
+          } else if (from.has_value()) {
+            a->set_restore_step(from->step());
+            a->set_restore_generation(from->generation());
+          } else if (job.spec().mode() != v1::MODE_SYNC && job.generation() > 1) {
+            a->set_restore_step(-1);  // async: the server's own newest checkpoint
+          }
+          *a->mutable_retained_checkpoints() = job.checkpoints();
+          a->set_checkpoint_request_step(job.checkpoint_request_step());
+          if (!has_it) {
             *a->mutable_spec() = job.spec();
             *a->mutable_plan() = record.plan;
           }
@@ -738,10 +846,16 @@ class CoordinatorImpl final : public Coordinator,
           v1::WorkerAssignment* a = response->add_worker_jobs();
           a->set_job_id(id);
           a->set_worker_index(w);
-          if (!held.contains(id)) {
+          a->set_generation(job.generation());
+          a->set_num_workers(job.worker_nodes_size());
+          a->set_resume_step(job.spec().mode() == v1::MODE_SYNC ? job.resume_step()
+                                                                 : job.workers(w).step());
+          a->set_checkpoint_request_step(job.checkpoint_request_step());
+          if (!has_it) {
             *a->mutable_spec() = job.spec();
             *a->mutable_plan() = record.plan;
             *a->mutable_server_addresses() = job.server_addresses();
+            *a->mutable_resume_state() = ResumeStateOf(job, w);
           }
         }
       }
@@ -763,6 +877,14 @@ class CoordinatorImpl final : public Coordinator,
       return absl::FailedPreconditionError(absl::StrCat(
           "incarnation: this process of node ", r.node_id(), " does not run ", r.job_id()));
     }
+    // A generation that is over: nothing of it counts any more.
+    if (r.generation() != job.generation()) return absl::OkStatus();
+    JobRecord& record = jobs_.at(r.job_id());
+    for (const v1::WorkerResumeState& state : r.checkpoint_states()) {
+      if (state.worker() != r.worker() || state.generation() != job.generation()) continue;
+      auto& states = record.reports.states[{state.step(), state.generation()}];
+      if (states.emplace(state.worker(), state).second) WakeControlLoop();
+    }
     if (!r.error().empty()) {
       SetState(txn, r.job_id(), v1::JOB_STATE_FAILED,
                absl::StrCat("worker ", r.worker(), ": ", r.error()));
@@ -773,7 +895,7 @@ class CoordinatorImpl final : public Coordinator,
     if (job.workers(r.worker()).finished()) return absl::OkStatus();
     v1::Job& changed = r.finished() ? *txn.Mutable(r.job_id()) : *txn.MutableVolatile(r.job_id());
     ApplyProgressReport(r, &changed);
-    if (const JobRecord& record = jobs_.at(r.job_id()); record.metrics.has_value()) {
+    if (record.metrics.has_value()) {
       record.metrics->steps->Set(static_cast<double>(changed.progress().step()));
       if (r.evaluated()) record.metrics->accuracy->Set(r.test_accuracy());
     }
@@ -875,46 +997,227 @@ class CoordinatorImpl final : public Coordinator,
         status->set_worker(w);
         status->set_node_id(node.id());
       }
+      StartGeneration(&job, "placed", WallMs());
       SetState(txn, id, v1::JOB_STATE_RUNNING, "");
     }
   }
 
-  // Why a running job cannot go on without a node, if it cannot: the node
-  // is lost, or another process holds its id now.
-  std::optional<std::string> NodeGone(const std::string& id, uint64_t incarnation) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const NodeRegistry::Node* node = registry_.Find(id);
-    if (node == nullptr) return absl::StrCat("node ", id, " is gone");
-    if (node->info.state() == v1::NODE_STATE_LOST) {
-      return node->lost_reason.empty() ? absl::StrCat("node ", id, " lost") : node->lost_reason;
-    }
-    if (node->info.state() == v1::NODE_STATE_ALIVE && node->incarnation != incarnation) {
-      return absl::StrCat("node ", id, " was restarted: its state of the job is gone");
-    }
-    return std::nullopt;
+  // ---- Recovery (on a Txn, under mu_) ----
+
+  // How long the node has been silent; infinite if it is unknown.
+  absl::Duration Silent(const NodeRegistry::Node* node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return node == nullptr ? absl::InfiniteDuration() : clock_->Now() - node->last_heard;
   }
 
-  // Fails every running job that needs a node that is gone.
-  void FailJobsOfLostNodes(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    bool failed = false;
+  // Nodes not free to take a job's slot: the workers of running jobs; for
+  // a job's server slot, its own servers too.
+  std::set<std::string> BusyWorkers(Txn& txn) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::set<std::string> busy;
+    txn.ForEach(order_, [&](const std::string&, const v1::Job& job) {
+      if (job.state() == v1::JOB_STATE_RUNNING) {
+        busy.insert(job.worker_nodes().begin(), job.worker_nodes().end());
+      }
+    });
+    return busy;
+  }
+
+  // A live server that holds no part of `job` and has `need` bytes of room.
+  const NodeRegistry::Node* SpareServer(Txn& txn, const v1::Job& job, int64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::map<std::string, int64_t> reserved;
+    txn.ForEach(order_, [&](const std::string& id, const v1::Job& other) {
+      if (other.state() != v1::JOB_STATE_RUNNING) return;
+      for (int s = 0; s < other.server_nodes_size(); ++s) {
+        reserved[other.server_nodes(s)] +=
+            ShardStore::BytesNeeded(other.spec(), PlanOf(txn, id), s);
+      }
+    });
+    const std::set<std::string> own(job.server_nodes().begin(), job.server_nodes().end());
+    const NodeRegistry::Node* best = nullptr;
+    for (const auto& [id, node] : registry_.nodes()) {
+      if (node.info.role() != v1::NODE_ROLE_SERVER || node.info.state() != v1::NODE_STATE_ALIVE ||
+          own.contains(id) || RoomOn(node.info, reserved) < need) {
+        continue;
+      }
+      if (best == nullptr || RoomOn(node.info, reserved) > RoomOn(best->info, reserved)) {
+        best = &node;
+      }
+    }
+    return best;
+  }
+
+  // Looks at every running job's nodes and acts by the job's policy: a
+  // node whose id a new process took, or a lost node that is replaced,
+  // starts a new generation (from the latest complete checkpoint); a lost
+  // worker of an elastic job is left out of the next one, and an idle
+  // worker joins it; a server that could not load its checkpoint drops that
+  // checkpoint for an older one; a lost node that is not replaced in time,
+  // or a lost worker under on_worker_loss: fail, fails the job.
+  void RecoverJobs(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool ended = false;
+    std::set<std::string> taken;  // nodes given to a job in this pass
+    for (const std::string& id : std::vector<std::string>(running_)) {
+      const v1::Job& current = txn.Get(id);
+      if (current.state() != v1::JOB_STATE_RUNNING) continue;
+      JobRecord& record = jobs_.at(id);
+      const v1::RecoverySpec& policy = current.spec().recovery();
+      const absl::Duration replace_after = absl::Seconds(policy.replace_after_seconds());
+      const absl::Duration wait_timeout = absl::Seconds(policy.wait_timeout_seconds());
+      v1::Job next = current;
+      std::vector<std::string> why;  // of a new generation
+      std::optional<std::string> failure;
+
+      // A server that could not load this generation's checkpoint.
+      for (const auto& [s, error] : record.load_failures) {
+        why.push_back(absl::StrCat("server ", s, " could not load step ", current.resume_step(),
+                                   ": ", error));
+      }
+      if (!record.load_failures.empty()) {
+        if (std::optional<v1::CheckpointRecord> from = ResumeCheckpoint(current)) {
+          DropCheckpoint(&next, from->step(), from->generation());
+        } else {
+          failure = why.front();  // nothing older to go back to
+        }
+      }
+
+      for (int s = 0; s < next.server_nodes_size() && !failure; ++s) {
+        const NodeRegistry::Node* node = registry_.Find(next.server_nodes(s));
+        const std::string slot = absl::StrCat("server ", s, " (node ", next.server_nodes(s), ")");
+        if (node != nullptr && node->info.state() == v1::NODE_STATE_ALIVE) {
+          if (node->incarnation != next.server_incarnations(s)) {
+            why.push_back(absl::StrCat(slot, " was restarted"));
+            next.set_server_incarnations(s, node->incarnation);
+            next.set_server_addresses(s, node->info.address());
+          }
+          continue;
+        }
+        if (node != nullptr && node->info.state() == v1::NODE_STATE_AWAITED) continue;
+        const absl::Duration silent = Silent(node);
+        if (silent < replace_after) continue;
+        const NodeRegistry::Node* spare = SpareServer(
+            txn, next, ShardStore::BytesNeeded(next.spec(), PlanOf(txn, id), s));
+        if (spare != nullptr && !taken.contains(spare->info.id())) {
+          why.push_back(absl::StrCat(slot, " lost; ", spare->info.id(), " takes its place"));
+          taken.insert(spare->info.id());
+          next.set_server_nodes(s, spare->info.id());
+          next.set_server_addresses(s, spare->info.address());
+          next.set_server_incarnations(s, spare->incarnation);
+        } else if (silent >= wait_timeout) {
+          failure = absl::StrCat(slot, " lost and not replaced within ",
+                                 absl::FormatDuration(wait_timeout), " (no free server with room)");
+        }
+      }
+
+      const std::set<std::string> busy = BusyWorkers(txn);
+      auto idle_worker = [&]() -> const NodeRegistry::Node* {
+        for (const auto& [node_id, node] : registry_.nodes()) {
+          if (node.info.role() == v1::NODE_ROLE_WORKER &&
+              node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
+              !taken.contains(node_id)) {
+            return &node;
+          }
+        }
+        return nullptr;
+      };
+      std::vector<int> dropped;  // elastic
+      for (int w = 0; w < next.worker_nodes_size() && !failure; ++w) {
+        const NodeRegistry::Node* node = registry_.Find(next.worker_nodes(w));
+        const std::string slot = absl::StrCat("worker ", w, " (node ", next.worker_nodes(w), ")");
+        if (node != nullptr && node->info.state() == v1::NODE_STATE_ALIVE) {
+          if (node->incarnation != next.worker_incarnations(w)) {
+            why.push_back(absl::StrCat(slot, " was restarted"));
+            next.set_worker_incarnations(w, node->incarnation);
+          }
+          continue;
+        }
+        if (next.workers(w).finished() ||
+            (node != nullptr && node->info.state() == v1::NODE_STATE_AWAITED)) {
+          continue;
+        }
+        const std::string lost =
+            node != nullptr && !node->lost_reason.empty() ? node->lost_reason : slot + " lost";
+        const absl::Duration silent = Silent(node);
+        switch (policy.on_worker_loss()) {
+          case v1::WORKER_LOSS_POLICY_FAIL:
+            failure = absl::StrCat(slot, ": ", lost);
+            break;
+          case v1::WORKER_LOSS_POLICY_ELASTIC:
+            if (next.worker_nodes_size() - static_cast<int>(dropped.size()) > 1) {
+              dropped.push_back(w);
+              why.push_back(absl::StrCat(slot, " lost; the job goes on without it"));
+              break;
+            }
+            [[fallthrough]];  // the last worker: wait for one to take its place
+          default:
+            if (silent < replace_after) break;
+            if (const NodeRegistry::Node* idle = idle_worker()) {
+              why.push_back(absl::StrCat(slot, " lost; ", idle->info.id(), " takes its place"));
+              taken.insert(idle->info.id());
+              next.set_worker_nodes(w, idle->info.id());
+              next.set_worker_incarnations(w, idle->incarnation);
+            } else if (silent >= wait_timeout) {
+              failure = absl::StrCat(slot, " lost and not replaced within ",
+                                     absl::FormatDuration(wait_timeout), " (no idle worker)");
+            }
+        }
+      }
+      if (!dropped.empty()) {
+        v1::Job kept = next;
+        kept.clear_worker_nodes();
+        kept.clear_worker_incarnations();
+        for (int w = 0; w < next.worker_nodes_size(); ++w) {
+          if (std::find(dropped.begin(), dropped.end(), w) != dropped.end()) continue;
+          kept.add_worker_nodes(next.worker_nodes(w));
+          kept.add_worker_incarnations(next.worker_incarnations(w));
+        }
+        next = std::move(kept);
+      }
+      if (!failure && policy.on_worker_loss() == v1::WORKER_LOSS_POLICY_ELASTIC) {
+        while (next.worker_nodes_size() < next.spec().num_workers()) {
+          const NodeRegistry::Node* idle = idle_worker();
+          if (idle == nullptr) break;
+          why.push_back(absl::StrCat(idle->info.id(), " joins"));
+          taken.insert(idle->info.id());
+          next.add_worker_nodes(idle->info.id());
+          next.add_worker_incarnations(idle->incarnation);
+        }
+      }
+
+      if (failure.has_value()) {
+        SetState(txn, id, v1::JOB_STATE_FAILED, *failure);
+        ended = true;
+      } else if (!why.empty()) {
+        const std::string reason = absl::StrJoin(why, "; ");
+        LOG(WARNING) << "job " << id << ": " << reason << ": generation "
+                     << next.generation() + 1 << " starts";
+        StartGeneration(&next, reason, WallMs());
+        LOG(INFO) << "job " << id << " generation " << next.generation() << " starts at step "
+                  << next.resume_step() << " with " << next.worker_nodes_size() << " worker(s)";
+        *txn.Mutable(id) = std::move(next);
+        record.load_failures.clear();
+      }
+    }
+    if (ended) Schedule(txn);
+  }
+
+  // Records every running job's newly complete checkpoint.
+  void CompleteCheckpoints(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const std::string& id : running_) {
       const v1::Job& job = txn.Get(id);
       if (job.state() != v1::JOB_STATE_RUNNING) continue;
-      std::optional<std::string> why;
-      for (int s = 0; s < job.server_nodes_size() && !why; ++s) {
-        why = NodeGone(job.server_nodes(s), job.server_incarnations(s));
-      }
-      for (int w = 0; w < job.worker_nodes_size() && !why; ++w) {
-        if (!job.workers(w).finished()) {
-          why = NodeGone(job.worker_nodes(w), job.worker_incarnations(w));
-        }
-      }
-      if (why.has_value()) {
-        SetState(txn, id, v1::JOB_STATE_FAILED, *why);
-        failed = true;
+      JobRecord& record = jobs_.at(id);
+      std::optional<v1::CheckpointRecord> complete = NewlyComplete(job, record.reports);
+      if (!complete.has_value()) continue;
+      complete->set_time_ms(WallMs());
+      VLOG(1) << "job " << id << ": checkpoint of step " << complete->step() << " complete";
+      RecordCheckpoint(txn.Mutable(id), *complete, record.reports);
+      // The states of steps up to it are no longer needed.
+      std::erase_if(record.reports.states,
+                    [&](const auto& e) { return e.first.first <= complete->step(); });
+      if (record.metrics.has_value()) {
+        record.metrics->last_checkpoint->Set(static_cast<double>(complete->step()));
       }
     }
-    if (failed) Schedule(txn);
   }
 
   // ---- The control loop: leases, scheduling, the targets file ----
@@ -939,7 +1242,8 @@ class CoordinatorImpl final : public Coordinator,
       absl::Status s = Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         registry_.ExpireLeases();
         registry_.ForgetLongLost();
-        FailJobsOfLostNodes(txn);
+        RecoverJobs(txn);
+        CompleteCheckpoints(txn);
         Schedule(txn);
         return absl::OkStatus();
       });

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "common/file_system.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -13,6 +14,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50050",
 ABSL_FLAG(std::string, advertise_address, "",
           "what peers dial: host (with the bound port) or host:port; required when --listen "
           "is a wildcard (0.0.0.0, [::]); default: the listen address");
+ABSL_FLAG(std::string, fs_fault_injection, "",
+          "testing only: make writes to files whose path contains PATTERN fail or crash the "
+          "process: no_space:PATTERN[:ROOM_BYTES], io_error:PATTERN or crash:PATTERN:BYTES");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(std::string, state_dir, "",
@@ -37,6 +41,21 @@ int main(int argc, char** argv) {
   if (options.lease <= absl::ZeroDuration() || options.heartbeat_interval <= absl::ZeroDuration()) {
     std::cerr << "--lease_s and --heartbeat_interval_ms must be positive\n";
     return 2;
+  }
+  std::unique_ptr<pstrain::FaultInjectingFileSystem> faulty_fs;
+  if (!absl::GetFlag(FLAGS_fs_fault_injection).empty()) {
+    absl::StatusOr<pstrain::FaultInjectingFileSystem::Rule> rule =
+        pstrain::FaultInjectingFileSystem::ParseRule(absl::GetFlag(FLAGS_fs_fault_injection));
+    if (!rule.ok()) {
+      std::cerr << "pstrain-coordinator: --fs_fault_injection: " << rule.status().message()
+                << "\n";
+      return 2;
+    }
+    faulty_fs = std::make_unique<pstrain::FaultInjectingFileSystem>(pstrain::PosixFileSystem());
+    faulty_fs->SetRule(*rule);
+    options.fs = faulty_fs.get();
+    LOG(WARNING) << "injecting file system faults (testing only): "
+                 << absl::GetFlag(FLAGS_fs_fault_injection);
   }
   pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {

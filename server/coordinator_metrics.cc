@@ -54,6 +54,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                            .Name("pstrain_job_test_accuracy")
                            .Help("Test-set accuracy of a job's final model.")
                            .Register(r);
+    m->job_checkpoint = &prometheus::BuildGauge()
+                             .Name("pstrain_job_last_checkpoint_step")
+                             .Help("The step of a job's latest complete checkpoint.")
+                             .Register(r);
+    m->job_generation = &prometheus::BuildGauge()
+                             .Name("pstrain_job_generation")
+                             .Help("A running job's generation: one more per recovery.")
+                             .Register(r);
+    m->job_recoveries = &prometheus::BuildGauge()
+                             .Name("pstrain_job_recoveries")
+                             .Help("Recoveries of a job from the loss of a node so far.")
+                             .Register(r);
     m->log_append_seconds = &prometheus::BuildHistogram()
                                  .Name("pstrain_job_log_append_seconds")
                                  .Help("Writing and syncing one record of the job log.")
@@ -81,12 +93,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
 
 CoordinatorMetrics::Job CoordinatorMetrics::BindJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
-  Job j{&job_running->Add(labels), &job_steps->Add(labels), &job_accuracy->Add(labels)};
+  Job j{&job_running->Add(labels),    &job_steps->Add(labels),
+        &job_accuracy->Add(labels),   &job_checkpoint->Add(labels),
+        &job_generation->Add(labels), &job_recoveries->Add(labels)};
   j.running->Set(1);
   expiring.Add(job_id, [this, j] {
     job_running->Remove(j.running);
     job_steps->Remove(j.steps);
     job_accuracy->Remove(j.accuracy);
+    job_checkpoint->Remove(j.last_checkpoint);
+    job_generation->Remove(j.generation);
+    job_recoveries->Remove(j.recoveries);
   });
   return j;
 }

@@ -26,6 +26,9 @@ struct CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* job_running;        // job_id      pstrain_job_running
   prometheus::Family<prometheus::Gauge>* job_steps;          // job_id      pstrain_job_progress_steps
   prometheus::Family<prometheus::Gauge>* job_accuracy;       // job_id      pstrain_job_test_accuracy
+  prometheus::Family<prometheus::Gauge>* job_checkpoint;     // job_id      pstrain_job_last_checkpoint_step
+  prometheus::Family<prometheus::Gauge>* job_generation;     // job_id      pstrain_job_generation
+  prometheus::Family<prometheus::Gauge>* job_recoveries;     // job_id      pstrain_job_recoveries
   prometheus::Histogram* log_append_seconds;                 //             pstrain_job_log_append_seconds
 
   // Children bound at start-up for every state and role.
@@ -38,6 +41,9 @@ struct CoordinatorMetrics {
     prometheus::Gauge* running;
     prometheus::Gauge* steps;
     prometheus::Gauge* accuracy;
+    prometheus::Gauge* last_checkpoint;
+    prometheus::Gauge* generation;
+    prometheus::Gauge* recoveries;
   };
   Job BindJob(const std::string& job_id);
 

@@ -1,5 +1,6 @@
 #include "server/parameter_server.h"
 
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@ class ParameterServerImpl final : public ParameterServer {
  public:
   explicit ParameterServerImpl(Options options)
       : options_(std::move(options)), store_(options_.store), service_(&store_) {}
+
   ~ParameterServerImpl() override { Shutdown(absl::Seconds(1)); }
 
   absl::Status Start() {
@@ -47,8 +49,9 @@ class ParameterServerImpl final : public ParameterServer {
       m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
       MembershipClient::Callbacks callbacks;
       callbacks.held_jobs = [this] {
-        std::vector<v1::HeldJob> held;
-        for (const std::string& id : store_.JobIds()) held.emplace_back().set_job_id(id);
+        std::vector<v1::HeldJob> held = store_.Held();
+        absl::MutexLock lock(&load_mu_);
+        for (const auto& [id, failed] : load_errors_) held.push_back(failed);
         return held;
       };
       callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
@@ -86,32 +89,72 @@ class ParameterServerImpl final : public ParameterServer {
   }
 
  private:
-  // Holds exactly the jobs the coordinator lists. Releases first, so that
-  // memory just freed can hold a new job.
+  // Holds exactly the jobs the coordinator lists, each at the generation it
+  // lists. Releases first, so that memory just freed can hold a new job.
   void Reconcile(const v1::HeartbeatResponse& response) {
     if (ServerMetrics* m = options_.store.metrics; m != nullptr) {
       m->open_waits->Set(static_cast<double>(store_.OpenWaits()));
       m->expiring.Sweep();
     }
-    std::set<std::string> wanted;
-    for (const v1::ServerAssignment& a : response.server_jobs()) wanted.insert(a.job_id());
-    const std::vector<std::string> held = store_.JobIds();
-    for (const std::string& id : held) {
+    std::map<std::string, const v1::ServerAssignment*> wanted;
+    for (const v1::ServerAssignment& a : response.server_jobs()) wanted[a.job_id()] = &a;
+    std::map<std::string, int64_t> held;  // job -> generation
+    for (const v1::HeldJob& h : store_.Held()) held[h.job_id()] = h.generation();
+    for (const auto& [id, generation] : held) {
       if (!wanted.contains(id)) {
         LOG(INFO) << "releasing job " << id;
         store_.RemoveJob(id);
       }
     }
-    const std::set<std::string> held_set(held.begin(), held.end());
-    for (const v1::ServerAssignment& a : response.server_jobs()) {
-      if (held_set.contains(a.job_id()) || !a.has_spec()) continue;
-      absl::Status status = store_.AddJob(a);
+    for (const auto& [id, a] : wanted) {
+      std::vector<v1::CheckpointRecord> retained(a->retained_checkpoints().begin(),
+                                                 a->retained_checkpoints().end());
+      auto it = held.find(id);
+      if (it != held.end() && it->second == a->generation()) {
+        store_.SetCheckpointPlan(id, a->checkpoint_request_step(), std::move(retained));
+        continue;
+      }
+      if (it != held.end() && a->keep_values()) {
+        LOG(INFO) << "job " << id << " goes on at generation " << a->generation()
+                  << " with the values held";
+        if (absl::Status s = store_.KeepAtGeneration(id, a->generation()); !s.ok()) {
+          LOG(ERROR) << "job " << id << ": " << s;
+        }
+        store_.SetCheckpointPlan(id, a->checkpoint_request_step(), std::move(retained));
+        continue;
+      }
+      if (!a->has_spec()) continue;  // it comes once the coordinator sees the job is not held
+      {
+        absl::MutexLock lock(&load_mu_);
+        auto failed = load_errors_.find(id);
+        if (failed != load_errors_.end() && failed->second.generation() == a->generation()) {
+          continue;  // reported; the coordinator starts another generation
+        }
+        load_errors_.erase(id);
+      }
+      if (it != held.end()) {
+        LOG(INFO) << "job " << id << ": generation " << it->second << " is over, loading "
+                  << a->generation();
+        store_.RemoveJob(id);
+      }
+      absl::Status status = store_.AddJob(*a);
       if (status.ok()) {
-        LOG(INFO) << "holding job " << a.job_id() << " as server " << a.server_index();
+        LOG(INFO) << "holding job " << id << " as server " << a->server_index()
+                  << " at generation " << a->generation();
       } else {
-        LOG(ERROR) << "cannot hold job " << a.job_id() << ": " << status;
+        LOG(ERROR) << "cannot hold job " << id << " at generation " << a->generation() << ": "
+                   << status;
+        v1::HeldJob failed;
+        failed.set_job_id(id);
+        failed.set_generation(a->generation());
+        failed.set_load_error(std::string(status.message()));
+        failed.set_load_step(a->restore_step());
+        absl::MutexLock lock(&load_mu_);
+        load_errors_[id] = std::move(failed);
       }
     }
+    absl::MutexLock lock(&load_mu_);
+    std::erase_if(load_errors_, [&](const auto& e) { return !wanted.contains(e.first); });
   }
 
   const Options options_;
@@ -124,6 +167,9 @@ class ParameterServerImpl final : public ParameterServer {
   bool stop_requested_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> fenced_{false};
+  // Jobs that could not be loaded at the generation assigned, with why.
+  absl::Mutex load_mu_;
+  std::map<std::string, v1::HeldJob> load_errors_ ABSL_GUARDED_BY(load_mu_);
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "common/file_system.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/node_id.h"
@@ -18,6 +19,9 @@ ABSL_FLAG(std::string, node_id, "",
 ABSL_FLAG(std::string, advertise_address, "",
           "what peers dial: host (with the bound port) or host:port; required when --listen "
           "is a wildcard (0.0.0.0, [::]); default: the listen address");
+ABSL_FLAG(std::string, fs_fault_injection, "",
+          "testing only: make writes to files whose path contains PATTERN fail or crash the "
+          "process: no_space:PATTERN[:ROOM_BYTES], io_error:PATTERN or crash:PATTERN:BYTES");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
@@ -58,6 +62,20 @@ int main(int argc, char** argv) {
   if (options.store.max_memory_bytes < 0) {
     std::cerr << "pstrain-server: --max_memory_bytes must be >= 0\n";
     return 2;
+  }
+  std::unique_ptr<pstrain::FaultInjectingFileSystem> faulty_fs;
+  if (!absl::GetFlag(FLAGS_fs_fault_injection).empty()) {
+    absl::StatusOr<pstrain::FaultInjectingFileSystem::Rule> rule =
+        pstrain::FaultInjectingFileSystem::ParseRule(absl::GetFlag(FLAGS_fs_fault_injection));
+    if (!rule.ok()) {
+      std::cerr << "pstrain-server: --fs_fault_injection: " << rule.status().message() << "\n";
+      return 2;
+    }
+    faulty_fs = std::make_unique<pstrain::FaultInjectingFileSystem>(pstrain::PosixFileSystem());
+    faulty_fs->SetRule(*rule);
+    options.store.fs = faulty_fs.get();
+    LOG(WARNING) << "injecting file system faults (testing only): "
+                 << absl::GetFlag(FLAGS_fs_fault_injection);
   }
   pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {

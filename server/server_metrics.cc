@@ -35,6 +35,28 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
                         .Help("Async mode: updates applied to a chunk since the values a "
                               "gradient was computed from.")
                         .Register(r);
+    m->checkpoint = &prometheus::BuildHistogram()
+                         .Name("pstrain_server_checkpoint_seconds")
+                         .Help("Writing one checkpoint of a job's chunks (in the background).")
+                         .Register(r);
+    m->checkpoint_copy = &prometheus::BuildHistogram()
+                              .Name("pstrain_server_checkpoint_copy_seconds")
+                              .Help("Copying a chunk's values and optimizer state at a "
+                                    "checkpoint step (what training waits for).")
+                              .Register(r);
+    m->checkpoint_bytes = &prometheus::BuildCounter()
+                               .Name("pstrain_server_checkpoint_bytes_total")
+                               .Help("Bytes of checkpoint files written.")
+                               .Register(r);
+    m->last_checkpoint = &prometheus::BuildGauge()
+                              .Name("pstrain_server_last_checkpoint_step")
+                              .Help("The step of the server's newest checkpoint of a job.")
+                              .Register(r);
+    m->stragglers = &prometheus::BuildGauge()
+                         .Name("pstrain_server_straggler")
+                         .Help("1 while a worker's pushes reach the barrier more than 3x the "
+                               "median lag of the others, 10 steps in a row.")
+                         .Register(r);
     m->held_bytes = &prometheus::BuildGauge()
                          .Name("pstrain_server_held_bytes")
                          .Help("Bytes of job state held.")
@@ -66,7 +88,15 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
   j.apply = &apply->Add(labels, LatencyBuckets());
   j.staleness = &staleness->Add(
       labels, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256});
+  j.checkpoint = &checkpoint->Add(labels, LatencyBuckets());
+  j.checkpoint_copy = &checkpoint_copy->Add(labels, LatencyBuckets());
+  j.checkpoint_bytes = &checkpoint_bytes->Add(labels);
+  j.last_checkpoint = &last_checkpoint->Add(labels);
   expiring.Add(job_id, [this, j] {
+    checkpoint->Remove(j.checkpoint);
+    checkpoint_copy->Remove(j.checkpoint_copy);
+    checkpoint_bytes->Remove(j.checkpoint_bytes);
+    last_checkpoint->Remove(j.last_checkpoint);
     pushes->Remove(j.pushes);
     received_bytes->Remove(j.received_bytes);
     sent_bytes->Remove(j.sent_bytes);
@@ -76,6 +106,13 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
     staleness->Remove(j.staleness);
   });
   return j;
+}
+
+prometheus::Gauge* ServerMetrics::BindStraggler(const std::string& job_id, uint32_t worker) {
+  prometheus::Gauge* g = &stragglers->Add({{"job_id", job_id}, {"worker", std::to_string(worker)}});
+  expiring.Add(job_id, [this, g] { stragglers->Remove(g); });
+  expiring.JobEnded(job_id);  // a removal, not a binding: the job's own ends it
+  return g;
 }
 
 }  // namespace pstrain::server

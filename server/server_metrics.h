@@ -23,6 +23,11 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Histogram>* barrier_wait;  // job_id  pstrain_server_barrier_wait_seconds
   prometheus::Family<prometheus::Histogram>* apply;         // job_id  pstrain_server_apply_seconds
   prometheus::Family<prometheus::Histogram>* staleness;     // job_id  pstrain_server_gradient_staleness
+  prometheus::Family<prometheus::Histogram>* checkpoint;    // job_id  pstrain_server_checkpoint_seconds
+  prometheus::Family<prometheus::Histogram>* checkpoint_copy;  // job_id  pstrain_server_checkpoint_copy_seconds
+  prometheus::Family<prometheus::Counter>* checkpoint_bytes;   // job_id  pstrain_server_checkpoint_bytes_total
+  prometheus::Family<prometheus::Gauge>* last_checkpoint;      // job_id  pstrain_server_last_checkpoint_step
+  prometheus::Family<prometheus::Gauge>* stragglers;     // job_id,worker  pstrain_server_straggler
   prometheus::Gauge* held_bytes;                            //         pstrain_server_held_bytes
   prometheus::Gauge* jobs;                                  //         pstrain_server_jobs
   prometheus::Gauge* open_waits;                            //         pstrain_server_open_waits
@@ -36,9 +41,16 @@ struct ServerMetrics {
     prometheus::Histogram* barrier_wait;
     prometheus::Histogram* apply;
     prometheus::Histogram* staleness;
+    prometheus::Histogram* checkpoint;
+    prometheus::Histogram* checkpoint_copy;
+    prometheus::Counter* checkpoint_bytes;
+    prometheus::Gauge* last_checkpoint;
   };
   // The job's series; they expire `grace` after JobEnded.
   Job BindJob(const std::string& job_id);
+  // The straggler gauge of one worker of a job; it expires with the job's
+  // other series.
+  prometheus::Gauge* BindStraggler(const std::string& job_id, uint32_t worker);
 
   ExpiringSeries expiring;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <optional>
 
 #include "absl/container/inlined_vector.h"
@@ -9,8 +10,10 @@
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
+#include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "server/apply.h"
+#include "server/checkpoint.h"
 
 namespace pstrain::server {
 
@@ -19,13 +22,21 @@ namespace {
 struct Waiting {
   v1::ChunkHeader request;
   int64_t min_version = 0;
+  int64_t min_pushed_steps = 0;  // async: steps applied of every worker
   std::shared_ptr<ChunkWaiter> waiter;
+};
+
+// A checkpoint being gathered: a copy of each chunk as it passes the step.
+struct Gathering {
+  ServerCheckpoint checkpoint;
+  std::map<uint32_t, ChunkCheckpoint> chunks;
 };
 
 }  // namespace
 
 struct ShardStore::Chunk {
   absl::Mutex mu;
+  uint32_t id = 0;
   int64_t size = 0;  // floats
   const ServerMetrics::Job* metrics = nullptr;  // the job's series, if measured
   absl::Time step_started ABSL_GUARDED_BY(mu);  // sync: first push of the open step
@@ -46,6 +57,10 @@ struct ShardStore::Chunk {
   int received_count ABSL_GUARDED_BY(mu) = 0;
   // Async: the last step applied per worker (-1: none), for retries.
   std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  // Sync: when the open step's values were published, and when each
+  // worker's push of it arrived (stragglers).
+  absl::Time opened ABSL_GUARDED_BY(mu);
+  std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);
   std::vector<Waiting> waiting ABSL_GUARDED_BY(mu);
   // Not OK once the job is removed or the server shuts down: later requests
   // that found the chunk before that get this error instead of waiting.
@@ -58,10 +73,31 @@ struct ShardStore::Job {
   ServerMetrics::Job metrics{};  // bound if the store is measured
   v1::Mode mode = v1::MODE_SYNC;
   v1::DType wire_dtype = v1::DTYPE_FP32;
-  uint32_t num_workers = 0;
+  uint32_t num_workers = 0;  // of the generation
+  uint32_t server_index = 0;
+  uint32_t num_servers = 0;
+  int64_t total_floats = 0;
+  std::atomic<int64_t> generation{0};
   std::unique_ptr<kernels::Optimizer> optimizer;
   // By chunk id; null for chunks owned by other servers.
   std::vector<std::unique_ptr<Chunk>> chunks;
+  int owned_chunks = 0;
+  uint32_t first_chunk = 0;  // the lowest owned: where stragglers are watched
+
+  // Checkpoints; dir empty: none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 0;
+  std::atomic<int64_t> requested_step{0};
+  absl::Mutex checkpoint_mu;
+  std::map<int64_t, Gathering> gathering ABSL_GUARDED_BY(checkpoint_mu);  // by step
+  std::vector<v1::CheckpointRecord> written ABSL_GUARDED_BY(checkpoint_mu);  // oldest first
+  std::vector<v1::CheckpointRecord> retained ABSL_GUARDED_BY(checkpoint_mu);
+
+  // Sync: workers that reach the barrier late, step after step.
+  absl::Mutex straggler_mu;
+  std::vector<int> late_steps ABSL_GUARDED_BY(straggler_mu);  // by worker, in a row
+  std::vector<prometheus::Gauge*> straggler_gauges ABSL_GUARDED_BY(straggler_mu);
 };
 
 namespace {
@@ -84,7 +120,11 @@ void AnswerWaits(ShardStore::Chunk& chunk, v1::DType wire_dtype)
   const ChunkValues values = Published(chunk, wire_dtype);
   for (Waiting& w : chunk.waiting) {
     if (w.waiter->Abandoned()) continue;
-    if (chunk.version >= w.min_version) {
+    const bool pushed =
+        w.min_pushed_steps == 0 ||
+        std::all_of(chunk.last_step.begin(), chunk.last_step.end(),
+                    [&](int64_t last) { return last + 1 >= w.min_pushed_steps; });
+    if (chunk.version >= w.min_version && pushed) {
       w.waiter->OnValues(w.request, values);
       if (chunk.metrics != nullptr) {
         chunk.metrics->sent_bytes->Increment(static_cast<double>(chunk.size) *
@@ -162,26 +202,51 @@ void WaitAndAnswer(ShardStore::Chunk& chunk, v1::DType wire_dtype, const v1::Chu
                    int64_t min_version, std::shared_ptr<ChunkWaiter> waiter)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   if (waiter != nullptr) {
-    chunk.waiting.push_back(Waiting{request, min_version, std::move(waiter)});
+    chunk.waiting.push_back(
+        Waiting{request, min_version, request.pushed_steps(), std::move(waiter)});
   }
   AnswerWaits(chunk, wire_dtype);
+}
+
+// Ends the chunk's open waits with `status`, keeping the chunk open.
+void AbortWaits(ShardStore::Chunk& chunk, const absl::Status& status)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  for (Waiting& w : chunk.waiting) w.waiter->OnAbort(status);
+  chunk.waiting.clear();
 }
 
 // Ends the chunk's waits with `status` and refuses later requests.
 void Close(ShardStore::Chunk& chunk, const absl::Status& status) {
   absl::MutexLock lock(&chunk.mu);
   chunk.closed = status;
-  for (Waiting& w : chunk.waiting) w.waiter->OnAbort(status);
-  chunk.waiting.clear();
+  AbortWaits(chunk, status);
+}
+
+// The step a checkpoint taken at the chunk's current version belongs to,
+// if the version is a checkpoint step of the job; else -1. Sync: versions
+// are steps. Async: every worker's push is a version; a checkpoint every
+// every_steps steps of all workers.
+int64_t CheckpointStepOf(const ShardStore::Job& job, int64_t version) {
+  if (job.checkpoint_dir.empty() || version <= 0) return -1;
+  if (job.mode == v1::MODE_SYNC) {
+    return version % job.checkpoint_every == 0 || version == job.requested_step ? version : -1;
+  }
+  const int64_t per_checkpoint = job.checkpoint_every * job.num_workers;
+  return version % per_checkpoint == 0 ? version / job.num_workers : -1;
 }
 
 }  // namespace
 
 ShardStore::ShardStore(Options options)
     : options_(options),
-      apply_pool_(std::make_unique<ApplyPool>(std::max(1, options.apply_threads))) {}
+      fs_(options.fs != nullptr ? options.fs : PosixFileSystem()),
+      apply_pool_(std::make_unique<ApplyPool>(std::max(1, options.apply_threads))),
+      writer_(std::make_unique<CheckpointWriter>(fs_)) {}
 
-ShardStore::~ShardStore() { Shutdown(); }
+ShardStore::~ShardStore() {
+  Shutdown();
+  writer_.reset();  // writes what is queued: its callbacks use the jobs, not the store
+}
 
 int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
                                 uint32_t server) {
@@ -232,6 +297,9 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   if (a.server_index() >= plan.num_servers()) {
     return absl::InvalidArgumentError("server_index outside the plan");
   }
+  if (a.num_workers() > static_cast<uint32_t>(spec.num_workers())) {
+    return absl::InvalidArgumentError("num_workers above the spec's");
+  }
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
                            kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));
 
@@ -246,15 +314,23 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->bytes = bytes;
   job->mode = spec.mode();
   job->wire_dtype = spec.wire_dtype();
-  job->num_workers = spec.num_workers();
+  job->num_workers = a.num_workers() > 0 ? a.num_workers() : spec.num_workers();
+  job->server_index = a.server_index();
+  job->num_servers = plan.num_servers();
+  job->total_floats = plan.total_floats();
+  job->generation = a.generation();
+  job->checkpoint_dir = spec.checkpoint().dir();
+  job->checkpoint_every = spec.checkpoint().every_steps();
+  job->keep = spec.checkpoint().keep();
+  job->requested_step = a.checkpoint_request_step();
   job->chunks.resize(plan.chunks_size());
-  if (options_.metrics != nullptr) job->metrics = options_.metrics->BindJob(job->id);
   for (const v1::ChunkInfo& info : plan.chunks()) {
     if (info.server() != a.server_index()) continue;
+    if (job->owned_chunks++ == 0) job->first_chunk = info.id();
     auto chunk = std::make_unique<Chunk>();
     absl::MutexLock lock(&chunk->mu);
+    chunk->id = info.id();
     chunk->size = info.size();
-    if (options_.metrics != nullptr) chunk->metrics = &job->metrics;
     chunk->values = std::make_shared<std::vector<float>>(info.size());
     // A 16-bit wire's replies hold the casts, so fp32 updates are always
     // in place and need no spare.
@@ -263,35 +339,235 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     }
     kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
                         chunk->values->data());
-    if (DTypeBytes(job->wire_dtype) == 2) {
-      chunk->wire_values = std::make_shared<std::vector<uint16_t>>(info.size());
-      chunk->wire_spare = std::make_shared<std::vector<uint16_t>>(info.size());
-      CastForTheWire(*chunk, job->wire_dtype);
-    }
     chunk->optimizer_state.assign(
         static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
     if (job->mode == v1::MODE_SYNC) {
       chunk->pushed.resize(job->num_workers);
+      chunk->arrived.resize(job->num_workers);
+      chunk->opened = absl::Now();
     } else {
       chunk->last_step.assign(job->num_workers, -1);
     }
     job->chunks[info.id()] = std::move(chunk);
   }
   job->optimizer = std::move(optimizer);
+  job->late_steps.assign(job->num_workers, 0);
+  job->straggler_gauges.assign(job->num_workers, nullptr);
+  if (!job->checkpoint_dir.empty()) {
+    absl::MutexLock lock(&job->checkpoint_mu);
+    job->written = ListCheckpoints(fs_, job->checkpoint_dir, job->id, job->server_index,
+                                   /*remove_partial=*/true);
+    job->retained.assign(a.retained_checkpoints().begin(), a.retained_checkpoints().end());
+  }
+  if (a.restore_step() != 0) PSTRAIN_RETURN_IF_ERROR(Restore(a, *job));
+  for (auto& chunk : job->chunks) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    if (DTypeBytes(job->wire_dtype) == 2) {
+      chunk->wire_values = std::make_shared<std::vector<uint16_t>>(chunk->size);
+      chunk->wire_spare = std::make_shared<std::vector<uint16_t>>(chunk->size);
+      CastForTheWire(*chunk, job->wire_dtype);
+    }
+  }
 
   absl::MutexLock lock(&mu_);
-  absl::Status status;
-  if (shut_down_) {
-    status = absl::UnavailableError("server is shutting down");
-  } else if (!jobs_.emplace(job->id, job).second) {
-    status = absl::AlreadyExistsError(absl::StrCat("job ", job->id, " is already held"));
+  if (shut_down_) return absl::UnavailableError("server is shutting down");
+  if (!jobs_.emplace(job->id, job).second) {
+    return absl::AlreadyExistsError(absl::StrCat("job ", job->id, " is already held"));
   }
-  if (!status.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->expiring.JobEnded(job->id);
-    return status;
+  if (options_.metrics != nullptr) {
+    job->metrics = options_.metrics->BindJob(job->id);
+    for (auto& chunk : job->chunks) {
+      if (chunk != nullptr) chunk->metrics = &job->metrics;
+    }
+    if (job->mode == v1::MODE_SYNC && job->num_workers > 1) {
+      absl::MutexLock straggler_lock(&job->straggler_mu);
+      for (uint32_t w = 0; w < job->num_workers; ++w) {
+        job->straggler_gauges[w] = options_.metrics->BindStraggler(job->id, w);
+      }
+    }
   }
   UpdateGauges();
   return absl::OkStatus();
+}
+
+absl::Status ShardStore::Restore(const v1::ServerAssignment& a, Job& job) const {
+  if (job.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.id, " has no checkpoint.dir to restore step ", a.restore_step(),
+                     " from"));
+  }
+  // The checkpoint to load: the one named, or (-1) this server's newest
+  // that reads back whole, if any.
+  absl::StatusOr<ServerCheckpoint> loaded;
+  if (a.restore_step() > 0) {
+    loaded = ReadCheckpoint(fs_, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
+                                                a.restore_step(), a.restore_generation()));
+  } else {
+    std::vector<v1::CheckpointRecord> found;
+    {
+      absl::MutexLock lock(&job.checkpoint_mu);
+      found = job.written;
+    }
+    loaded = absl::NotFoundError("no checkpoint");
+    for (auto it = found.rbegin(); it != found.rend() && !loaded.ok(); ++it) {
+      loaded = ReadCheckpoint(fs_, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
+                                                  it->step(), it->generation()));
+      if (!loaded.ok()) LOG(ERROR) << loaded.status() << "; trying an older one";
+    }
+    if (!loaded.ok()) {
+      LOG(WARNING) << "job " << job.id << ": no good checkpoint of server " << job.server_index
+                   << "; starting from the initial values";
+      return absl::OkStatus();
+    }
+  }
+  if (!loaded.ok()) {
+    LOG(ERROR) << "job " << job.id << " cannot be restored at step " << a.restore_step() << ": "
+               << loaded.status();
+    return loaded.status();
+  }
+  const ServerCheckpoint& c = *loaded;
+  auto mismatch = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", CheckpointPath(job.checkpoint_dir, job.id, job.server_index, c.step,
+                                      c.generation),
+        " does not belong to this job and server: ", what));
+  };
+  if (c.job_id != job.id || c.server_index != job.server_index ||
+      c.num_servers != job.num_servers || c.total_floats != job.total_floats) {
+    return mismatch("its job, server or model differs");
+  }
+  if (static_cast<int>(c.chunks.size()) != job.owned_chunks) return mismatch("other chunks");
+  const int state_floats = job.optimizer->StateFloatsPerParam();
+  for (const ChunkCheckpoint& saved : c.chunks) {
+    Chunk* chunk = saved.id < job.chunks.size() ? job.chunks[saved.id].get() : nullptr;
+    if (chunk == nullptr) return mismatch(absl::StrCat("chunk ", saved.id, " is not this server's"));
+    absl::MutexLock lock(&chunk->mu);
+    if (static_cast<int64_t>(saved.values.size()) != chunk->size ||
+        saved.state.size() != static_cast<size_t>(state_floats) * chunk->size) {
+      return mismatch(absl::StrCat("chunk ", saved.id, " has another size"));
+    }
+    if (job.mode == v1::MODE_SYNC && saved.version != a.restore_step()) {
+      return mismatch(absl::StrCat("chunk ", saved.id, " is at version ", saved.version));
+    }
+    std::copy(saved.values.begin(), saved.values.end(), chunk->values->begin());
+    chunk->optimizer_state = saved.state;
+    chunk->version = saved.version;
+  }
+  LOG(INFO) << "job " << job.id << " restored from the checkpoint of step " << c.step
+            << " (generation " << c.generation << ") as server " << job.server_index;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::KeepAtGeneration(const std::string& job_id, int64_t generation) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  job->generation = generation;
+  const absl::Status over = absl::AbortedError(
+      absl::StrCat("job ", job_id, " went on to generation ", generation));
+  for (auto& chunk : job->chunks) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    AbortWaits(*chunk, over);
+    std::fill(chunk->last_step.begin(), chunk->last_step.end(), -1);
+  }
+  return absl::OkStatus();
+}
+
+void ShardStore::SetCheckpointPlan(const std::string& job_id, int64_t request_step,
+                                   std::vector<v1::CheckpointRecord> retained) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (!job.ok()) return;
+  (*job)->requested_step = request_step;
+  absl::MutexLock lock(&(*job)->checkpoint_mu);
+  (*job)->retained = std::move(retained);
+}
+
+std::vector<v1::HeldJob> ShardStore::Held() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  std::vector<v1::HeldJob> held;
+  for (const auto& job : jobs) {
+    v1::HeldJob& h = held.emplace_back();
+    h.set_job_id(job->id);
+    h.set_generation(job->generation);
+    absl::MutexLock lock(&job->checkpoint_mu);
+    for (const v1::CheckpointRecord& r : job->written) *h.add_checkpoints() = r;
+  }
+  return held;
+}
+
+void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
+  const int64_t step = CheckpointStepOf(*job, chunk.version);
+  if (step < 0) return;
+  const absl::Time start = absl::Now();
+  ChunkCheckpoint copy;
+  copy.id = chunk.id;
+  copy.version = chunk.version;
+  copy.values = *chunk.values;
+  copy.state = chunk.optimizer_state;
+  if (chunk.metrics != nullptr) {
+    chunk.metrics->checkpoint_copy->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::optional<ServerCheckpoint> complete;
+  {
+    absl::MutexLock lock(&job->checkpoint_mu);
+    auto it = job->gathering.find(step);
+    if (it == job->gathering.end()) {
+      // Memory for at most a few checkpoints at once: a disk that falls
+      // behind loses checkpoints, never training speed.
+      if (job->gathering.size() >= 2 || writer_->backlog() >= 2) {
+        LOG_EVERY_N(WARNING, 10) << "job " << job->id << ": checkpoint of step " << step
+                                 << " skipped, the disk is behind";
+        return;
+      }
+      it = job->gathering.emplace(step, Gathering{}).first;
+      ServerCheckpoint& c = it->second.checkpoint;
+      c.job_id = job->id;
+      c.server_index = job->server_index;
+      c.num_servers = job->num_servers;
+      c.step = step;
+      c.generation = job->generation;
+      c.total_floats = job->total_floats;
+    }
+    it->second.chunks.emplace(chunk.id, std::move(copy));
+    if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
+    complete = std::move(it->second.checkpoint);
+    for (auto& [id, c] : it->second.chunks) complete->chunks.push_back(std::move(c));
+    job->gathering.erase(it);
+  }
+  const v1::CheckpointRecord record = [&] {
+    v1::CheckpointRecord r;
+    r.set_step(complete->step);
+    r.set_generation(complete->generation);
+    return r;
+  }();
+  writer_->Enqueue(job->checkpoint_dir, *std::move(complete),
+                   [this, job, record](const absl::StatusOr<int64_t>& bytes, double seconds) {
+                     if (!bytes.ok()) {
+                       LOG(ERROR) << "job " << job->id << ": checkpoint of step "
+                                  << record.step() << " not written: " << bytes.status();
+                       return;
+                     }
+                     if (const ServerMetrics::Job& m = job->metrics; m.checkpoint != nullptr) {
+                       m.checkpoint->Observe(seconds);
+                       m.checkpoint_bytes->Increment(static_cast<double>(*bytes));
+                       m.last_checkpoint->Set(static_cast<double>(record.step()));
+                     }
+                     std::vector<v1::CheckpointRecord> retained;
+                     {
+                       absl::MutexLock lock(&job->checkpoint_mu);
+                       job->written.push_back(record);
+                       retained = job->retained;
+                     }
+                     PruneCheckpoints(fs_, job->checkpoint_dir, job->id, job->server_index,
+                                      job->keep, retained);
+                     absl::MutexLock lock(&job->checkpoint_mu);
+                     job->written = ListCheckpoints(fs_, job->checkpoint_dir, job->id,
+                                                    job->server_index, false);
+                   });
 }
 
 void ShardStore::RemoveJob(const std::string& job_id) {
@@ -375,9 +651,66 @@ absl::StatusOr<ShardStore::Chunk*> ShardStore::FindChunk(const Job& job,
   return chunk;
 }
 
+namespace {
+
+// A request of another generation than the job's on this server: one that
+// is over is refused for good, a newer one is not loaded here yet.
+absl::Status CheckGeneration(const ShardStore::Job& job, const v1::ChunkHeader& h) {
+  const int64_t here = job.generation;
+  if (h.generation() == here) return absl::OkStatus();
+  if (h.generation() < here) {
+    return absl::AbortedError(absl::StrCat("generation ", h.generation(), " of job ", job.id,
+                                           " is over (the job is at generation ", here, ")"));
+  }
+  return absl::UnavailableError(absl::StrCat("job ", job.id, " is at generation ", here,
+                                             " on this server; ", h.generation(),
+                                             " is not loaded yet"));
+}
+
+// Sync, at the barrier of the server's first chunk: how late each worker's
+// push came after the step's values were out. A worker more than 3x the
+// median of the others, 10 steps in a row, is a straggler: named once in
+// the log, and in a gauge while it lasts.
+void WatchStragglers(ShardStore::Job& job, const ShardStore::Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  constexpr int kSteps = 10;
+  const int n = static_cast<int>(job.num_workers);
+  if (n < 2) return;
+  std::vector<double> lag(n);
+  for (int w = 0; w < n; ++w) lag[w] = absl::ToDoubleSeconds(chunk.arrived[w] - chunk.opened);
+  absl::MutexLock lock(&job.straggler_mu);
+  for (int w = 0; w < n; ++w) {
+    std::vector<double> others;
+    for (int o = 0; o < n; ++o) {
+      if (o != w) others.push_back(lag[o]);
+    }
+    std::nth_element(others.begin(), others.begin() + others.size() / 2, others.end());
+    const double median = others[others.size() / 2];
+    int& late = job.late_steps[w];
+    if (lag[w] > 3 * median) {
+      if (++late == kSteps) {
+        LOG(WARNING) << "job " << job.id << ": worker " << w << " is a straggler: its pushes "
+                     << "reach the barrier " << lag[w] * 1e3 << " ms after the step opens, the "
+                     << "others' median " << median * 1e3 << " ms, " << kSteps
+                     << " steps in a row";
+        if (job.straggler_gauges[w] != nullptr) job.straggler_gauges[w]->Set(1);
+      }
+    } else {
+      if (late >= kSteps) {
+        LOG(INFO) << "job " << job.id << ": worker " << w << " keeps up again";
+        if (job.straggler_gauges[w] != nullptr) job.straggler_gauges[w]->Set(0);
+      }
+      late = 0;
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) {
   const v1::ChunkHeader& h = frame.header();
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   if (DTypeBytes(h.dtype()) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": unsupported dtype ",
@@ -410,8 +743,11 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     const v1::ChunkHeader request = h;
     if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
       chunk->pushed[request.worker()] = std::move(frame);
-      if (chunk->received_count == 0) chunk->step_started = absl::Now();
+      const absl::Time now = absl::Now();
+      chunk->arrived[request.worker()] = now;
+      if (chunk->received_count == 0) chunk->step_started = now;
       if (++chunk->received_count == static_cast<int>(job->num_workers)) {
+        if (chunk->id == job->first_chunk) WatchStragglers(*job, *chunk);
         const absl::Time apply_start = absl::Now();
         // Summed in worker order, so that every run adds the same floats the
         // same way.
@@ -424,12 +760,14 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
         // The received gradients go back to gRPC.
         for (std::optional<Frame>& f : chunk->pushed) f.reset();
         chunk->received_count = 0;
+        const absl::Time applied = absl::Now();
+        chunk->opened = applied;
         if (metrics != nullptr) {
-          const absl::Time now = absl::Now();
           metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk->step_started));
-          metrics->apply->Observe(absl::ToDoubleSeconds(now - apply_start));
+          metrics->apply->Observe(absl::ToDoubleSeconds(applied - apply_start));
           metrics->updates->Increment();
         }
+        Snapshot(job, *chunk);
       }
     }
     // Older steps are retries of pushes already applied: answered, not summed.
@@ -455,6 +793,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
       metrics->apply->Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
       metrics->updates->Increment();
     }
+    Snapshot(job, *chunk);
   }
   WaitAndAnswer(*chunk, job->wire_dtype, h, /*min_version=*/0, std::move(waiter));
   return absl::OkStatus();
@@ -462,8 +801,10 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
 
 absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWaiter> waiter) {
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   if (h.version() < 0) return absl::InvalidArgumentError("negative version");
+  if (h.pushed_steps() < 0) return absl::InvalidArgumentError("negative pushed_steps");
   absl::MutexLock lock(&chunk->mu);
   if (!chunk->closed.ok()) return chunk->closed;
   WaitAndAnswer(*chunk, job->wire_dtype, h, h.version(), std::move(waiter));

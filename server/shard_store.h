@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
+#include "common/file_system.h"
 #include "kernels/model.h"
 #include "pstrain/v1/membership.pb.h"
 #include "pstrain/v1/parameters.pb.h"
@@ -46,6 +47,7 @@ class ChunkWaiter {
 };
 
 class ApplyPool;
+class CheckpointWriter;
 
 class ShardStore {
  public:
@@ -63,6 +65,9 @@ class ShardStore {
     // ApplyPool::kMinFloatsPerThread floats each); 1: the pushing thread
     // alone.
     int apply_threads = 1;
+    // Where checkpoints are written and read; null: the machine's file
+    // system. Must outlive the store.
+    FileSystem* fs = nullptr;
   };
 
   explicit ShardStore(Options options);
@@ -76,11 +81,29 @@ class ShardStore {
   static int64_t BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
                              uint32_t server);
 
-  // Starts holding `assignment.job_id`: allocates and initialises the chunks
-  // of the plan owned by assignment.server_index. ALREADY_EXISTS if held;
-  // INVALID_ARGUMENT on an inconsistent spec or plan; RESOURCE_EXHAUSTED if
-  // it would exceed max_memory_bytes.
+  // Starts holding `assignment.job_id` at assignment.generation: allocates
+  // the chunks of the plan owned by assignment.server_index and fills them
+  // as the assignment says (restore_step): from the seed, from the
+  // checkpoint of that step, or (-1) from this server's newest good
+  // checkpoint. ALREADY_EXISTS if held; INVALID_ARGUMENT on an inconsistent
+  // spec or plan; RESOURCE_EXHAUSTED if it would exceed max_memory_bytes;
+  // DATA_LOSS or NOT_FOUND, naming the file and the reason, for a
+  // checkpoint that cannot be loaded.
   absl::Status AddJob(const v1::ServerAssignment& assignment);
+
+  // Async: goes on with the job's values at a new generation (its open
+  // waits end ABORTED; every worker may push its next step). NOT_FOUND if
+  // not held.
+  absl::Status KeepAtGeneration(const std::string& job_id, int64_t generation);
+
+  // What the coordinator says about the job's checkpoints: the step asked
+  // for now (0: none) and the checkpoints it keeps (this server deletes its
+  // others beyond the spec's keep).
+  void SetCheckpointPlan(const std::string& job_id, int64_t request_step,
+                         std::vector<v1::CheckpointRecord> retained);
+
+  // The jobs held, with their generations and the checkpoints on disk.
+  std::vector<v1::HeldJob> Held() const;
 
   // Bytes of job state held now.
   int64_t HeldBytes() const;
@@ -100,14 +123,18 @@ class ShardStore {
   // slices and the optimizer runs once. Async: the gradient is applied at
   // once (a repeated push is applied once). If waiter is set it gets the
   // values of version step+1 (sync) or the values right after this push
-  // (async), in the job's wire dtype.
-  // Errors, with nothing changed: NOT_FOUND for a job not held;
+  // (async), in the job's wire dtype. At the job's checkpoint steps the
+  // chunk's values and optimizer state are copied, and once every chunk
+  // has its copy the checkpoint is written in the background.
+  // Errors, with nothing changed: NOT_FOUND for a job not held; ABORTED for
+  // a generation that is over; UNAVAILABLE for a generation not loaded yet;
   // INVALID_ARGUMENT for a chunk not held, a wrong size or dtype, a worker
   // out of range, or a step (version) ahead of the chunk.
   absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter);
 
   // A PULL: the waiter gets the chunk's values once its version reaches
-  // header.version(). Errors as for Push.
+  // header.version() (and, async, once every worker has had
+  // header.pushed_steps() steps applied). Errors as for Push.
   absl::Status Pull(const v1::ChunkHeader& header, std::shared_ptr<ChunkWaiter> waiter);
 
   // Ends every open wait with UNAVAILABLE and rejects later requests.
@@ -129,8 +156,17 @@ class ShardStore {
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Chunk*> FindChunk(const Job& job, const v1::ChunkHeader& header) const;
 
+  // Loads the chunks of a restoring assignment from its checkpoint.
+  absl::Status Restore(const v1::ServerAssignment& a, Job& job) const;
+  // At a checkpoint step: copies the chunk, and hands the checkpoint to the
+  // writer once every chunk of the server has its copy.
+  void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
   const Options options_;
+  FileSystem* const fs_;
   std::unique_ptr<ApplyPool> apply_pool_;
+  std::unique_ptr<CheckpointWriter> writer_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

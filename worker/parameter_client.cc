@@ -91,6 +91,7 @@ v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) cons
   h.set_kind(kind);
   h.set_job_id(options_.job_id);
   h.set_worker(options_.worker);
+  h.set_generation(options_.generation);
   h.set_chunk(chunk);
   h.set_dtype(kind == v1::FRAME_KIND_PUSH ? options_.wire_dtype : v1::DTYPE_FP32);
   return h;
@@ -102,10 +103,11 @@ std::vector<uint32_t> ParameterClient::AllChunks() const {
   return chunks;
 }
 
-absl::Status ParameterClient::PullAll(int64_t min_version, float* params) {
-  auto make_request = [this, min_version](uint32_t c) {
+absl::Status ParameterClient::PullAll(int64_t min_version, float* params, int64_t pushed_steps) {
+  auto make_request = [this, min_version, pushed_steps](uint32_t c) {
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PULL, c);
     h.set_version(min_version);
+    h.set_pushed_steps(pushed_steps);
     return EncodeFrame(h, nullptr);
   };
   return Finish(Start(ParameterMethod::kPull, AllChunks(), make_request, min_version, params));

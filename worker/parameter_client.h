@@ -25,6 +25,10 @@ class ParameterClient {
   struct Options {
     std::string job_id;
     uint32_t worker = 0;
+    // The job's generation this client works in: servers refuse requests
+    // of a generation that is over (ABORTED, permanent) and hold back those
+    // of one they have not loaded yet (UNAVAILABLE, retried).
+    int64_t generation = 0;
     v1::Mode mode = v1::MODE_SYNC;
     v1::PartitionPlan plan;
     // How pushed gradients travel: fp32, or rounded to bf16 or fp16 (half
@@ -68,8 +72,9 @@ class ParameterClient {
   ~ParameterClient();
 
   // Fills params (plan.total_floats() floats, host memory) with every
-  // chunk's values at a version >= min_version.
-  absl::Status PullAll(int64_t min_version, float* params);
+  // chunk's values at a version >= min_version (and, async, once every
+  // worker has had `pushed_steps` steps applied to it).
+  absl::Status PullAll(int64_t min_version, float* params, int64_t pushed_steps = 0);
 
   // Pushes this worker's gradient of `step` for `chunks` (ids of the plan;
   // all of them if empty) and writes the answered values into params at the

@@ -81,8 +81,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   PSTRAIN_ASSIGN_OR_RETURN(t->spec_, NormalizeJobSpec(a.spec()));
   const kernels::ModelShape shape = ModelShapeOf(t->spec_);
   PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(a.plan(), kernels::NumParams(shape)));
-  if (a.worker_index() >= static_cast<uint32_t>(t->spec_.num_workers())) {
+  const int workers = a.num_workers() > 0 ? static_cast<int>(a.num_workers())
+                                          : t->spec_.num_workers();
+  if (workers > t->spec_.num_workers() || a.worker_index() >= static_cast<uint32_t>(workers)) {
     return absl::InvalidArgumentError("worker_index outside num_workers");
+  }
+  // The global batch, cut over the generation's workers: the first
+  // (global % workers) get one sample more.
+  const int global = t->spec_.num_workers() * t->spec_.batch_size();
+  const int w = static_cast<int>(a.worker_index());
+  t->batch_ = global / workers + (w < global % workers ? 1 : 0);
+  t->batch_offset_ = w * (global / workers) + std::min(w, global % workers);
+  if (a.resume_step() < 0 || a.resume_step() > TotalSteps(t->spec_)) {
+    return absl::InvalidArgumentError("resume_step outside the job's steps");
   }
   PSTRAIN_ASSIGN_OR_RETURN(t->train_, t->options_.data->FashionMnist(t->spec_.data().dir(), true));
   if (a.worker_index() == 0) {
@@ -98,7 +109,7 @@ absl::Status Trainer::CreateDevices() {
   const v1::WorkerAssignment& a = options_.assignment;
   const v1::PartitionPlan& plan = a.plan();
   const int64_t total = plan.total_floats();
-  const int batch = spec_.batch_size();
+  const int batch = batch_;
   const int k_devices = static_cast<int>(options_.devices.indices.size());
   if (k_devices > batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is smaller than the ",
@@ -163,6 +174,7 @@ absl::Status Trainer::CreateDevices() {
     ParameterClient::Options client = options_.client;
     client.job_id = a.job_id();
     client.worker = a.worker_index();
+    client.generation = a.generation();
     client.mode = spec_.mode();
     client.wire_dtype = spec_.wire_dtype();
     client.plan = plan;
@@ -301,11 +313,11 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
     reduce_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
     if (push_status.ok()) push(layer, first_unpushed[layer], slice.last_chunk);
   };
-  // Sync: the servers sum W node gradients, so each is scaled to its share
-  // of the global batch's mean. Async: each node's push is applied alone.
-  const int64_t node_batch = spec_.batch_size();
+  // Sync: the servers sum the workers' gradients, so each is scaled to its
+  // share of the global batch's mean. Async: each node's push is applied
+  // alone.
   const float grad_scale = 1.0f / static_cast<float>(
-      spec_.mode() == v1::MODE_SYNC ? spec_.num_workers() * node_batch : node_batch);
+      spec_.mode() == v1::MODE_SYNC ? spec_.num_workers() * spec_.batch_size() : batch_);
   absl::Status status =
       d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
                                grad_scale, d.grad_ptr, &result->stats, on_ready);
@@ -347,15 +359,17 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
 
 absl::Status Trainer::Run() {
   const v1::WorkerAssignment& a = options_.assignment;
-  const int64_t workers = spec_.num_workers();
-  const int batch = spec_.batch_size();
-  const int64_t worker = a.worker_index();
+  const int64_t global_batch = int64_t{spec_.num_workers()} * spec_.batch_size();
   const int64_t total_steps = TotalSteps(spec_);
   const int64_t steps_per_epoch = StepsPerEpoch(spec_);
+  const int64_t first_step = a.resume_step();
+  const int64_t checkpoint_every = spec_.checkpoint().every_steps();
   const bool sync = spec_.mode() == v1::MODE_SYNC;
   ParameterClient& client0 = *devices_[0]->client;
 
-  PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data()));
+  // Sync: the values after first_step steps (the servers restored them);
+  // async: whatever the servers have now.
+  PSTRAIN_RETURN_IF_ERROR(client0.PullAll(sync ? first_step : 0, host_params_.data()));
   PSTRAIN_RETURN_IF_ERROR(LoadParams());
 
   std::vector<int64_t> order;
@@ -363,18 +377,28 @@ absl::Status Trainer::Run() {
   v1::ReportProgressRequest report;
   report.set_job_id(a.job_id());
   report.set_worker(a.worker_index());
+  report.set_generation(a.generation());
   double window_loss = 0;
   int64_t window_steps = 0;
+  // The losses of the last steps, by step (ring), with those before
+  // first_step as the generation's resume state has them.
   std::vector<double> recent_losses(std::min<int64_t>(kFinalLossSteps, total_steps));
+  const v1::WorkerResumeState& resume = a.resume_state();
+  for (int i = 0; i < resume.recent_losses_size(); ++i) {
+    const int64_t step = first_step - resume.recent_losses_size() + i;
+    if (step >= 0) recent_losses[step % recent_losses.size()] = resume.recent_losses(i);
+  }
+  double loss_ema = resume.loss_ema();
   const absl::Time start = absl::Now();
+  const double seconds_before = resume.train_seconds();
   absl::Time window_start = start;
   // Seconds spent in each StepPhase over the whole job, device 0's view.
   std::array<double, kStepPhaseNames.size()> phase_totals{};
-  double loss_ema = 0;
   ParameterClient::Stats before = client_stats();
   std::vector<StepResult> results(devices_.size());
+  steps_done_ = first_step;
 
-  for (int64_t step = 0; step < total_steps; ++step) {
+  for (int64_t step = first_step; step < total_steps; ++step) {
     if (cancelled_) return absl::CancelledError("training cancelled");
     const absl::Time step_start = absl::Now();
     if (step / steps_per_epoch != epoch) {
@@ -382,7 +406,7 @@ absl::Status Trainer::Run() {
       order = EpochOrder(spec_.seed(), epoch, train_->num_samples);
     }
     const int64_t* node_samples =
-        order.data() + (step % steps_per_epoch) * workers * batch + worker * batch;
+        order.data() + (step % steps_per_epoch) * global_batch + batch_offset_;
     std::fill(results.begin(), results.end(), StepResult{});
     absl::Status status = OnAllDevices(
         [&](int k) { return DeviceStep(k, step, node_samples, &results[k]); });
@@ -394,11 +418,28 @@ absl::Status Trainer::Run() {
     steps_done_ = step + 1;
     double loss_sum = 0;
     for (const StepResult& r : results) loss_sum += r.stats.loss_sum;
-    const double loss = loss_sum / batch;
+    const double loss = loss_sum / batch_;
     recent_losses[step % recent_losses.size()] = loss;
     window_loss += loss;
     ++window_steps;
     loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
+
+    // At a checkpoint step (sync: what the servers checkpoint after this
+    // step), what a replacement needs to go on from it exactly.
+    const int64_t done = step + 1;
+    if (sync && !spec_.checkpoint().dir().empty() &&
+        (done % checkpoint_every == 0 || done == requested_checkpoint_)) {
+      v1::WorkerResumeState* state = report.add_checkpoint_states();
+      state->set_worker(a.worker_index());
+      state->set_step(done);
+      state->set_generation(a.generation());
+      const int64_t kept = std::min<int64_t>(done, recent_losses.size());
+      for (int64_t s = done - kept; s < done; ++s) {
+        state->add_recent_losses(static_cast<float>(recent_losses[s % recent_losses.size()]));
+      }
+      state->set_loss_ema(loss_ema);
+      state->set_train_seconds(seconds_before + absl::ToDoubleSeconds(step_end - start));
+    }
 
     // Where the step's time went, adding up to its duration: device 0's
     // compute and reduce, and the rest — the exchanges with the servers not
@@ -426,7 +467,7 @@ absl::Status Trainer::Run() {
     for (size_t p = 0; p < phases.size(); ++p) phase_totals[p] += phases[p];
     if (metrics_.has_value()) {
       metrics_->steps->Increment();
-      metrics_->samples->Increment(batch);
+      metrics_->samples->Increment(batch_);
       metrics_->step_seconds->Observe(step_seconds);
       for (size_t p = 0; p < phases.size(); ++p) metrics_->phase_seconds[p]->Increment(phases[p]);
       metrics_->pushed_bytes->Increment(static_cast<double>(after.bytes_pushed - before.bytes_pushed));
@@ -440,40 +481,46 @@ absl::Status Trainer::Run() {
     if (step_end - window_start >= options_.report_interval || step + 1 == total_steps) {
       const double seconds = absl::ToDoubleSeconds(step_end - window_start);
       if (metrics_.has_value() && seconds > 0) {
-        metrics_->samples_per_second->Set(window_steps * batch / seconds);
+        metrics_->samples_per_second->Set(window_steps * batch_ / seconds);
       }
       report.set_step(step + 1);
       report.set_epoch(static_cast<int32_t>(epoch));
       report.set_loss(static_cast<float>(window_loss / window_steps));
-      report.set_samples(window_steps * batch);
+      report.set_samples(window_steps * batch_);
       report.set_seconds(seconds);
       if (options_.report) options_.report(report);
+      report.clear_checkpoint_states();
       window_loss = 0;
       window_steps = 0;
       window_start = step_end;
     }
   }
   v1::StepTimes& times = *report.mutable_step_times();
-  const double n = static_cast<double>(total_steps);
+  const double n = static_cast<double>(std::max<int64_t>(total_steps - first_step, 1));
   times.set_compute_seconds(phase_totals[static_cast<int>(StepPhase::kCompute)] / n);
   times.set_reduce_seconds(phase_totals[static_cast<int>(StepPhase::kReduce)] / n);
   times.set_push_seconds(phase_totals[static_cast<int>(StepPhase::kPush)] / n);
   times.set_wait_seconds(phase_totals[static_cast<int>(StepPhase::kWait)] / n);
   times.set_pull_seconds(phase_totals[static_cast<int>(StepPhase::kPull)] / n);
   // The final report's loss is the mean over the last steps (the same in
-  // every run of a sync job); its samples were reported above.
+  // every run of a sync job, recoveries included); its samples were
+  // reported above.
   double recent = 0;
   for (double loss : recent_losses) recent += loss;
+  report.set_step(total_steps);
   report.set_loss(static_cast<float>(recent / recent_losses.size()));
   report.set_samples(0);
   report.set_seconds(0);
   report.set_finished(true);
-  report.set_train_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  report.set_train_seconds(seconds_before + absl::ToDoubleSeconds(absl::Now() - start));
 
-  if (worker == 0) {
+  if (a.worker_index() == 0) {
     // The final model: every worker's last push applied on every chunk.
-    const int64_t final_version = sync ? total_steps : workers * total_steps;
-    PSTRAIN_RETURN_IF_ERROR(client0.PullAll(final_version, host_params_.data()));
+    if (sync) {
+      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(total_steps, host_params_.data()));
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data(), total_steps));
+    }
     PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(spec_, host_params_, *test_));
     report.set_evaluated(true);
     report.set_test_accuracy(static_cast<float>(eval.accuracy));

@@ -45,7 +45,10 @@ struct StepEvent {
 };
 
 struct TrainerOptions {
-  // What to run: the job, this worker's index, the plan and server addresses.
+  // What to run: the job, this worker's index, the plan and server
+  // addresses, and the generation: its step to start from (with this
+  // worker's losses up to it) and its number of workers, over which the
+  // global batch (spec.num_workers x spec.batch_size) is cut.
   v1::WorkerAssignment assignment;
   // Where the data comes from; required, shared across jobs.
   DatasetCache* data = nullptr;
@@ -80,13 +83,18 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options);
   ~Trainer();
 
-  // Pulls the initial values, trains every step, and (worker 0) evaluates
-  // the final model on the test set. Sends the final report (finished) on
-  // success. CANCELLED after Cancel().
+  // Pulls the values of the generation's first step, trains every step
+  // from there, and (worker 0) evaluates the final model on the test set.
+  // Sends the final report (finished) on success. CANCELLED after Cancel();
+  // ABORTED when the servers have gone on to a newer generation.
   absl::Status Run();
 
   // Thread-safe; Run returns soon after.
   void Cancel();
+
+  // A checkpoint asked for at `step` (psctl checkpoint): the worker's
+  // resume state at that step goes out with its progress. Thread-safe.
+  void RequestCheckpointAt(int64_t step) { requested_checkpoint_ = step; }
 
   // The job's spec, normalized.
   const v1::JobSpec& spec() const { return spec_; }
@@ -123,7 +131,11 @@ class Trainer {
   // The node's parameters in host memory: what the servers answered.
   std::vector<float> host_params_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> requested_checkpoint_{0};
   int64_t steps_done_ = 0;
+  // This worker's part of the global batch in this generation.
+  int batch_ = 0;         // samples per step
+  int batch_offset_ = 0;  // where they start in the global batch
   std::optional<WorkerMetrics::Job> metrics_;
 };
 

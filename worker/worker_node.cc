@@ -34,7 +34,11 @@ class WorkerNodeImpl final : public WorkerNode {
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);
       std::vector<v1::HeldJob> held;
-      if (!current_job_.empty()) held.emplace_back().set_job_id(current_job_);
+      if (!current_job_.empty()) {
+        v1::HeldJob& h = held.emplace_back();
+        h.set_job_id(current_job_);
+        h.set_generation(current_generation_);
+      }
       return held;
     };
     callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
@@ -85,19 +89,31 @@ class WorkerNodeImpl final : public WorkerNode {
     if (shut_down_) return;
     assigned_.clear();
     for (const v1::WorkerAssignment& a : response.worker_jobs()) assigned_.insert(a.job_id());
-    bool current_listed = false;
+    const v1::WorkerAssignment* current = nullptr;
     for (const v1::WorkerAssignment& a : response.worker_jobs()) {
-      if (a.job_id() == current_job_) current_listed = true;
+      if (a.job_id() == current_job_) current = &a;
     }
-    if (!current_job_.empty() && !current_listed && running_trainer_ != nullptr) {
-      LOG(INFO) << "job " << current_job_ << " is no longer assigned here; stopping it";
-      running_trainer_->Cancel();
+    if (!current_job_.empty() && running_trainer_ != nullptr) {
+      if (current == nullptr) {
+        LOG(INFO) << "job " << current_job_ << " is no longer assigned here; stopping it";
+        running_trainer_->Cancel();
+      } else if (current->generation() > current_generation_) {
+        LOG(INFO) << "job " << current_job_ << " goes on at generation " << current->generation()
+                  << " from step " << current->resume_step() << "; stopping generation "
+                  << current_generation_;
+        running_trainer_->Cancel();
+      } else {
+        running_trainer_->RequestCheckpointAt(current->checkpoint_request_step());
+      }
     }
     if (!current_job_.empty() && !job_done_) return;  // busy
     for (const v1::WorkerAssignment& a : response.worker_jobs()) {
-      if (!a.has_spec() || a.job_id() == finished_job_) continue;
+      if (!a.has_spec() || (a.job_id() == finished_job_ && a.generation() == finished_generation_)) {
+        continue;
+      }
       if (job_thread_.joinable()) job_thread_.join();
       current_job_ = a.job_id();
+      current_generation_ = a.generation();
       job_done_ = false;
       job_thread_ = std::thread([this, a] { RunJob(a); });
       break;
@@ -106,7 +122,8 @@ class WorkerNodeImpl final : public WorkerNode {
 
   void RunJob(v1::WorkerAssignment assignment) {
     LOG(INFO) << "starting job " << assignment.job_id() << " as worker "
-              << assignment.worker_index();
+              << assignment.worker_index() << " at generation " << assignment.generation()
+              << ", step " << assignment.resume_step();
     TrainerOptions t;
     t.assignment = assignment;
     t.data = &data_;
@@ -114,6 +131,12 @@ class WorkerNodeImpl final : public WorkerNode {
     t.devices = options_.devices;
     t.metrics = options_.metrics;
     t.make_transport = options_.make_transport;
+    // Servers out of reach are the coordinator's to recover from (or to
+    // fail the job for): the worker keeps trying at least as long.
+    const v1::RecoverySpec& recovery = assignment.spec().recovery();
+    t.client.retry = t.client.retry.WithPatience(std::max(
+        t.client.retry.patience(),
+        absl::Seconds(recovery.replace_after_seconds() + recovery.wait_timeout_seconds() + 60)));
     v1::ReportProgressRequest final_report;
     bool finished = false;
     t.report = [this, &final_report, &finished](const v1::ReportProgressRequest& r) {
@@ -149,16 +172,24 @@ class WorkerNodeImpl final : public WorkerNode {
       Deliver(final_report, final_model);
     } else if (status.code() == absl::StatusCode::kCancelled) {
       LOG(INFO) << "job " << assignment.job_id() << " stopped: " << status;
+    } else if (status.code() == absl::StatusCode::kAborted) {
+      // The servers went on to a newer generation: not this worker's
+      // failure; its next assignment says where to go on from.
+      LOG(INFO) << "job " << assignment.job_id() << ": " << status.message();
     } else {
       LOG(ERROR) << "job " << assignment.job_id() << " failed: " << status;
       v1::ReportProgressRequest report;
       report.set_job_id(assignment.job_id());
       report.set_worker(assignment.worker_index());
+      report.set_generation(assignment.generation());
       report.set_error(status.ToString());
       Deliver(report, "");
     }
     absl::MutexLock lock(&mu_);
-    finished_job_ = current_job_;
+    if (status.ok() && finished) {
+      finished_job_ = current_job_;
+      finished_generation_ = current_generation_;
+    }
     current_job_.clear();
     job_done_ = true;
   }
@@ -193,9 +224,18 @@ class WorkerNodeImpl final : public WorkerNode {
 
   // Progress reports go out on their own thread so that a slow coordinator
   // never slows training; only the newest pending report is kept.
+  // A report not sent yet is replaced by the newer one, but the resume
+  // states it carries go with the newer one: a checkpoint needs them.
   void Enqueue(const v1::ReportProgressRequest& r) {
     absl::MutexLock lock(&mu_);
-    pending_report_ = r;
+    v1::ReportProgressRequest next = r;
+    if (pending_report_.has_value() && pending_report_->job_id() == r.job_id() &&
+        pending_report_->generation() == r.generation()) {
+      for (v1::WorkerResumeState& state : *pending_report_->mutable_checkpoint_states()) {
+        *next.add_checkpoint_states() = std::move(state);
+      }
+    }
+    pending_report_ = std::move(next);
   }
 
   void ReportLoop() {
@@ -220,7 +260,10 @@ class WorkerNodeImpl final : public WorkerNode {
                    << active.status();
     } else if (!*active) {
       absl::MutexLock lock(&mu_);
-      if (running_trainer_ != nullptr && current_job_ == r.job_id()) running_trainer_->Cancel();
+      if (running_trainer_ != nullptr && current_job_ == r.job_id() &&
+          current_generation_ == r.generation()) {
+        running_trainer_->Cancel();
+      }
     }
   }
 
@@ -234,7 +277,10 @@ class WorkerNodeImpl final : public WorkerNode {
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string current_job_ ABSL_GUARDED_BY(mu_);
+  int64_t current_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The job (and generation) this worker last finished: not run again.
   std::string finished_job_ ABSL_GUARDED_BY(mu_);
+  int64_t finished_generation_ ABSL_GUARDED_BY(mu_) = 0;
   // The jobs the last heartbeat reply assigned to this node.
   std::set<std::string> assigned_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = true;

@@ -40,6 +40,11 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_server_barrier_wait_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_apply_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_gradient_staleness", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_checkpoint_seconds", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_checkpoint_copy_seconds", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_checkpoint_bytes_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_last_checkpoint_step", {T::Gauge, {"job_id"}}},
+      {"pstrain_server_straggler", {T::Gauge, {"job_id", "worker"}}},
       {"pstrain_server_held_bytes", {T::Gauge, {}}},
       {"pstrain_server_jobs", {T::Gauge, {}}},
       {"pstrain_server_open_waits", {T::Gauge, {}}},
@@ -60,6 +65,9 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_job_running", {T::Gauge, {"job_id"}}},
       {"pstrain_job_progress_steps", {T::Gauge, {"job_id"}}},
       {"pstrain_job_test_accuracy", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_last_checkpoint_step", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_generation", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_recoveries", {T::Gauge, {"job_id"}}},
       {"pstrain_job_log_append_seconds", {T::Histogram, {}}},
   };
   return *table;
@@ -91,6 +99,7 @@ AllMetrics BuildAll(bool serve, absl::Duration grace = absl::Minutes(5)) {
 TEST(MetricsTest, EveryFamilyOnceWithItsDocumentedNameTypeAndLabels) {
   AllMetrics m = BuildAll(/*serve=*/false);
   m.shard->BindJob("job-1");
+  m.shard->BindStraggler("job-1", 0);
   m.worker->BindJob("job-1");
   m.coordinator->BindJob("job-1");
   std::map<std::string, int> seen;

@@ -204,12 +204,14 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsGetUniqueIdsThatSurviveARestart) {
 }
 
 // After a restart, a running job waits for its nodes: one that registers
-// again under its old id gets its work back; one that never returns fails
-// the job after a lease.
+// again under its old id gets its work back; one that never returns is
+// lost after a lease and, with no server to replace it, fails the job once
+// its recovery.wait_timeout_seconds are over.
 TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   testing::TempDir dir;
   Start(dir.path(), absl::Seconds(2));
-  absl::StatusOr<std::string> first = Submit(kValid);
+  absl::StatusOr<std::string> first =
+      Submit(std::string(kValid) + "recovery: {replace_after_seconds: 1, wait_timeout_seconds: 2}\n");
   ASSERT_TRUE(first.ok());
   const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
@@ -238,6 +240,7 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   job = Get(*first);
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job->reason(), server)) << job->reason();
+  EXPECT_TRUE(absl::StrContains(job->reason(), "not replaced within 2s")) << job->reason();
 }
 
 TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt) {
@@ -432,6 +435,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
     v1::ReportProgressRequest report;
     report.set_node_id(worker);
     report.set_incarnation(incarnations_.at(worker));
+    report.set_generation(1);
     report.set_job_id(*id);
     report.set_worker(0);
     report.set_step(std::min(i, 10));

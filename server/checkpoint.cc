@@ -1,0 +1,265 @@
+#include "server/checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+#include "glog/logging.h"
+
+namespace pstrain::server {
+namespace {
+
+constexpr char kMagic[4] = {'P', 'S', 'C', 'K'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr char kSuffix[] = ".ckpt";
+constexpr char kTempSuffix[] = ".ckpt.tmp";
+// The largest header accepted: far above any real plan's.
+constexpr uint32_t kMaxHeaderBytes = 256 << 20;
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t GetU32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) {
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  }
+  return v;
+}
+
+uint32_t Crc(uint32_t crc, const void* data, size_t n) {
+  return static_cast<uint32_t>(
+      crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
+}
+
+// step and generation of "step-SSSSSSSSSSSS.gG.ckpt".
+bool ParseName(absl::string_view name, v1::CheckpointRecord* record) {
+  if (!absl::ConsumePrefix(&name, "step-") || !absl::ConsumeSuffix(&name, kSuffix)) return false;
+  const size_t dot = name.find(".g");
+  if (dot == absl::string_view::npos) return false;
+  int64_t step, generation;
+  if (!absl::SimpleAtoi(name.substr(0, dot), &step) ||
+      !absl::SimpleAtoi(name.substr(dot + 2), &generation)) {
+    return false;
+  }
+  record->set_step(step);
+  record->set_generation(generation);
+  return true;
+}
+
+}  // namespace
+
+std::string CheckpointDirOf(const std::string& dir, const std::string& job_id, uint32_t server) {
+  return absl::StrCat(dir, "/", job_id, "/server-", server);
+}
+
+std::string CheckpointPath(const std::string& dir, const std::string& job_id, uint32_t server,
+                           int64_t step, int64_t generation) {
+  return absl::StrFormat("%s/step-%012d.g%d%s", CheckpointDirOf(dir, job_id, server), step,
+                         generation, kSuffix);
+}
+
+absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
+                                        const ServerCheckpoint& c) {
+  const std::string parent = CheckpointDirOf(dir, c.job_id, c.server_index);
+  PSTRAIN_RETURN_IF_ERROR(fs->MakeDirs(parent));
+  const std::string path = CheckpointPath(dir, c.job_id, c.server_index, c.step, c.generation);
+  const std::string tmp = path + ".tmp";
+
+  v1::CheckpointHeader header;
+  header.set_job_id(c.job_id);
+  header.set_server_index(c.server_index);
+  header.set_num_servers(c.num_servers);
+  header.set_step(c.step);
+  header.set_generation(c.generation);
+  header.set_total_floats(c.total_floats);
+  for (const ChunkCheckpoint& chunk : c.chunks) {
+    v1::CheckpointHeader::Chunk* h = header.add_chunks();
+    h->set_id(chunk.id);
+    h->set_size(static_cast<int64_t>(chunk.values.size()));
+    h->set_version(chunk.version);
+    h->set_state_floats(static_cast<int64_t>(chunk.state.size()));
+  }
+  std::string head(kMagic, sizeof(kMagic));
+  PutU32(head, kFormatVersion);
+  const std::string header_bytes = header.SerializeAsString();
+  PutU32(head, static_cast<uint32_t>(header_bytes.size()));
+  head += header_bytes;
+
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->OpenForAppend(tmp, true));
+  uint32_t crc = Crc(0, head.data(), head.size());
+  absl::Status s = file->Append(head);
+  for (const ChunkCheckpoint& chunk : c.chunks) {
+    for (const std::vector<float>* floats : {&chunk.values, &chunk.state}) {
+      if (!s.ok()) break;
+      const size_t bytes = floats->size() * sizeof(float);
+      crc = Crc(crc, floats->data(), bytes);
+      s = file->Append(absl::string_view(reinterpret_cast<const char*>(floats->data()), bytes));
+    }
+  }
+  std::string trailer;
+  PutU32(trailer, crc);
+  if (s.ok()) s = file->Append(trailer);
+  if (s.ok()) s = file->Sync();
+  const int64_t size = file->Size();
+  if (s.ok()) s = file->Close();
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (s.ok()) s = fs->SyncDir(parent);
+  if (!s.ok()) {
+    file.reset();
+    fs->Remove(tmp).IgnoreError();
+    return s;
+  }
+  return size;
+}
+
+absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::string& path) {
+  absl::StatusOr<std::string> read = fs->ReadFile(path);
+  if (!read.ok()) {
+    if (read.status().code() == absl::StatusCode::kNotFound) return read.status();
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", read.status().message()));
+  }
+  const std::string& bytes = *read;
+  auto damaged = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: ", why));
+  };
+  if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return damaged(bytes.size() < 16 ? "too short" : "not a checkpoint file (bad magic)");
+  }
+  const uint32_t stored = GetU32(bytes, bytes.size() - 4);
+  const uint32_t computed = Crc(0, bytes.data(), bytes.size() - 4);
+  if (stored != computed) {
+    return damaged(absl::StrFormat("CRC-32 mismatch (stored %08x, computed %08x over %d bytes)",
+                                   stored, computed, bytes.size() - 4));
+  }
+  if (GetU32(bytes, 4) != kFormatVersion) {
+    return damaged(absl::StrCat("format version ", GetU32(bytes, 4), ", expected ",
+                                kFormatVersion));
+  }
+  const uint32_t header_len = GetU32(bytes, 8);
+  v1::CheckpointHeader header;
+  if (header_len > kMaxHeaderBytes || 12 + header_len > bytes.size() - 4 ||
+      !header.ParseFromArray(bytes.data() + 12, static_cast<int>(header_len))) {
+    return damaged("unreadable header");
+  }
+  ServerCheckpoint c;
+  c.job_id = header.job_id();
+  c.server_index = header.server_index();
+  c.num_servers = header.num_servers();
+  c.step = header.step();
+  c.generation = header.generation();
+  c.total_floats = header.total_floats();
+  size_t at = 12 + header_len;
+  const size_t end = bytes.size() - 4;
+  for (const v1::CheckpointHeader::Chunk& h : header.chunks()) {
+    if (h.size() < 0 || h.state_floats() < 0 ||
+        static_cast<uint64_t>(h.size() + h.state_floats()) * sizeof(float) > end - at) {
+      return damaged(absl::StrCat("chunk ", h.id(), " runs past the end of the file"));
+    }
+    ChunkCheckpoint& chunk = c.chunks.emplace_back();
+    chunk.id = h.id();
+    chunk.version = h.version();
+    chunk.values.resize(h.size());
+    chunk.state.resize(h.state_floats());
+    std::memcpy(chunk.values.data(), bytes.data() + at, h.size() * sizeof(float));
+    at += h.size() * sizeof(float);
+    std::memcpy(chunk.state.data(), bytes.data() + at, h.state_floats() * sizeof(float));
+    at += h.state_floats() * sizeof(float);
+  }
+  if (at != end) return damaged(absl::StrCat(end - at, " bytes beyond the last chunk"));
+  return c;
+}
+
+std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::string& dir,
+                                                  const std::string& job_id, uint32_t server,
+                                                  bool remove_partial) {
+  const std::string parent = CheckpointDirOf(dir, job_id, server);
+  std::vector<v1::CheckpointRecord> found;
+  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(parent);
+  if (!names.ok()) return found;
+  for (const std::string& name : *names) {
+    v1::CheckpointRecord record;
+    if (ParseName(name, &record)) {
+      found.push_back(record);
+    } else if (remove_partial && absl::EndsWith(name, kTempSuffix)) {
+      LOG(WARNING) << "removing " << parent << "/" << name
+                   << ": a partial checkpoint (its write did not finish)";
+      fs->Remove(absl::StrCat(parent, "/", name)).IgnoreError();
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.step(), a.generation()) < std::make_pair(b.step(), b.generation());
+  });
+  return found;
+}
+
+void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string& job_id,
+                      uint32_t server, int keep,
+                      const std::vector<v1::CheckpointRecord>& retained) {
+  std::set<std::pair<int64_t, int64_t>> kept;
+  for (const v1::CheckpointRecord& r : retained) kept.emplace(r.step(), r.generation());
+  const std::vector<v1::CheckpointRecord> found = ListCheckpoints(fs, dir, job_id, server, false);
+  const size_t newest = found.size() > static_cast<size_t>(keep) ? found.size() - keep : 0;
+  for (size_t i = 0; i < newest; ++i) {
+    if (kept.contains({found[i].step(), found[i].generation()})) continue;
+    const std::string path =
+        CheckpointPath(dir, job_id, server, found[i].step(), found[i].generation());
+    if (absl::Status s = fs->Remove(path); !s.ok()) LOG(WARNING) << "cannot delete " << path << ": " << s;
+  }
+}
+
+CheckpointWriter::CheckpointWriter(FileSystem* fs) : fs_(fs) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void CheckpointWriter::Enqueue(std::string dir, ServerCheckpoint checkpoint, DoneFn done) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(Task{std::move(dir), std::move(checkpoint), std::move(done)});
+}
+
+int CheckpointWriter::backlog() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size()) + writing_;
+}
+
+void CheckpointWriter::Loop() {
+  while (true) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CheckpointWriter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return w->stopping_ || !w->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      ++writing_;
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<int64_t> bytes = WriteCheckpoint(fs_, task.dir, task.checkpoint);
+    if (task.done) task.done(bytes, absl::ToDoubleSeconds(absl::Now() - start));
+    absl::MutexLock lock(&mu_);
+    --writing_;
+  }
+}
+
+}  // namespace pstrain::server

@@ -1,0 +1,110 @@
+// A parameter server's checkpoints: for one job, the values, optimizer
+// state and version of every chunk the server owns, at one step, in one file
+// per (job, server index, step, generation):
+//
+//   DIR/JOB_ID/server-I/step-SSSSSSSSSSSS.gG.ckpt
+//
+// laid out as CheckpointHeader in proto/pstrain/v1/job.proto says, with a
+// CRC-32 of the whole file at its end. A file is written to a temporary
+// name, synced and renamed: under its final name it is whole, and a file
+// that does not read back whole (torn, truncated, a byte flipped) is
+// detected and named with the reason. Everything goes through the file
+// system seam (common/file_system.h), so that tests can fill or break the
+// disk, or crash the writer half-way.
+#ifndef PSTRAIN_SERVER_CHECKPOINT_H_
+#define PSTRAIN_SERVER_CHECKPOINT_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain::server {
+
+struct ChunkCheckpoint {
+  uint32_t id = 0;
+  int64_t version = 0;
+  std::vector<float> values;
+  std::vector<float> state;  // optimizer state
+};
+
+struct ServerCheckpoint {
+  std::string job_id;
+  uint32_t server_index = 0;
+  uint32_t num_servers = 0;
+  int64_t step = 0;
+  int64_t generation = 0;
+  int64_t total_floats = 0;
+  std::vector<ChunkCheckpoint> chunks;  // in id order
+};
+
+// DIR/JOB_ID/server-I, and the file of one checkpoint in it.
+std::string CheckpointDirOf(const std::string& dir, const std::string& job_id, uint32_t server);
+std::string CheckpointPath(const std::string& dir, const std::string& job_id, uint32_t server,
+                           int64_t step, int64_t generation);
+
+// Writes the checkpoint under its final name, atomically; returns the bytes
+// written. The file system's error otherwise (the final name untouched).
+absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
+                                        const ServerCheckpoint& checkpoint);
+
+// Reads and checks a checkpoint file. NOT_FOUND if it is missing;
+// DATA_LOSS naming the file and what is wrong with it otherwise.
+absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::string& path);
+
+// The checkpoints of a job's server index on disk (by their names), oldest
+// first. With `remove_partial`, temporary files that a crash left behind
+// are removed, each with a log line.
+std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::string& dir,
+                                                  const std::string& job_id, uint32_t server,
+                                                  bool remove_partial);
+
+// Deletes the server's checkpoints of the job except the newest `keep` and
+// those in `retained`.
+void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string& job_id,
+                      uint32_t server, int keep,
+                      const std::vector<v1::CheckpointRecord>& retained);
+
+// Writes checkpoints on a thread of its own, in the order they are queued,
+// so that training never waits for the disk.
+class CheckpointWriter {
+ public:
+  // Called on the writer's thread once a checkpoint is written (bytes and
+  // seconds) or has failed.
+  using DoneFn = std::function<void(const absl::StatusOr<int64_t>& bytes, double seconds)>;
+
+  explicit CheckpointWriter(FileSystem* fs);
+  ~CheckpointWriter();  // writes what is queued, then stops
+
+  void Enqueue(std::string dir, ServerCheckpoint checkpoint, DoneFn done);
+  // Checkpoints queued or being written.
+  int backlog() const;
+
+ private:
+  struct Task {
+    std::string dir;
+    ServerCheckpoint checkpoint;
+    DoneFn done;
+  };
+  void Loop();
+
+  FileSystem* const fs_;
+  mutable absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_CHECKPOINT_H_
