@@ -85,6 +85,11 @@ absl::StatusOr<v1::Job> FollowJob(
       case v1::JobEvent::kCompleted:
         *job.mutable_result() = event.completed();
         break;
+      case v1::JobEvent::kRecovery:
+        job.set_generation(event.recovery().generation());
+        job.set_recoveries(job.recoveries() + 1);
+        *job.add_history() = event.recovery();
+        break;
       default:
         break;
     }
@@ -133,6 +138,12 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
       }
       break;
     }
+    case v1::JobEvent::kRecovery:
+      EndLine();
+      std::fprintf(out_, "%s recovering: generation %d from step %d (%s)\n", job.id().c_str(),
+                   static_cast<int>(event.recovery().generation()),
+                   static_cast<int>(event.recovery().step()), event.recovery().reason().c_str());
+      break;
     case v1::JobEvent::kEvaluation:
       EndLine();
       std::fprintf(out_, "test accuracy %.4f  test loss %.4f\n", event.evaluation().test_accuracy(),

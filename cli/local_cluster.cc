@@ -1,10 +1,12 @@
 #include "cli/local_cluster.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
@@ -40,13 +42,39 @@ std::string ExecutableDir() {
   return exe.substr(0, exe.rfind('/'));
 }
 
-absl::Status LocalCluster::Spawn(const std::string& name, std::vector<std::string> argv) {
+LocalCluster::Child* LocalCluster::Find(const std::string& name) {
+  for (Child& c : children_) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+absl::Status LocalCluster::Spawn(Child& child) {
   SpawnOptions spawn;
-  spawn.argv = std::move(argv);
-  spawn.log_path = absl::StrCat(options_.run_dir, "/", name, ".log");
-  PSTRAIN_ASSIGN_OR_RETURN(pid_t pid, pstrain::Spawn(spawn));
-  children_.push_back(Child{name, pid});
+  if (auto it = options_.wrappers.find(child.name); it != options_.wrappers.end()) {
+    spawn.argv = it->second;
+  }
+  spawn.argv.insert(spawn.argv.end(), child.base_argv.begin(), child.base_argv.end());
+  spawn.argv.insert(spawn.argv.end(), child.flags.begin(), child.flags.end());
+  spawn.log_path = absl::StrCat(options_.run_dir, "/", child.name, ".log");
+  PSTRAIN_ASSIGN_OR_RETURN(child.pid, pstrain::Spawn(spawn));
+  child.exited = false;
+  child.status = 0;
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::SpawnNew(const std::string& name, std::vector<std::string> base_argv,
+                                    std::vector<std::string> flags) {
+  Child* child = Find(name);
+  if (child == nullptr) {
+    children_.push_back(Child{});
+    child = &children_.back();
+    child->name = name;
+  }
+  child->base_argv = std::move(base_argv);
+  child->flags = std::move(flags);
+  child->restart = true;
+  return Spawn(*child);
 }
 
 absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
@@ -60,15 +88,22 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   if (!options_.prometheus_sd_file.empty()) {
     argv.push_back(absl::StrCat("--prometheus_sd_file=", options_.prometheus_sd_file));
   }
-  PSTRAIN_RETURN_IF_ERROR(Spawn("coordinator", std::move(argv)));
+  PSTRAIN_RETURN_IF_ERROR(SpawnNew("coordinator", std::move(argv), options_.coordinator_flags));
   const absl::Time deadline = absl::Now() + options_.startup_timeout;
   while (true) {
     if (absl::StatusOr<std::string> text = ReadFile(address_file); text.ok()) {
       coordinator_address_ = std::string(absl::StripAsciiWhitespace(*text));
       return absl::OkStatus();
     }
-    if (std::optional<std::string> dead = CheckChildren()) {
-      return absl::InternalError(absl::StrCat("the coordinator did not start: ", *dead));
+    if (Child* c = Find("coordinator"); c != nullptr && !c->exited) {
+      if (std::optional<int> status = TryReap(c->pid)) {
+        c->exited = true;
+        c->status = *status;
+        const std::string log = absl::StrCat(options_.run_dir, "/coordinator.log");
+        return absl::InternalError(absl::StrCat("the coordinator did not start (",
+                                                DescribeWaitStatus(*status), "), log: ", log,
+                                                "; it ends:\n", LastLines(log, 20)));
+      }
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError("the coordinator did not publish its address in time");
@@ -80,12 +115,12 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
 absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
   const std::string name = absl::StrCat("server-", servers_started_++);
   std::vector<std::string> argv = {
-      absl::StrCat(options_.bin_dir, "/pstrain-server"), "--listen=127.0.0.1:0",
+      absl::StrCat(options_.bin_dir, "/pstrain-server"),
+      absl::StrCat("--listen=", options_.listen_host, ":0"),
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  return Spawn(name, std::move(argv));
+  return SpawnNew(name, std::move(argv), flags);
 }
 
 absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
@@ -95,22 +130,90 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  return Spawn(name, std::move(argv));
+  return SpawnNew(name, std::move(argv), flags);
 }
 
 void LocalCluster::KillCoordinator() {
-  for (Child& c : children_) {
-    if (c.name != "coordinator" || c.exited) continue;
-    kill(c.pid, SIGKILL);
-    c.status = WaitOrKill(c.pid, absl::Now() + absl::Seconds(10));
-    c.exited = true;
+  if (Child* c = Find("coordinator"); c != nullptr && !c->exited) {
+    kill(c->pid, SIGKILL);
+    c->status = WaitOrKill(c->pid, absl::Now() + absl::Seconds(10));
+    c->exited = true;
   }
 }
 
 absl::Status LocalCluster::RestartCoordinator() {
   KillCoordinator();
   return StartCoordinatorAgain();
+}
+
+bool LocalCluster::Kill(const std::string& name, int signal, bool restart) {
+  Child* c = Find(name);
+  if (c == nullptr || c->exited) return false;
+  c->restart = restart;
+  return kill(c->pid, signal) == 0;
+}
+
+absl::Status LocalCluster::RestartChild(const std::string& name,
+                                        const std::vector<std::string>& flags) {
+  Child* c = Find(name);
+  if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child ", name));
+  if (!c->exited) return absl::FailedPreconditionError(absl::StrCat(name, " is running"));
+  c->flags = flags;
+  c->restart = true;
+  if (name == "coordinator") return StartCoordinatorAgain();
+  return Spawn(*c);
+}
+
+absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name, absl::Duration patience) {
+  Child* c = Find(name);
+  if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child ", name));
+  const absl::Time give_up = absl::Now() + patience;
+  while (!c->exited) {
+    if (std::optional<int> status = TryReap(c->pid)) {
+      c->exited = true;
+      c->status = *status;
+      break;
+    }
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(name, " did not exit"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return c->status;
+}
+
+std::vector<std::string> LocalCluster::Supervise() {
+  std::vector<std::string> lines;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Child& c = children_[i];
+    if (!c.exited) {
+      std::optional<int> status = TryReap(c.pid);
+      if (!status.has_value()) continue;
+      c.exited = true;
+      c.status = *status;
+      if (!c.restart) continue;
+    } else {
+      continue;  // exited before, and not restarted then
+    }
+    std::erase_if(c.restarts, [&](absl::Time t) { return now - t > absl::Minutes(1); });
+    const bool config_error = WIFEXITED(c.status) && (WEXITSTATUS(c.status) == 2 ||
+                                                       WEXITSTATUS(c.status) == 3);
+    if (config_error || c.restarts.size() >= 10) {
+      lines.push_back(absl::StrCat(c.name, " exited (", DescribeWaitStatus(c.status),
+                                   "), not restarting"));
+      c.restart = false;
+      continue;
+    }
+    lines.push_back(absl::StrCat(c.name, " exited (", DescribeWaitStatus(c.status),
+                                 "), restarting"));
+    c.restarts.push_back(now);
+    ++restarts_;
+    const std::string name = c.name;
+    absl::Status s = name == "coordinator" ? StartCoordinatorAgain() : Spawn(children_[i]);
+    if (!s.ok()) lines.push_back(absl::StrCat(name, ": cannot restart: ", s.message()));
+  }
+  return lines;
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
@@ -122,7 +225,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
       return absl::NotFoundError(absl::StrCat("cannot execute ", path));
     }
   }
-  PSTRAIN_RETURN_IF_ERROR(cluster->StartCoordinator("127.0.0.1:0"));
+  PSTRAIN_RETURN_IF_ERROR(cluster->StartCoordinator(absl::StrCat(o.listen_host, ":0")));
   for (int s = 0; s < o.num_servers; ++s) {
     auto it = o.server_flags.find(s);
     PSTRAIN_RETURN_IF_ERROR(
@@ -147,6 +250,12 @@ std::vector<std::pair<std::string, pid_t>> LocalCluster::children() const {
 }
 
 std::optional<std::string> LocalCluster::CheckChildren() {
+  if (options_.restart_exited_children) {
+    for (const std::string& line : Supervise()) {
+      if (!absl::EndsWith(line, ", restarting")) return line;
+    }
+    return std::nullopt;
+  }
   for (Child& c : children_) {
     if (c.exited) continue;
     if (std::optional<int> status = TryReap(c.pid)) {
@@ -168,7 +277,10 @@ void LocalCluster::Stop(absl::Duration grace) {
     for (Child& c : children_) {
       if (!c.exited && c.name.rfind(role, 0) == 0) group.push_back(&c);
     }
-    for (Child* c : group) kill(c->pid, SIGTERM);
+    for (Child* c : group) {
+      c->restart = false;
+      kill(c->pid, SIGTERM);
+    }
     const absl::Time deadline = absl::Now() + grace;
     for (Child* c : group) {
       c->status = WaitOrKill(c->pid, deadline);

@@ -38,6 +38,15 @@ class LocalCluster {
     // The coordinator's --prometheus_sd_file; empty: none.
     std::string prometheus_sd_file;
     absl::Duration startup_timeout = absl::Seconds(30);
+    // Restart a child that exits on its own (not by Stop), as a container
+    // runtime does: under the same name, so the same node id (Supervise()).
+    bool restart_exited_children = false;
+    // The host the coordinator and the servers listen on (and advertise).
+    std::string listen_host = "127.0.0.1";
+    // Commands that child NAME runs under, e.g. {"ip", "netns", "exec", "ns1"}.
+    std::map<std::string, std::vector<std::string>> wrappers;
+    // Extra flags for the coordinator.
+    std::vector<std::string> coordinator_flags;
   };
 
   // Starts the coordinator, waits until it serves, then starts the servers
@@ -65,8 +74,29 @@ class LocalCluster {
 
   // Describes the first child that has exited since the start ("worker-1
   // (exit 1), log: DIR/worker-1.log; it ends:" and the log's last 20
-  // lines), or nullopt if all run.
+  // lines), or nullopt if all run. With restart_exited_children, exited
+  // children are restarted instead (Supervise) and only one that is not
+  // restarted is described.
   std::optional<std::string> CheckChildren();
+
+  // Restarts every child that has exited on its own, as it was started;
+  // returns a line for each ("server-1 exited (signal 9), restarting"). A
+  // child that exited 2 (bad flags) or 3 (fenced: another process holds its
+  // id) is not restarted, nor one that was restarted 10 times within a
+  // minute. Called by CheckChildren when restart_exited_children is set.
+  std::vector<std::string> Supervise();
+  // Restarts done so far.
+  int restarts() const { return restarts_; }
+
+  // Sends `signal` to the child called `name`; false if there is none
+  // running. With `restart` false, a supervised child is not restarted
+  // after it (until RestartChild).
+  bool Kill(const std::string& name, int signal, bool restart = true);
+  // Starts the child called `name` again (after it exited), with its own
+  // flags replaced by `flags`.
+  absl::Status RestartChild(const std::string& name, const std::vector<std::string>& flags);
+  // Waits until the child called `name` has exited; its wait status.
+  absl::StatusOr<int> WaitForExit(const std::string& name, absl::Duration patience);
 
   // SIGTERM to the workers, then the servers, then the coordinator, each
   // group given `grace` before SIGKILL. Idempotent.
@@ -76,21 +106,31 @@ class LocalCluster {
   std::map<std::string, int> ExitStatuses() const;
 
  private:
+  struct Child {
+    std::string name;
+    std::vector<std::string> base_argv;  // without the extra flags
+    std::vector<std::string> flags;      // the extra flags
+    pid_t pid = -1;
+    bool exited = false;
+    int status = 0;  // wait status, once exited
+    bool restart = true;  // if supervised
+    std::vector<absl::Time> restarts;  // within the last minute
+  };
+
   explicit LocalCluster(Options options) : options_(std::move(options)) {}
-  absl::Status Spawn(const std::string& name, std::vector<std::string> argv);
+  // Starts (or starts again) a child; `child` is new or one that exited.
+  absl::Status Spawn(Child& child);
+  absl::Status SpawnNew(const std::string& name, std::vector<std::string> base_argv,
+                        std::vector<std::string> flags);
   // Starts the coordinator listening on `listen` and waits for its address.
   absl::Status StartCoordinator(const std::string& listen);
+  Child* Find(const std::string& name);
 
   const Options options_;
   std::string coordinator_address_;
   int servers_started_ = 0;
   int workers_started_ = 0;
-  struct Child {
-    std::string name;
-    pid_t pid;
-    bool exited = false;
-    int status = 0;  // wait status, once exited
-  };
+  int restarts_ = 0;
   std::vector<Child> children_;
 };
 

@@ -1,4 +1,5 @@
 // pstrain-local: runs one job on a local cluster of real processes.
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -50,10 +52,11 @@ std::string ResultJson(const v1::Job& job) {
   return absl::StrFormat(
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
-      "\"test_accuracy\":%.4f}",
+      "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d}",
       JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(ModeName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
-      r.samples_per_second(), r.final_loss(), r.test_accuracy());
+      r.samples_per_second(), r.final_loss(), r.test_accuracy(), job.recoveries(),
+      job.last_checkpoint_step());
 }
 
 // --eval: a model file's accuracy on the test set.
@@ -122,11 +125,15 @@ int Run() {
   // Signals: stop following the job, then stop the cluster.
   absl::Mutex mu;
   int signal_received = 0;
-  grpc::ClientContext watch_context;
+  std::string dead_child;                     // a child that is not restarted
+  grpc::ClientContext* watching = nullptr;  // the watch in progress
+  auto stop_watching = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (watching != nullptr) watching->TryCancel();
+  };
   TerminationSignals signals([&](int signo) {
     absl::MutexLock lock(&mu);
     signal_received = signo;
-    watch_context.TryCancel();
+    stop_watching();
   });
 
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -139,6 +146,20 @@ int Run() {
     run_dir = tmpl;
   } else {
     mkdir(run_dir.c_str(), 0755);
+    if (run_dir.front() != '/') {
+      char cwd[PATH_MAX];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) run_dir = absl::StrCat(cwd, "/", run_dir);
+    }
+  }
+  // Checkpoints go to the run directory unless the job file says otherwise,
+  // so that a process killed during the run is recovered from them.
+  if (spec->checkpoint().dir().empty()) {
+    spec->mutable_checkpoint()->set_dir(run_dir + "/checkpoints");
+    spec = NormalizeJobSpec(*std::move(spec));
+    if (!spec.ok()) {
+      std::cerr << "pstrain-local: " << job_path << ": " << spec.status().message() << "\n";
+      return kExitUsage;
+    }
   }
   LocalCluster::Options options;
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? ExecutableDir()
@@ -152,6 +173,9 @@ int Run() {
   }
   options.state_dir = run_dir + "/state";
   options.prometheus_sd_file = run_dir + "/prometheus-targets.json";
+  // A child that dies is restarted under its node id, as a container
+  // runtime would: the job recovers and its result does not change.
+  options.restart_exited_children = true;
   std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s, Prometheus targets in "
               "%s\n",
               spec->num_servers(), spec->num_workers(), run_dir.c_str(),
@@ -163,20 +187,22 @@ int Run() {
     return kExitFailed;
   }
 
-  // A child that dies ends the run.
+  // A child that dies is restarted; one that cannot be ends the run.
   std::atomic<bool> done{false};
-  std::string dead_child;
   std::thread monitor([&] {
     while (!done) {
       {
         absl::MutexLock lock(&mu);
-        if (std::optional<std::string> dead = (*cluster)->CheckChildren()) {
-          dead_child = *dead;
-          watch_context.TryCancel();
-          return;
+        for (const std::string& line : (*cluster)->Supervise()) {
+          std::fprintf(stderr, "%s\n", line.c_str());
+          if (!absl::EndsWith(line, ", restarting") && dead_child.empty()) {
+            dead_child = line;
+            stop_watching();
+          }
         }
+        if (!dead_child.empty()) return;
       }
-      absl::SleepFor(absl::Milliseconds(200));
+      absl::SleepFor(absl::Milliseconds(100));
     }
   });
   auto finish = [&](int code) {
@@ -205,15 +231,52 @@ int Run() {
 
   ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
                           absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
-  absl::StatusOr<v1::Job> job = FollowJob(
-      *stub, submitted.job_id(), watch_context,
-      [&](const v1::JobEvent& event, const v1::Job& now) { display.OnEvent(event, now); });
-  int signo;
+  // Follows the job to its end; a coordinator that restarts ends a watch,
+  // and the next one starts with the job as it is.
+  absl::StatusOr<v1::Job> job;
+  int signo = 0;
   std::string dead;
-  {
-    absl::MutexLock lock(&mu);
-    signo = signal_received;
-    dead = dead_child;
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  while (true) {
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu);
+      signo = signal_received;
+      dead = dead_child;
+      if (signo != 0 || !dead.empty()) break;
+      watching = &context;
+    }
+    job = FollowJob(*stub, submitted.job_id(), context,
+                    [&](const v1::JobEvent& event, const v1::Job& now) {
+                      display.OnEvent(event, now);
+                    });
+    {
+      absl::MutexLock lock(&mu);
+      watching = nullptr;
+      signo = signal_received;
+      dead = dead_child;
+    }
+    if (signo != 0 || !dead.empty()) break;
+    if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
+    const absl::Time now = absl::Now();
+    if (job.ok() || job.status().code() == absl::StatusCode::kUnavailable) {
+      unreachable_since = std::min(unreachable_since, now);
+      if (now - unreachable_since < absl::Minutes(2)) {
+        absl::SleepFor(absl::Milliseconds(200));
+        continue;
+      }
+    }
+    break;
+  }
+  if (job.ok()) {
+    // The job as the coordinator has it (its recoveries, checkpoints).
+    v1::GetJobRequest get;
+    get.set_job_id(job->id());
+    v1::Job full;
+    grpc::ClientContext get_context;
+    SetTimeout(get_context, absl::Seconds(10));
+    get_context.set_wait_for_ready(true);
+    if (stub->GetJob(&get_context, get, &full).ok()) job = std::move(full);
   }
   if (signo != 0) {
     std::cerr << "pstrain-local: signal " << signo << ", stopping the cluster\n";

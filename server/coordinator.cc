@@ -663,6 +663,9 @@ class CoordinatorImpl final : public Coordinator,
     };
     if (state == old) {  // a new generation
       generation_gauges();
+      v1::JobEvent event = Event();
+      *event.mutable_recovery() = record.job.history(record.job.history_size() - 1);
+      Publish(record, event, false);
       return;
     }
     if (old == v1::JOB_STATE_PENDING) std::erase(pending_, id);

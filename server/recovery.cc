@@ -75,10 +75,8 @@ void DropCheckpoint(v1::Job* job, int64_t step, int64_t generation) {
                                  return s.step() == step && s.generation() == generation;
                                }),
                 states->end());
-}
-
-int64_t LastCheckpointStep(const v1::Job& job) {
-  return job.checkpoints().empty() ? 0 : job.checkpoints(job.checkpoints_size() - 1).step();
+  job->set_last_checkpoint_step(
+      job->checkpoints().empty() ? 0 : job->checkpoints(job->checkpoints_size() - 1).step());
 }
 
 std::optional<v1::CheckpointRecord> NewlyComplete(const v1::Job& job,
@@ -105,7 +103,7 @@ std::optional<v1::CheckpointRecord> NewlyComplete(const v1::Job& job,
   }
   const bool sync = job.spec().mode() == v1::MODE_SYNC;
   for (auto it = common.rbegin(); it != common.rend(); ++it) {
-    if (*it <= std::max(LastCheckpointStep(job), job.resume_step())) break;
+    if (*it <= std::max(job.last_checkpoint_step(), job.resume_step())) break;
     if (sync) {
       auto states = reports.states.find({*it, generation});
       if (states == reports.states.end()) continue;
@@ -129,6 +127,7 @@ void RecordCheckpoint(v1::Job* job, v1::CheckpointRecord record,
       states != reports.states.end()) {
     for (const auto& [worker, state] : states->second) *job->add_worker_states() = state;
   }
+  job->set_last_checkpoint_step(record.step());
   *job->add_checkpoints() = std::move(record);
   const int keep = std::max(1, job->spec().checkpoint().keep());
   while (job->checkpoints_size() > keep) {

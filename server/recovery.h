@@ -60,16 +60,14 @@ std::optional<v1::CheckpointRecord> NewlyComplete(const v1::Job& job,
                                                   const CheckpointReports& reports);
 
 // Records a complete checkpoint in the job: kept with the workers' states,
-// the oldest beyond the spec's `keep` dropped with theirs.
+// the oldest beyond the spec's `keep` dropped with theirs. (Both keep the
+// job's last_checkpoint_step.)
 void RecordCheckpoint(v1::Job* job, v1::CheckpointRecord record, const CheckpointReports& reports);
 
 // Worker w's resume state at the step the current generation starts from;
 // empty at step 0, and when the workers are not those of the generation
 // that wrote the checkpoint (elastic: the batch was cut otherwise).
 v1::WorkerResumeState ResumeStateOf(const v1::Job& job, int worker);
-
-// The job's latest complete checkpoint step; 0 if none.
-int64_t LastCheckpointStep(const v1::Job& job);
 
 }  // namespace pstrain::server
 
