@@ -55,9 +55,10 @@ InProcessServers::~InProcessServers() {
 }
 
 absl::Status InProcessServers::AddJob(const std::string& job_id, const v1::JobSpec& spec,
-                                      const v1::PartitionPlan& plan) {
+                                      const v1::PartitionPlan& plan,
+                                      const v1::ServerAssignment& start) {
   for (size_t i = 0; i < servers_.size(); ++i) {
-    v1::ServerAssignment a;
+    v1::ServerAssignment a = start;
     a.set_job_id(job_id);
     a.set_server_index(i);
     *a.mutable_spec() = spec;
@@ -100,6 +101,8 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       worker::TrainerOptions options;
       options.assignment.set_job_id(job_id);
       options.assignment.set_worker_index(w);
+      options.assignment.set_generation(run.generation);
+      options.assignment.set_resume_step(run.resume_step);
       *options.assignment.mutable_spec() = spec;
       *options.assignment.mutable_plan() = plan;
       for (const std::string& a : addresses) options.assignment.add_server_addresses(a);

@@ -31,9 +31,11 @@ class InProcessServers {
   explicit InProcessServers(int n, server::ShardStore::Options store = {});
   ~InProcessServers();
 
-  // Adds the job to every server (server i holds the chunks of index i).
+  // Adds the job to every server (server i holds the chunks of index i),
+  // at the generation and from the checkpoint that `start` names (its
+  // generation, restore_step and restore_generation).
   absl::Status AddJob(const std::string& job_id, const v1::JobSpec& spec,
-                      const v1::PartitionPlan& plan);
+                      const v1::PartitionPlan& plan, const v1::ServerAssignment& start = {});
   std::vector<std::string> addresses() const;
   server::ParameterServer& server(int i) { return *servers_[i]; }
   // The whole flat parameter space as the servers hold it.
@@ -60,6 +62,9 @@ struct RunOptions {
   std::function<void(const worker::StepEvent&)> trace;
   // The gRPC transports' channels and window (without make_transport).
   worker::GrpcTransportOptions grpc;
+  // The generation the workers run in, and its first step.
+  int64_t generation = 0;
+  int64_t resume_step = 0;
 };
 
 // Runs spec.num_workers() trainers as threads until they finish.

@@ -1,0 +1,152 @@
+#include "server/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
+
+namespace pstrain::server {
+namespace {
+
+ServerCheckpoint Sample(int64_t step) {
+  ServerCheckpoint c;
+  c.job_id = "job-000001";
+  c.server_index = 1;
+  c.num_servers = 2;
+  c.step = step;
+  c.generation = 3;
+  c.total_floats = 1000;
+  for (uint32_t id : {1u, 3u}) {
+    ChunkCheckpoint& chunk = c.chunks.emplace_back();
+    chunk.id = id;
+    chunk.version = step;
+    for (int i = 0; i < 100; ++i) chunk.values.push_back(id * 1000 + i + 0.5f);
+    for (int i = 0; i < 200; ++i) chunk.state.push_back(-i * 0.25f);
+  }
+  return c;
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(CheckpointTest, WrittenAtomicallyAndReadBack) {
+  testing::TempDir dir;
+  const ServerCheckpoint c = Sample(200);
+  absl::StatusOr<int64_t> bytes = WriteCheckpoint(PosixFileSystem(), dir.path(), c);
+  PSTRAIN_ASSERT_OK(bytes.status());
+  const std::string path = CheckpointPath(dir.path(), c.job_id, 1, 200, 3);
+  EXPECT_TRUE(absl::EndsWith(path, "/job-000001/server-1/step-000000000200.g3.ckpt")) << path;
+  EXPECT_EQ(static_cast<int64_t>(Contents(path).size()), *bytes);
+  absl::StatusOr<ServerCheckpoint> read = ReadCheckpoint(PosixFileSystem(), path);
+  PSTRAIN_ASSERT_OK(read.status());
+  EXPECT_EQ(read->job_id, c.job_id);
+  EXPECT_EQ(read->step, 200);
+  EXPECT_EQ(read->generation, 3);
+  ASSERT_EQ(read->chunks.size(), 2u);
+  EXPECT_EQ(read->chunks[1].id, 3u);
+  EXPECT_EQ(read->chunks[1].values, c.chunks[1].values);
+  EXPECT_EQ(read->chunks[1].state, c.chunks[1].state);
+  const std::vector<v1::CheckpointRecord> listed =
+      ListCheckpoints(PosixFileSystem(), dir.path(), c.job_id, 1, false);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].step(), 200);
+  EXPECT_EQ(listed[0].generation(), 3);
+}
+
+// A byte flipped anywhere, or the file cut anywhere: detected, and the
+// message names the file and why.
+TEST(CheckpointTest, DamageAnywhereIsDetectedAndNamed) {
+  testing::TempDir dir;
+  const ServerCheckpoint c = Sample(100);
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(PosixFileSystem(), dir.path(), c).status());
+  const std::string path = CheckpointPath(dir.path(), c.job_id, 1, 100, 3);
+  const std::string good = Contents(path);
+  for (size_t at : {size_t{0}, size_t{5}, size_t{20}, good.size() / 2, good.size() - 1}) {
+    std::string bad = good;
+    bad[at] ^= 0x10;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+    absl::StatusOr<ServerCheckpoint> read = ReadCheckpoint(PosixFileSystem(), path);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << "flip at " << at;
+    EXPECT_TRUE(absl::StrContains(read.status().message(), path)) << read.status();
+    EXPECT_TRUE(absl::StrContains(read.status().message(), at == 0 ? "bad magic" : "CRC-32"))
+        << read.status();
+  }
+  for (size_t cut : {size_t{3}, size_t{15}, good.size() / 3, good.size() - 4, good.size() - 1}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << good.substr(0, cut);
+    absl::StatusOr<ServerCheckpoint> read = ReadCheckpoint(PosixFileSystem(), path);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << "cut at " << cut;
+  }
+  EXPECT_EQ(ReadCheckpoint(PosixFileSystem(), dir.path() + "/nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// A disk that fills up in the middle of a write leaves the final name
+// untouched and no partial file behind.
+TEST(CheckpointTest, AFailedWriteLeavesNothingUnderTheFinalName) {
+  testing::TempDir dir;
+  FaultInjectingFileSystem fs(PosixFileSystem());
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(&fs, dir.path(), Sample(100)).status());
+  fs.SetRule({.path_contains = ".ckpt", .fault = FaultInjectingFileSystem::Fault::kNoSpace,
+              .room_bytes = 500});
+  const absl::StatusOr<int64_t> failed = WriteCheckpoint(&fs, dir.path(), Sample(200));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  fs.SetRule({});
+  const std::vector<v1::CheckpointRecord> listed =
+      ListCheckpoints(&fs, dir.path(), "job-000001", 1, false);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].step(), 100);
+  absl::StatusOr<std::vector<std::string>> names =
+      fs.ListDir(CheckpointDirOf(dir.path(), "job-000001", 1));
+  EXPECT_EQ(names->size(), 1u) << "no temporary file left";
+}
+
+TEST(CheckpointTest, PartialFilesAreRemovedAndOldOnesPruned) {
+  testing::TempDir dir;
+  for (int64_t step : {100, 200, 300, 400}) {
+    PSTRAIN_ASSERT_OK(WriteCheckpoint(PosixFileSystem(), dir.path(), Sample(step)).status());
+  }
+  const std::string partial = CheckpointPath(dir.path(), "job-000001", 1, 500, 3) + ".tmp";
+  std::ofstream(partial) << "half a checkpoint";
+  std::vector<v1::CheckpointRecord> listed =
+      ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, /*remove_partial=*/true);
+  EXPECT_EQ(listed.size(), 4u);
+  EXPECT_FALSE(PosixFileSystem()->Exists(partial));
+  // Keep the newest 2 and the one the coordinator still needs.
+  v1::CheckpointRecord retained;
+  retained.set_step(100);
+  retained.set_generation(3);
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {retained});
+  listed = ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, false);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[0].step(), 100);
+  EXPECT_EQ(listed[1].step(), 300);
+  EXPECT_EQ(listed[2].step(), 400);
+}
+
+TEST(CheckpointWriterTest, WritesInTheBackgroundInOrder) {
+  testing::TempDir dir;
+  std::vector<int64_t> done;
+  absl::Mutex mu;
+  {
+    CheckpointWriter writer(PosixFileSystem());
+    for (int64_t step : {10, 20, 30}) {
+      writer.Enqueue(dir.path(), Sample(step),
+                     [&, step](const absl::StatusOr<int64_t>& bytes, double) {
+                       EXPECT_TRUE(bytes.ok()) << bytes.status();
+                       absl::MutexLock lock(&mu);
+                       done.push_back(step);
+                     });
+    }
+  }  // the destructor writes what is queued
+  EXPECT_EQ(done, (std::vector<int64_t>{10, 20, 30}));
+}
+
+}  // namespace
+}  // namespace pstrain::server
