@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "glog/logging.h"
 
 namespace pstrain {
@@ -18,6 +20,20 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("empty argv");
   // Everything the child needs is prepared before fork: after fork only
   // async-signal-safe calls are allowed.
+  if (options.argv.empty()) return absl::InvalidArgumentError("no program to run");
+  // A program without a slash is looked for in PATH, here: after fork only
+  // async-signal-safe calls may be made.
+  std::string program = options.argv[0];
+  if (program.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+      const std::string candidate = absl::StrCat(dir, "/", options.argv[0]);
+      if (access(candidate.c_str(), X_OK) == 0) {
+        program = candidate;
+        break;
+      }
+    }
+  }
   std::vector<char*> argv;
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -57,7 +73,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       dup2(*log_fd, STDERR_FILENO);
     }
     if (*err_fd >= 0) dup2(*err_fd, STDERR_FILENO);
-    execv(argv[0], argv.data());
+    execv(program.c_str(), argv.data());
     _exit(127);
   }
   if (*log_fd >= 0) close(*log_fd);

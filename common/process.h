@@ -19,7 +19,8 @@
 namespace pstrain {
 
 struct SpawnOptions {
-  // Program path and arguments; argv[0] is executed.
+  // Program path and arguments; argv[0] is executed (looked for in PATH
+  // when it has no slash).
   std::vector<std::string> argv;
   // Where the child's stdout and stderr go (appended); empty: inherited.
   std::string log_path;

@@ -9,7 +9,7 @@ packages=(
   g++ cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libyaml-cpp-dev libopenblas-dev zlib1g-dev
-  prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus
+  prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus iproute2
 )
 missing=()
 for p in "${packages[@]}"; do
