@@ -150,6 +150,17 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   return children;
 }
 
+pid_t ChildWithArg(pid_t pid, const std::string& arg) {
+  for (pid_t child : ChildrenOf(pid)) {
+    std::ifstream in("/proc/" + std::to_string(child) + "/cmdline", std::ios::binary);
+    std::string a;
+    while (std::getline(in, a, '\0')) {
+      if (a == arg) return child;
+    }
+  }
+  return -1;
+}
+
 bool IsAlive(pid_t pid) {
   char state;
   pid_t parent;

@@ -49,6 +49,8 @@ int PickFreePort();
 
 // Live (not zombie) processes whose parent is `pid`.
 std::vector<pid_t> ChildrenOf(pid_t pid);
+// The child of `pid` whose command line has `arg`; -1 if none.
+pid_t ChildWithArg(pid_t pid, const std::string& arg);
 bool IsAlive(pid_t pid);
 
 }  // namespace pstrain::testing

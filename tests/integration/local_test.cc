@@ -3,13 +3,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/files.h"
 #include "common/process.h"
+#include "common/rpc.h"
+#include "pstrain/v1/control.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/integration_util.h"
 
@@ -52,6 +58,89 @@ TEST(LocalTest, BadJobFilesExit2WithOneLineNamingTheField) {
   }
   ProcessResult missing = RunProcess({BinDir() + "/pstrain-local", "--job", dir.path() + "/nope.yaml"});
   EXPECT_EQ(missing.exit_code(), 2) << missing.err;
+}
+
+// The last line of pstrain-local's stdout, its JSON result, as fields.
+std::map<std::string, std::string> ResultFields(const std::string& out) {
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  std::map<std::string, std::string> fields;
+  if (lines.empty()) return fields;
+  std::string json = lines.back();
+  for (char c : std::string("{}\"")) json.erase(std::remove(json.begin(), json.end(), c), json.end());
+  for (absl::string_view item : absl::StrSplit(json, ',')) {
+    const std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    fields[kv.first] = kv.second;
+  }
+  return fields;
+}
+
+// A server and then a worker killed with SIGKILL in the middle of a
+// pstrain-local run: restarted under their ids, and the run ends as a clean
+// one does, down to the last digit of its final loss.
+TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
+  TempDir dir;
+  std::string yaml = kJob;
+  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 1");
+  const std::string job = dir.Write("job.yaml", yaml);
+  ProcessResult clean = RunProcess({BinDir() + "/pstrain-local", "--job", job}, absl::Minutes(5));
+  ASSERT_EQ(clean.exit_code(), 0) << clean.err;
+  const auto expected = ResultFields(clean.out);
+  ASSERT_EQ(expected.at("recoveries"), "0");
+
+  SpawnOptions spawn;
+  spawn.argv = {BinDir() + "/pstrain-local", "--job", job, "--run_dir", dir.path() + "/run"};
+  spawn.log_path = dir.path() + "/local.out";
+  spawn.stderr_path = dir.path() + "/local.err";
+  absl::StatusOr<pid_t> local = Spawn(spawn);
+  ASSERT_TRUE(local.ok());
+  // Kill when the job has made progress: the coordinator's address is in
+  // the run directory.
+  const absl::Time give_up = absl::Now() + absl::Minutes(3);
+  std::unique_ptr<v1::Control::Stub> control;
+  auto progress = [&]() -> v1::Job {
+    if (control == nullptr) {
+      absl::StatusOr<std::string> address = ReadFile(dir.path() + "/run/coordinator.address");
+      if (!address.ok()) return v1::Job();
+      control = v1::Control::NewStub(MakeChannel(std::string(absl::StripAsciiWhitespace(*address))));
+    }
+    v1::GetJobRequest get;
+    get.set_job_id("job-000001");
+    v1::Job j;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    control->GetJob(&context, get, &j);
+    return j;
+  };
+  for (const auto& [victim, step] : {std::pair<std::string, int64_t>{"--node_id=server-1", 100},
+                                     {"--node_id=worker-0", 250}}) {
+    while (progress().progress().step() < step) {
+      ASSERT_LT(absl::Now(), give_up) << "the job did not get to step " << step;
+      ASSERT_FALSE(TryReap(*local).has_value()) << "pstrain-local exited early";
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const pid_t pid = ChildWithArg(*local, victim);
+    ASSERT_GT(pid, 0) << victim;
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+  }
+  int status = 0;
+  while (true) {
+    if (std::optional<int> s = TryReap(*local)) {
+      status = *s;
+      break;
+    }
+    ASSERT_LT(absl::Now(), give_up) << "pstrain-local did not finish";
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  absl::StatusOr<std::string> out = ReadFile(dir.path() + "/local.out");
+  absl::StatusOr<std::string> err = ReadFile(dir.path() + "/local.err");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << *err;
+  EXPECT_TRUE(absl::StrContains(*err, "server-1 exited (killed by signal 9), restarting")) << *err;
+  EXPECT_TRUE(absl::StrContains(*err, "worker-0 exited (killed by signal 9), restarting")) << *err;
+  const auto fields = ResultFields(*out);
+  EXPECT_EQ(fields.at("final_loss"), expected.at("final_loss"));
+  EXPECT_EQ(fields.at("test_accuracy"), expected.at("test_accuracy"));
+  EXPECT_EQ(fields.at("recoveries"), "2");
+  EXPECT_NE(fields.at("last_checkpoint_step"), "0");
 }
 
 class LocalSignalTest : public ::testing::TestWithParam<int> {};

@@ -1,0 +1,88 @@
+// The soak: 3 servers and 4 workers run 2,000 sync steps while every
+// worker's traffic to the servers is dropped, duplicated, delayed and
+// reordered (the fault-injecting transport) and three processes, servers
+// and workers drawn at random, are killed with SIGKILL at random steps (all
+// from a logged seed) and restarted under their ids. The final parameters
+// are bitwise those of a run of the same job on a cluster without faults.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_file.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+#include "tests/integration/cluster_fixture.h"
+
+namespace pstrain::testing {
+namespace {
+
+class SoakTest : public ClusterFixture {
+ protected:
+  std::vector<float> Params(const std::string& id) {
+    const v1::Job job = WaitForEnd(id, absl::Minutes(8));
+    EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+    const std::string file = absl::StrCat(dir_.path(), "/", id, ".pstm");
+    EXPECT_EQ(Psctl({"export", id, file}).exit_code(), 0);
+    absl::StatusOr<ModelFile> model = ReadModelFile(file);
+    return model.ok() ? model->params : std::vector<float>{};
+  }
+};
+
+TEST_F(SoakTest, FaultyNetworkAndThreeKillsChangeNothing) {
+  constexpr int kSteps = 2000;
+  v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 4, 16, 3, kSteps);
+  spec.mutable_model()->clear_hidden();
+  spec.mutable_model()->add_hidden(64);
+  spec.mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints");
+  spec.mutable_checkpoint()->set_every_steps(100);
+  cli::LocalCluster::Options options;
+  options.state_dir = dir_.path() + "/state";
+  options.lease = absl::Seconds(4);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3, 4, options));
+  const std::vector<float> clean = Params(Submit(spec));
+  cluster_->Stop();
+
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  std::cerr << "soak seed " << seed << "\n";
+  RecordProperty("seed", std::to_string(seed));
+  options.restart_exited_children = true;
+  options.state_dir = dir_.path() + "/state-faulty";
+  for (int w = 0; w < 4; ++w) {
+    options.worker_flags[w] = {absl::StrCat(
+        "--fault_injection=drop_request=0.005,duplicate_request=0.02,drop_reply=0.005,"
+        "duplicate_reply=0.02,reorder_reply=0.05,delay=0.02,max_delay_ms=5,seed=",
+        rng() % 1000000 + 1)};
+  }
+  ASSERT_NO_FATAL_FAILURE(StartCluster(3, 4, options));
+  const std::string id = Submit(spec);
+  std::vector<int64_t> steps;
+  for (int i = 0; i < 3; ++i) {
+    steps.push_back(std::uniform_int_distribution<int64_t>(50, kSteps - 200)(rng));
+  }
+  std::sort(steps.begin(), steps.end());
+  const std::vector<std::string> nodes = {"server-0", "server-1", "server-2", "worker-0",
+                                          "worker-1", "worker-2", "worker-3"};
+  for (int64_t step : steps) {
+    const std::string victim = nodes[rng() % nodes.size()];
+    std::cerr << "killing " << victim << " at step " << step << "\n";
+    const v1::Job job =
+        WaitFor(id, [step](const v1::Job& j) { return j.progress().step() >= step; },
+                absl::Minutes(5));
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+    ASSERT_TRUE(cluster_->Kill(victim, SIGKILL));
+  }
+  const std::vector<float> faulty = Params(id);
+  ASSERT_EQ(faulty.size(), clean.size());
+  ASSERT_FALSE(clean.empty());
+  EXPECT_EQ(0, std::memcmp(faulty.data(), clean.data(), clean.size() * sizeof(float)))
+      << "the final parameters differ from the run without faults";
+  EXPECT_GE(Get(id).recoveries(), 3);
+  RecordProperty("recoveries", std::to_string(Get(id).recoveries()));
+}
+
+}  // namespace
+}  // namespace pstrain::testing
