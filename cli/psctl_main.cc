@@ -44,6 +44,8 @@ verbs:
   cancel ID            cancel a pending or running job
   nodes                registered servers and workers
   export ID FILE       write a succeeded job's model file
+  checkpoint ID        checkpoint a running job now; waits until every node
+                       has written its part (at most --timeout)
 
 The coordinator is --coordinator, else $PSTRAIN_COORDINATOR, else 127.0.0.1:50050.
 Exit status: 0 success; 1 the watched job failed or was cancelled; 2 usage or
@@ -140,7 +142,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   cmd->args.assign(positional.begin() + 1, positional.end());
   static const std::map<std::string, size_t> kArity = {
       {"submit", 1}, {"get", 1}, {"list", 0}, {"watch", 1},
-      {"cancel", 1}, {"nodes", 0}, {"export", 2}};
+      {"cancel", 1}, {"nodes", 0}, {"export", 2}, {"checkpoint", 1}};
   auto it = kArity.find(cmd->verb);
   if (it == kArity.end()) return Usage(absl::StrCat("unknown verb '", cmd->verb, "'"));
   if (cmd->args.size() != it->second) {
@@ -225,6 +227,7 @@ class Psctl {
     if (cmd_.verb == "watch") return Watch(cmd_.args[0]);
     if (cmd_.verb == "cancel") return Cancel(cmd_.args[0]);
     if (cmd_.verb == "nodes") return Nodes();
+    if (cmd_.verb == "checkpoint") return Checkpoint(cmd_.args[0]);
     return Export(cmd_.args[0], cmd_.args[1]);
   }
 
@@ -288,10 +291,28 @@ class Psctl {
         {"progress:", absl::StrFormat("step %d/%d, epoch %d/%d, loss %.4f, %.0f samples/s",
                                       p.step(), p.total_steps(), p.epoch() + 1,
                                       p.total_epochs(), p.loss(), p.samples_per_second())},
+        {"checkpoint:", job.last_checkpoint_step() > 0
+                            ? absl::StrFormat("step %d, every %d steps in %s",
+                                              job.last_checkpoint_step(),
+                                              spec.checkpoint().every_steps(),
+                                              spec.checkpoint().dir())
+                            : spec.checkpoint().dir().empty() ? "none (no checkpoint.dir)"
+                                                              : "none yet"},
+        {"recovery:", absl::StrFormat("generation %d, %d recoveries; on worker loss %s, "
+                                      "replace after %ds, wait at most %ds",
+                                      job.generation(), job.recoveries(),
+                                      WorkerLossPolicyName(spec.recovery().on_worker_loss()),
+                                      spec.recovery().replace_after_seconds(),
+                                      spec.recovery().wait_timeout_seconds())},
         {"created:", Time(job.create_time_ms())},
         {"started:", Time(job.start_time_ms())},
         {"ended:", Time(job.end_time_ms())},
     };
+    for (const v1::MembershipChange& change : job.history()) {
+      rows.push_back({absl::StrCat("generation ", change.generation(), ":"),
+                      absl::StrFormat("%s, from step %d: %s", Time(change.time_ms()), change.step(),
+                                      change.reason())});
+    }
     if (job.state() == v1::JOB_STATE_SUCCEEDED) {
       const v1::JobResult& r = job.result();
       rows.push_back({"result:", absl::StrFormat("test accuracy %.4f, test loss %.4f, final "
@@ -326,14 +347,17 @@ class Psctl {
       std::cout << ToJson(all) << "\n";
       return kExitOk;
     }
-    std::vector<std::vector<std::string>> rows = {
-        {"ID", "NAME", "STATE", "MODEL", "MODE", "WORKERS", "STEP", "LOSS", "ACCURACY", "AGE"}};
+    std::vector<std::vector<std::string>> rows = {{"ID", "NAME", "STATE", "MODEL", "MODE",
+                                                   "WORKERS", "STEP", "CKPT", "LOSS", "ACCURACY",
+                                                   "AGE"}};
     for (const v1::Job& job : all.jobs()) {
       const bool done = job.state() == v1::JOB_STATE_SUCCEEDED;
       rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
                       JobStateName(job.state()), ModelSummary(job.spec()),
                       ModeName(job.spec().mode()), absl::StrCat(job.spec().num_workers()),
                       absl::StrCat(job.progress().step(), "/", job.progress().total_steps()),
+                      job.last_checkpoint_step() > 0 ? absl::StrCat(job.last_checkpoint_step())
+                                                     : "-",
                       job.progress().step() > 0 ? absl::StrFormat("%.4f", job.progress().loss())
                                                 : "-",
                       done ? absl::StrFormat("%.4f", job.result().test_accuracy()) : "-",
@@ -405,6 +429,52 @@ class Psctl {
     }
     PrintTable(rows);
     return kExitOk;
+  }
+
+  // Asks for a checkpoint, then waits until it is complete.
+  int Checkpoint(const std::string& id) {
+    v1::CheckpointJobRequest request;
+    request.set_job_id(id);
+    v1::CheckpointJobResponse response;
+    {
+      grpc::ClientContext context;
+      Deadline(context);
+      if (grpc::Status s = stub_->CheckpointJob(&context, request, &response); !s.ok()) {
+        return Failed(s);
+      }
+    }
+    if (!cmd_.json) std::cout << id << ": checkpoint at step " << response.step() << " asked for\n";
+    const absl::Time give_up = absl::Now() + cmd_.timeout;
+    while (true) {
+      v1::GetJobRequest get;
+      get.set_job_id(id);
+      v1::Job job;
+      grpc::ClientContext context;
+      Deadline(context);
+      if (grpc::Status s = stub_->GetJob(&context, get, &job); !s.ok()) return Failed(s);
+      if (job.last_checkpoint_step() >= response.step()) {
+        if (cmd_.json) {
+          std::cout << absl::StrFormat("{\"job_id\":%s,\"step\":%d}\n", JsonQuote(id),
+                                       job.last_checkpoint_step());
+        } else {
+          std::cout << id << ": checkpoint of step " << job.last_checkpoint_step()
+                    << " complete\n";
+        }
+        return kExitOk;
+      }
+      if (job.state() != v1::JOB_STATE_RUNNING || job.checkpoint_request_step() != response.step()) {
+        std::cerr << "psctl: " << id << " is " << JobStateName(job.state())
+                  << (job.state() == v1::JOB_STATE_RUNNING ? " at a new generation" : "")
+                  << ": the checkpoint of step " << response.step() << " was not taken\n";
+        return kExitJobFailed;
+      }
+      if (absl::Now() > give_up) {
+        std::cerr << "psctl: the checkpoint of step " << response.step()
+                  << " is not complete yet (--timeout)\n";
+        return kExitUnavailable;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
   }
 
   int Export(const std::string& id, const std::string& path) {

@@ -442,5 +442,8 @@ std::string ModelTypeName(v1::ModelType type) {
 std::string OptimizerTypeName(v1::OptimizerType type) {
   return EnumName(v1::OptimizerType_descriptor(), type);
 }
+std::string WorkerLossPolicyName(v1::WorkerLossPolicy policy) {
+  return EnumName(v1::WorkerLossPolicy_descriptor(), policy);
+}
 
 }  // namespace pstrain

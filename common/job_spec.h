@@ -65,6 +65,7 @@ int64_t TotalSteps(const v1::JobSpec& spec);
 std::string ModeName(v1::Mode mode);
 std::string ModelTypeName(v1::ModelType type);
 std::string OptimizerTypeName(v1::OptimizerType type);
+std::string WorkerLossPolicyName(v1::WorkerLossPolicy policy);
 
 }  // namespace pstrain
 

@@ -105,9 +105,26 @@ TEST_F(PsctlTest, EveryVerbInTableAndJson) {
   EXPECT_EQ(exported.exit_code(), 0) << exported.err;
   EXPECT_TRUE(absl::StrContains(exported.out, "wrote " + model)) << exported.out;
 
-  // cancel, and watch of a cancelled job: exit 1.
+  // checkpoint: of a job without a checkpoint.dir, refused (2); of a
+  // running job with one, taken, and shown by get and list.
+  EXPECT_EQ(Psctl({"checkpoint", id}).exit_code(), 2) << "it is not running";
   std::string long_job = kJob;
   long_job.replace(long_job.find("steps: 150"), 10, "steps: 1000000");
+  const std::string checkpointed(absl::StripAsciiWhitespace(
+      Psctl({"submit", dir_.Write("checkpointed.yaml",
+                                  long_job + "checkpoint: {dir: " + dir_.path() +
+                                      "/checkpoints, every_steps: 1000000000}\n")})
+          .out));
+  WaitFor(checkpointed, [](const v1::Job& job) { return job.progress().step() > 10; });
+  ProcessResult checkpoint = Psctl({"checkpoint", checkpointed});
+  EXPECT_EQ(checkpoint.exit_code(), 0) << checkpoint.err;
+  EXPECT_TRUE(absl::StrContains(checkpoint.out, "complete\n")) << checkpoint.out;
+  const std::string shown = Psctl({"get", checkpointed}).out;
+  EXPECT_TRUE(absl::StrContains(shown, ", every 1000000000 steps in ")) << shown;
+  EXPECT_TRUE(absl::StrContains(Psctl({"list"}).out, "CKPT"));
+  Psctl({"cancel", checkpointed});
+
+  // cancel, and watch of a cancelled job: exit 1.
   const std::string third(absl::StripAsciiWhitespace(
       Psctl({"submit", dir_.Write("long.yaml", long_job)}).out));
   ProcessResult cancelled = Psctl({"cancel", third});
