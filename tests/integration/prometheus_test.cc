@@ -154,7 +154,9 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
   }
   // A job that runs until Prometheus has scraped every worker several times
   // while it trains, whatever the machine's speed; then cancelled.
-  const v1::JobSpec long_spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 64, 2, 100000000);
+  v1::JobSpec long_spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 64, 2, 100000000);
+  long_spec.mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints");
+  long_spec.mutable_checkpoint()->set_every_steps(20);
   const std::string id = Submit(long_spec);
   const std::string job_label = "{job_id=\"" + id + "\"}";
   constexpr int kScrapes = 4;
@@ -196,7 +198,8 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
         "pstrain_server_pushes_total", "pstrain_server_received_bytes_total",
         "pstrain_server_sent_bytes_total", "pstrain_server_updates_total",
         "pstrain_server_barrier_wait_seconds_count", "pstrain_server_apply_seconds_count",
-        "pstrain_worker_step_seconds_count"}) {
+        "pstrain_worker_step_seconds_count", "pstrain_server_checkpoint_seconds_count",
+        "pstrain_server_checkpoint_bytes_total", "pstrain_job_last_checkpoint_step"}) {
     EXPECT_GT(prometheus.Scalar(std::string("sum(") + counter + job_label + ")"), 0) << counter;
   }
   EXPECT_GT(prometheus.Scalar(
