@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "worker/transport.h"
 
 namespace pstrain::bench {
@@ -41,6 +42,24 @@ struct TrainBenchOptions {
   std::string bin_dir;  // where pstrain-local is
 };
 int RunTrainBench(const TrainBenchOptions& options);
+
+struct CheckpointBenchOptions {
+  int pairs = 5;             // runs with and without checkpoints, one after the other
+  int64_t every_steps = 100;
+  int64_t steps = 0;         // 0: the quick start's 3 epochs
+  std::string bin_dir;       // where pstrain-local is
+};
+int RunCheckpointBench(const CheckpointBenchOptions& options);
+
+struct RecoveryBenchOptions {
+  int kills = 10;             // of a server, then of a worker, restarted under their ids
+  int spare_kills = 3;        // of servers that stay dead (a spare takes over)
+  int64_t every_steps = 100;  // the job's checkpoints
+  absl::Duration spare_lease = absl::Seconds(4);
+  int replace_after_seconds = 3;
+  std::string bin_dir;  // where pstrain-coordinator, -server, -worker are
+};
+int RunRecoveryBench(const RecoveryBenchOptions& options);
 
 }  // namespace pstrain::bench
 

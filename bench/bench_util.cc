@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
@@ -150,6 +153,48 @@ absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text) {
   }
   if (out.empty()) return absl::InvalidArgumentError("empty list");
   return out;
+}
+
+absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::string& job_yaml,
+                                         bool keep_run_dir) {
+  char dir_template[] = "/tmp/pstrain-bench.XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot make a directory");
+  LocalRun run;
+  run.run_dir = dir_template;
+  const std::string job = run.run_dir + "/job.yaml";
+  PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(job, job_yaml));
+  const std::string command =
+      absl::StrCat(bin_dir, "/pstrain-local --job ", job, " --run_dir ", run.run_dir,
+                   " --progress_interval_s=1000 2>", run.run_dir, "/stderr.txt");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError("cannot start pstrain-local");
+  std::string line;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    line += buffer;
+    if (!line.empty() && line.back() == '\n') {
+      if (line.size() > 1) run.result = line;
+      line.clear();
+    }
+  }
+  const int status = pclose(pipe);
+  if (status != 0) {
+    return absl::InternalError(
+        absl::StrCat("pstrain-local failed (status ", status, "), logs in ", run.run_dir));
+  }
+  const size_t key = run.result.find("\"samples_per_second\":");
+  if (key == std::string::npos) {
+    return absl::InternalError(
+        absl::StrCat("no samples_per_second in: ", run.result, " (logs in ", run.run_dir, ")"));
+  }
+  run.samples_per_second = std::atof(run.result.c_str() + key + 21);
+  if (!keep_run_dir) RemoveRunDir(run.run_dir);  // the logs of a run that went well
+  return run;
+}
+
+void RemoveRunDir(const std::string& dir) {
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 }  // namespace pstrain::bench

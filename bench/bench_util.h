@@ -71,6 +71,17 @@ class LocalServers {
   std::vector<std::string> addresses_;
 };
 
+// One run of pstrain-local (in bin_dir) on a job file's text.
+struct LocalRun {
+  std::string result;  // its last line: the JSON result
+  double samples_per_second = 0;
+  std::string run_dir;  // its logs; removed unless kept
+};
+absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::string& job_yaml,
+                                         bool keep_run_dir = false);
+// Removes a run directory kept by RunPstrainLocal.
+void RemoveRunDir(const std::string& dir);
+
 // Comma-separated positive integers ("1,2,4").
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text);
 

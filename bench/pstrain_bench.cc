@@ -1,5 +1,5 @@
-// pstrain-bench: the data-plane benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|apply|train|all [--tiny] [flags]
+// pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
+//   pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
 
@@ -28,20 +28,26 @@ ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
 ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
 ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
 ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
-ABSL_FLAG(std::string, bin_dir, "", "train: where pstrain-local is; default: beside this binary");
+ABSL_FLAG(std::string, bin_dir, "",
+          "train, checkpoint, recovery: where the pstrain binaries are; default: beside this one");
+ABSL_FLAG(int, checkpoint_pairs, 5, "checkpoint: runs with and without checkpoints");
+ABSL_FLAG(int, recovery_kills, 10, "recovery: kills of a server and of a worker");
+ABSL_FLAG(int, spare_kills, 3, "recovery: kills of servers that a spare replaces");
 
 namespace pstrain::bench {
 namespace {
 
 int Usage() {
-  std::cerr << "usage: pstrain-bench transport|apply|train|all [--tiny] [flags]\n";
+  std::cerr << "usage: pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] "
+               "[flags]\n";
   return 2;
 }
 
 int Main(const std::vector<char*>& args) {
   if (args.size() != 2) return Usage();
   const std::string command = args[1];
-  if (command != "transport" && command != "apply" && command != "train" && command != "all") {
+  if (command != "transport" && command != "apply" && command != "train" &&
+      command != "checkpoint" && command != "recovery" && command != "all") {
     return Usage();
   }
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
@@ -122,6 +128,35 @@ int Main(const std::vector<char*>& args) {
     }
     status |= RunTrainBench(o);
   }
+  const std::string bin_dir =
+      absl::GetFlag(FLAGS_bin_dir).empty() ? cli::ExecutableDir() : absl::GetFlag(FLAGS_bin_dir);
+  if (command == "checkpoint" || command == "all") {
+    CheckpointBenchOptions o;
+    o.pairs = absl::GetFlag(FLAGS_checkpoint_pairs);
+    o.bin_dir = bin_dir;
+    if (tiny) {
+      o.pairs = 1;
+      o.steps = 60;
+      o.every_steps = 20;
+    }
+    status |= RunCheckpointBench(o);
+  }
+  if (command == "recovery" || command == "all") {
+    RecoveryBenchOptions o;
+    o.kills = absl::GetFlag(FLAGS_recovery_kills);
+    o.spare_kills = absl::GetFlag(FLAGS_spare_kills);
+    o.bin_dir = bin_dir;
+    if (tiny) {
+      o.kills = 1;
+      o.spare_kills = 1;
+      o.every_steps = 20;
+    }
+    if (o.kills < 1 || o.spare_kills < 1 || absl::GetFlag(FLAGS_checkpoint_pairs) < 1) {
+      std::cerr << "pstrain-bench: pairs and kills must be positive\n";
+      return 2;
+    }
+    status |= RunRecoveryBench(o);
+  }
   return status;
 }
 
@@ -129,7 +164,8 @@ int Main(const std::vector<char*>& args) {
 }  // namespace pstrain::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("pstrain-bench transport|apply|train|all [--tiny] [flags]");
+  absl::SetProgramUsageMessage(
+      "pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines

@@ -2,10 +2,6 @@
 // this process without any server, and as real local clusters
 // (pstrain-local: coordinator, servers and workers as processes) with
 // 1 worker + 1 server and 2 workers + 2 servers, sync and async.
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench.h"
@@ -34,45 +30,6 @@ std::string JobYaml(const TrainBenchOptions& options, const char* mode, int work
       "mode: %s\nbatch_size: %d\nsteps: %d\nnum_servers: %d\nnum_workers: %d\n"
       "chunk_bytes: %d\nseed: 1\n",
       kFashionDir, mode, options.batch, options.steps, servers, workers, options.chunk_bytes);
-}
-
-// samples/s of the job run by pstrain-local: the "samples_per_second" of its
-// last line.
-absl::StatusOr<double> LocalClusterRate(const TrainBenchOptions& options, const char* mode,
-                                        int workers, int servers) {
-  char dir_template[] = "/tmp/pstrain-bench.XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot make a directory");
-  const std::string dir = dir_template;
-  const std::string job = dir + "/job.yaml";
-  PSTRAIN_RETURN_IF_ERROR(
-      WriteFileAtomically(job, JobYaml(options, mode, workers, servers)));
-  const std::string command =
-      absl::StrCat(options.bin_dir, "/pstrain-local --job ", job, " --run_dir ", dir,
-                   " --progress_interval_s=1000 2>", dir, "/stderr.txt");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("cannot start pstrain-local");
-  std::string last, line;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    line += buffer;
-    if (!line.empty() && line.back() == '\n') {
-      if (line.size() > 1) last = line;
-      line.clear();
-    }
-  }
-  const int status = pclose(pipe);
-  if (status != 0) {
-    return absl::InternalError(
-        absl::StrCat("pstrain-local failed (status ", status, "), logs in ", dir));
-  }
-  const size_t key = last.find("\"samples_per_second\":");
-  if (key == std::string::npos) {
-    return absl::InternalError(
-        absl::StrCat("no samples_per_second in: ", last, " (logs in ", dir, ")"));
-  }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);  // the logs of a run that went well
-  return std::atof(last.c_str() + key + 21);
 }
 
 // samples/s of the same model and batch trained in this process, no server.
@@ -107,12 +64,13 @@ int RunTrainBench(const TrainBenchOptions& options) {
   }
   std::vector<double> rates;
   for (const Setup& s : setups) {
-    absl::StatusOr<double> rate = LocalClusterRate(options, s.mode, s.workers, s.servers);
-    if (!rate.ok()) {
-      LOG(ERROR) << "train " << s.mode << " " << s.workers << "w: " << rate.status();
+    absl::StatusOr<LocalRun> run =
+        RunPstrainLocal(options.bin_dir, JobYaml(options, s.mode, s.workers, s.servers));
+    if (!run.ok()) {
+      LOG(ERROR) << "train " << s.mode << " " << s.workers << "w: " << run.status();
       return 1;
     }
-    rates.push_back(*rate);
+    rates.push_back(run->samples_per_second);
   }
   absl::StatusOr<double> after = InProcessRate(options, *train);
   if (!after.ok()) {

@@ -102,6 +102,11 @@ int Run() {
     return kExitUsage;
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_path);
+  // Checkpoints go to the run directory unless the job file names a
+  // directory: the job is checked as it will run (the run directory itself
+  // is made further down).
+  const bool checkpoints_in_run_dir = spec.ok() && spec->checkpoint().dir().empty();
+  if (checkpoints_in_run_dir) spec->mutable_checkpoint()->set_dir("/run-dir/checkpoints");
   if (spec.ok()) spec = NormalizeJobSpec(*std::move(spec));
   if (!spec.ok()) {
     std::cerr << "pstrain-local: " << job_path << ": " << spec.status().message() << "\n";
@@ -151,16 +156,8 @@ int Run() {
       if (getcwd(cwd, sizeof(cwd)) != nullptr) run_dir = absl::StrCat(cwd, "/", run_dir);
     }
   }
-  // Checkpoints go to the run directory unless the job file says otherwise,
-  // so that a process killed during the run is recovered from them.
-  if (spec->checkpoint().dir().empty()) {
-    spec->mutable_checkpoint()->set_dir(run_dir + "/checkpoints");
-    spec = NormalizeJobSpec(*std::move(spec));
-    if (!spec.ok()) {
-      std::cerr << "pstrain-local: " << job_path << ": " << spec.status().message() << "\n";
-      return kExitUsage;
-    }
-  }
+  // So that a process killed during the run is recovered from them.
+  if (checkpoints_in_run_dir) spec->mutable_checkpoint()->set_dir(run_dir + "/checkpoints");
   LocalCluster::Options options;
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? ExecutableDir()
                                                          : absl::GetFlag(FLAGS_bin_dir);

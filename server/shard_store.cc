@@ -7,6 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
@@ -30,6 +31,7 @@ struct Waiting {
 struct Gathering {
   ServerCheckpoint checkpoint;
   std::map<uint32_t, ChunkCheckpoint> chunks;
+  double copy_seconds = 0;  // the copies' time, which the step waited for
 };
 
 }  // namespace
@@ -508,10 +510,10 @@ void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
   copy.version = chunk.version;
   copy.values = *chunk.values;
   copy.state = chunk.optimizer_state;
-  if (chunk.metrics != nullptr) {
-    chunk.metrics->checkpoint_copy->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  }
+  const double copy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
   std::optional<ServerCheckpoint> complete;
+  double copies = 0;
   {
     absl::MutexLock lock(&job->checkpoint_mu);
     auto it = job->gathering.find(step);
@@ -533,7 +535,9 @@ void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
       c.total_floats = job->total_floats;
     }
     it->second.chunks.emplace(chunk.id, std::move(copy));
+    it->second.copy_seconds += copy_seconds;
     if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
+    copies = it->second.copy_seconds;
     complete = std::move(it->second.checkpoint);
     for (auto& [id, c] : it->second.chunks) complete->chunks.push_back(std::move(c));
     job->gathering.erase(it);
@@ -545,12 +549,17 @@ void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
     return r;
   }();
   writer_->Enqueue(job->checkpoint_dir, *std::move(complete),
-                   [this, job, record](const absl::StatusOr<int64_t>& bytes, double seconds) {
+                   [this, job, record, copies](const absl::StatusOr<int64_t>& bytes,
+                                               double seconds) {
                      if (!bytes.ok()) {
                        LOG(ERROR) << "job " << job->id << ": checkpoint of step "
                                   << record.step() << " not written: " << bytes.status();
                        return;
                      }
+                     LOG(INFO) << absl::StrFormat(
+                         "job %s: checkpoint of step %d written: %d bytes in %.2f ms; the "
+                         "copies took %.3f ms",
+                         job->id, record.step(), *bytes, seconds * 1e3, copies * 1e3);
                      if (const ServerMetrics::Job& m = job->metrics; m.checkpoint != nullptr) {
                        m.checkpoint->Observe(seconds);
                        m.checkpoint_bytes->Increment(static_cast<double>(*bytes));
