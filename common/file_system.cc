@@ -275,6 +275,16 @@ absl::StatusOr<FaultInjectingFileSystem::Rule> FaultInjectingFileSystem::ParseRu
   return rule;
 }
 
+absl::StatusOr<std::unique_ptr<FaultInjectingFileSystem>> FaultInjectingFileSystem::FromSpec(
+    absl::string_view spec) {
+  if (spec.empty()) return nullptr;
+  PSTRAIN_ASSIGN_OR_RETURN(Rule rule, ParseRule(spec));
+  auto fs = std::make_unique<FaultInjectingFileSystem>(PosixFileSystem());
+  fs->SetRule(std::move(rule));
+  LOG(WARNING) << "injecting file system faults (testing only): " << spec;
+  return fs;
+}
+
 void FaultInjectingFileSystem::SetRule(Rule rule) {
   absl::MutexLock lock(&mu_);
   rule_ = std::move(rule);

@@ -131,6 +131,10 @@ class FaultInjectingFileSystem final : public FileSystemWrapper {
   // "no_space:PATTERN[:ROOM]", "io_error:PATTERN" or
   // "crash:PATTERN:BYTES" (for --fs_fault_injection of the daemons).
   static absl::StatusOr<Rule> ParseRule(absl::string_view spec);
+  // The machine's file system with the rule `spec` (a daemon's
+  // --fs_fault_injection); null for an empty spec.
+  static absl::StatusOr<std::unique_ptr<FaultInjectingFileSystem>> FromSpec(
+      absl::string_view spec);
 
   // Replaces the rule (kNone: no faults).
   void SetRule(Rule rule);

@@ -1,11 +1,10 @@
 #include "common/model_file.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_format.h"
 #include "common/files.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -15,28 +14,6 @@ namespace {
 
 constexpr char kMagic[4] = {'P', 'S', 'T', 'M'};
 constexpr uint32_t kVersion = 1;
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint32_t GetU32(absl::string_view s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
-  return v;
-}
-
-uint32_t Crc32(const void* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {  // crc32 takes a uInt length
-    const uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, p, piece);
-    p += piece;
-    n -= piece;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("model file: ", what));

@@ -1,7 +1,5 @@
 #include "server/checkpoint.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/file_format.h"
 #include "common/status.h"
 #include "glog/logging.h"
 
@@ -23,23 +22,6 @@ constexpr char kSuffix[] = ".ckpt";
 constexpr char kTempSuffix[] = ".ckpt.tmp";
 // The largest header accepted: far above any real plan's.
 constexpr uint32_t kMaxHeaderBytes = 256 << 20;
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint32_t GetU32(const std::string& s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
-  }
-  return v;
-}
-
-uint32_t Crc(uint32_t crc, const void* data, size_t n) {
-  return static_cast<uint32_t>(
-      crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
-}
 
 // step and generation of "step-SSSSSSSSSSSS.gG.ckpt".
 bool ParseName(absl::string_view name, v1::CheckpointRecord* record) {
@@ -96,13 +78,13 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
   head += header_bytes;
 
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->OpenForAppend(tmp, true));
-  uint32_t crc = Crc(0, head.data(), head.size());
+  uint32_t crc = Crc32(head.data(), head.size());
   absl::Status s = file->Append(head);
   for (const ChunkCheckpoint& chunk : c.chunks) {
     for (const std::vector<float>* floats : {&chunk.values, &chunk.state}) {
       if (!s.ok()) break;
       const size_t bytes = floats->size() * sizeof(float);
-      crc = Crc(crc, floats->data(), bytes);
+      crc = Crc32(floats->data(), bytes, crc);
       s = file->Append(absl::string_view(reinterpret_cast<const char*>(floats->data()), bytes));
     }
   }
@@ -136,7 +118,7 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
     return damaged(bytes.size() < 16 ? "too short" : "not a checkpoint file (bad magic)");
   }
   const uint32_t stored = GetU32(bytes, bytes.size() - 4);
-  const uint32_t computed = Crc(0, bytes.data(), bytes.size() - 4);
+  const uint32_t computed = Crc32(bytes.data(), bytes.size() - 4);
   if (stored != computed) {
     return damaged(absl::StrFormat("CRC-32 mismatch (stored %08x, computed %08x over %d bytes)",
                                    stored, computed, bytes.size() - 4));

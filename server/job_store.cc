@@ -1,29 +1,11 @@
 #include "server/job_store.h"
 
-#include <zlib.h>
-
 #include "absl/strings/str_cat.h"
+#include "common/file_format.h"
 #include "glog/logging.h"
 
 namespace pstrain::server {
 namespace {
-
-void PutU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint32_t GetU32(const std::string& s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
-  }
-  return v;
-}
-
-uint32_t Crc(const char* data, size_t n) {
-  return static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n)));
-}
 
 // The record at `at`, if a whole good one starts there: its length (the
 // body's) and the job in it.
@@ -32,7 +14,7 @@ bool ReadRecord(const std::string& bytes, size_t at, uint32_t* len, v1::Job* job
   if (left < 8) return false;
   *len = GetU32(bytes, at);
   if (*len == 0 || *len > JobStore::kMaxRecordBytes || left - 8 < *len) return false;
-  if (Crc(bytes.data() + at + 8, *len) != GetU32(bytes, at + 4)) return false;
+  if (Crc32(bytes.data() + at + 8, *len) != GetU32(bytes, at + 4)) return false;
   return job->ParseFromArray(bytes.data() + at + 8, static_cast<int>(*len)) && !job->id().empty();
 }
 
@@ -49,7 +31,7 @@ size_t NextGoodRecord(const std::string& bytes, size_t at) {
 std::string Record(const std::string& body) {
   std::string out;
   PutU32(out, static_cast<uint32_t>(body.size()));
-  PutU32(out, Crc(body.data(), body.size()));
+  PutU32(out, Crc32(body.data(), body.size()));
   return out + body;
 }
 

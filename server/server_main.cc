@@ -63,20 +63,13 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-server: --max_memory_bytes must be >= 0\n";
     return 2;
   }
-  std::unique_ptr<pstrain::FaultInjectingFileSystem> faulty_fs;
-  if (!absl::GetFlag(FLAGS_fs_fault_injection).empty()) {
-    absl::StatusOr<pstrain::FaultInjectingFileSystem::Rule> rule =
-        pstrain::FaultInjectingFileSystem::ParseRule(absl::GetFlag(FLAGS_fs_fault_injection));
-    if (!rule.ok()) {
-      std::cerr << "pstrain-server: --fs_fault_injection: " << rule.status().message() << "\n";
-      return 2;
-    }
-    faulty_fs = std::make_unique<pstrain::FaultInjectingFileSystem>(pstrain::PosixFileSystem());
-    faulty_fs->SetRule(*rule);
-    options.store.fs = faulty_fs.get();
-    LOG(WARNING) << "injecting file system faults (testing only): "
-                 << absl::GetFlag(FLAGS_fs_fault_injection);
+  absl::StatusOr<std::unique_ptr<pstrain::FaultInjectingFileSystem>> faulty_fs =
+      pstrain::FaultInjectingFileSystem::FromSpec(absl::GetFlag(FLAGS_fs_fault_injection));
+  if (!faulty_fs.ok()) {
+    std::cerr << "pstrain-server: --fs_fault_injection: " << faulty_fs.status().message() << "\n";
+    return 2;
   }
+  if (*faulty_fs != nullptr) options.store.fs = faulty_fs->get();
   pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
     std::cerr << "--metrics_job_grace_s must be >= 0\n";

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   const int w = static_cast<int>(a.worker_index());
   t->batch_ = global / workers + (w < global % workers ? 1 : 0);
   t->batch_offset_ = w * (global / workers) + std::min(w, global % workers);
+  t->requested_checkpoint_ = a.checkpoint_request_step();
   if (a.resume_step() < 0 || a.resume_step() > TotalSteps(t->spec_)) {
     return absl::InvalidArgumentError("resume_step outside the job's steps");
   }

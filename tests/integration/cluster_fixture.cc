@@ -1,5 +1,9 @@
 #include "tests/integration/cluster_fixture.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_file.h"
 #include "common/rpc.h"
 
 namespace pstrain::testing {
@@ -111,6 +115,27 @@ ProcessResult ClusterFixture::Psctl(const std::vector<std::string>& args) {
                                    "--coordinator=" + cluster_->coordinator_address()};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv);
+}
+
+std::vector<float> ClusterFixture::FinalParams(const std::string& id, v1::Job* ended,
+                                               absl::Duration patience) {
+  const v1::Job job = WaitForEnd(id, patience);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  if (ended != nullptr) *ended = job;
+  const std::string file = absl::StrCat(dir_.path(), "/", id, ".pstm");
+  ProcessResult exported = Psctl({"export", id, file});
+  EXPECT_EQ(exported.exit_code(), 0) << exported.err;
+  absl::StatusOr<ModelFile> model = ReadModelFile(file);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? model->params : std::vector<float>{};
+}
+
+void ClusterFixture::ExpectBitwiseEqual(const std::vector<float>& actual,
+                                        const std::vector<float>& clean) {
+  ASSERT_EQ(actual.size(), clean.size());
+  ASSERT_FALSE(clean.empty());
+  EXPECT_EQ(0, std::memcmp(actual.data(), clean.data(), clean.size() * sizeof(float)))
+      << "the final parameters differ from the run without the fault";
 }
 
 }  // namespace pstrain::testing

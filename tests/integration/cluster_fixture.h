@@ -34,6 +34,14 @@ class ClusterFixture : public ::testing::Test {
   // Runs psctl against this cluster's coordinator.
   ProcessResult Psctl(const std::vector<std::string>& args);
 
+  // Waits for the job to succeed (a test failure if it does not) and
+  // returns its final parameters, from its exported model file.
+  std::vector<float> FinalParams(const std::string& id, v1::Job* ended = nullptr,
+                                 absl::Duration patience = absl::Minutes(5));
+  // Both parameter sets are there and bitwise equal.
+  static void ExpectBitwiseEqual(const std::vector<float>& actual,
+                                 const std::vector<float>& clean);
+
   TempDir dir_;
   std::unique_ptr<cli::LocalCluster> cluster_;
   std::unique_ptr<v1::Control::Stub> control_;

@@ -18,7 +18,6 @@
 #include "common/files.h"
 #include "common/job_spec.h"
 #include "common/process.h"
-#include "common/model_file.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 #include "tests/cluster_util.h"
@@ -62,29 +61,8 @@ class RecoveryTest : public ClusterFixture {
     return step;
   }
 
-  // Runs the job to its end and returns its final parameters (from its
-  // exported model file).
-  std::vector<float> RunToEnd(const std::string& id, v1::Job* ended = nullptr) {
-    const v1::Job job = WaitForEnd(id, absl::Minutes(5));
-    EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-    if (ended != nullptr) *ended = job;
-    const std::string file = absl::StrCat(dir_.path(), "/", id, ".pstm");
-    ProcessResult exported = Psctl({"export", id, file});
-    EXPECT_EQ(exported.exit_code(), 0) << exported.err;
-    absl::StatusOr<ModelFile> model = ReadModelFile(file);
-    EXPECT_TRUE(model.ok()) << model.status();
-    return model.ok() ? model->params : std::vector<float>{};
-  }
-
   v1::Job WaitForStep(const std::string& id, int64_t step) {
     return WaitFor(id, [step](const v1::Job& job) { return job.progress().step() >= step; });
-  }
-
-  static void ExpectBitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_FALSE(a.empty());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-        << "the final parameters differ from the run without the fault";
   }
 
   std::string Log(const std::string& child) {
@@ -116,12 +94,12 @@ class ServerRestartTest : public RecoveryTest,
 TEST_P(ServerRestartTest, AKilledServerRestartedUnderItsIdChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   const v1::JobSpec spec = Job(GetParam().type, GetParam().momentum);
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   ASSERT_TRUE(cluster_->Kill(running.server_nodes(1), SIGKILL));
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
   EXPECT_TRUE(HistorySays(ended, "was restarted")) << ended.DebugString();
 }
@@ -138,13 +116,13 @@ TEST_F(RecoveryTest, ASpareServerTakesThePlaceOfALostOne) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(3, 2));
   v1::JobSpec spec = Job();
   spec.mutable_recovery()->set_replace_after_seconds(1);
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   const std::string lost = running.server_nodes(1);
   ASSERT_TRUE(cluster_->Kill(lost, SIGKILL, /*restart=*/false));
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_NE(ended.server_nodes(1), lost);
   EXPECT_TRUE(HistorySays(ended, "takes its place")) << ended.DebugString();
 }
@@ -154,12 +132,12 @@ TEST_F(RecoveryTest, ALossBeforeTheFirstCheckpointStartsOverFromStepZero) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   v1::JobSpec spec = Job();
   spec.mutable_checkpoint()->set_every_steps(100000);
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   ASSERT_TRUE(cluster_->Kill(running.server_nodes(0), SIGKILL));
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   ASSERT_GE(ended.history_size(), 2);
   EXPECT_EQ(ended.history(1).step(), 0);
 }
@@ -175,7 +153,7 @@ class DamagedCheckpointTest : public RecoveryTest,
 TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   const v1::JobSpec spec = Job();
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitFor(id, [](const v1::Job& job) { return job.checkpoints_size() >= 2; });
   const std::string server = running.server_nodes(1);
@@ -198,7 +176,7 @@ TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
   }
   ASSERT_TRUE(cluster_->RestartChild(server, {}).ok());
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_TRUE(HistorySays(ended, "could not load")) << ended.DebugString();
   EXPECT_TRUE(absl::StrContains(Log(server), "is damaged")) << Log(server);
 }
@@ -221,7 +199,7 @@ TEST_F(RecoveryTest, AServerThatDiesWhileWritingACheckpointLosesNothing) {
   for (const v1::ChunkInfo& c : plan.chunks()) floats += c.server() == 1 ? c.size() : 0;
   const int64_t file_bytes = floats * 3 * 4;
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   // The crash comes in the second checkpoint of the next job (the first
   // job's files do not count: the switch counts from the start).
   ASSERT_TRUE(cluster_->Kill("server-1", SIGKILL, /*restart=*/false));
@@ -236,7 +214,7 @@ TEST_F(RecoveryTest, AServerThatDiesWhileWritingACheckpointLosesNothing) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 134) << DescribeWaitStatus(*status);
   ASSERT_TRUE(cluster_->RestartChild("server-1", {}).ok());
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
   EXPECT_TRUE(absl::StrContains(Log("server-1"), "a partial checkpoint")) << Log("server-1");
 }
@@ -246,12 +224,12 @@ TEST_F(RecoveryTest, AServerThatDiesWhileWritingACheckpointLosesNothing) {
 TEST_F(RecoveryTest, AKilledWorkerRestartedUnderItsIdChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   const v1::JobSpec spec = Job();
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   ASSERT_TRUE(cluster_->Kill(running.worker_nodes(1), SIGKILL));
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
 }
 
@@ -296,14 +274,14 @@ TEST_F(RecoveryTest, AnElasticJobGoesOnWithoutALostWorker) {
 TEST_F(RecoveryTest, TheCoordinatorKilledDuringARecoveryFinishesIt) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   const v1::JobSpec spec = Job();
-  const std::vector<float> clean = RunToEnd(Submit(spec));
+  const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   ASSERT_TRUE(cluster_->Kill(running.server_nodes(1), SIGKILL));
   WaitFor(id, [](const v1::Job& job) { return job.generation() >= 2; });
   ASSERT_TRUE(cluster_->RestartCoordinator().ok());
   v1::Job ended;
-  ExpectBitwiseEqual(RunToEnd(id, &ended), clean);
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
 }
 
