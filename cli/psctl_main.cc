@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,9 +20,11 @@
 #include "absl/strings/str_split.h"
 #include "cli/job_output.h"
 #include "common/files.h"
+#include "common/http_client.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "pstrain/v1/control.grpc.pb.h"
 
 namespace pstrain::cli {
@@ -46,11 +50,21 @@ verbs:
   export ID FILE       write a succeeded job's model file
   checkpoint ID        checkpoint a running job now; waits until every node
                        has written its part (at most --timeout)
+  health TARGET [--service NAME]
+                       probe one process (for HEALTHCHECK and exec probes):
+                       HOST:PORT asks the gRPC health service of a
+                       coordinator or server (NAME: one service, default the
+                       server as a whole) and prints SERVING or NOT_SERVING;
+                       http://HOST:PORT/PATH gets /healthz, /readyz or
+                       /metrics of any process and prints the body. Exit 0
+                       if healthy (SERVING, HTTP 2xx), 1 if not
+
+--check_flags checks the command line and exits 0 without contacting anything.
 
 The coordinator is --coordinator, else $PSTRAIN_COORDINATOR, else 127.0.0.1:50050.
-Exit status: 0 success; 1 the watched job failed or was cancelled; 2 usage or
-invalid input (bad job file, unknown job); 3 coordinator unreachable or other
-errors.
+Exit status: 0 success; 1 the watched job failed or was cancelled, or the
+probed process is not healthy; 2 usage or invalid input (bad job file,
+unknown job); 3 coordinator (or probed process) unreachable or other errors.
 )";
 
 struct Command {
@@ -61,6 +75,8 @@ struct Command {
   absl::Duration timeout = absl::Seconds(10);
   std::vector<v1::JobState> states;  // list
   int limit = 50;                    // list
+  std::string service;               // health
+  bool check_flags = false;
 };
 
 // A usage error: message on stderr, exit 2.
@@ -74,7 +90,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   const char* env = std::getenv("PSTRAIN_COORDINATOR");
   cmd->coordinator = env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
   std::vector<std::string> positional;
-  bool saw_state = false, saw_limit = false;
+  bool saw_state = false, saw_limit = false, saw_service = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help" || (arg == "help" && positional.empty())) {
@@ -89,6 +105,10 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
       positional.push_back(arg);
       continue;
     }
+    if (arg == "--check_flags") {
+      cmd->check_flags = true;
+      continue;
+    }
     std::string name = arg.substr(arg[1] == '-' ? 2 : 1);
     std::string value;
     const size_t eq = name.find('=');
@@ -97,8 +117,8 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    static const std::set<std::string> kValueFlags = {"coordinator", "o", "output", "timeout",
-                                                      "state", "limit"};
+    static const std::set<std::string> kValueFlags = {"coordinator", "o",     "output", "timeout",
+                                                      "state",       "limit", "service"};
     if (!kValueFlags.contains(name)) return Usage(absl::StrCat("unknown flag ", arg));
     if (!inline_value) {
       // A value that looks like a flag is taken only as --flag=value.
@@ -130,6 +150,9 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
         }
         cmd->states.push_back(state);
       }
+    } else if (name == "service") {
+      saw_service = true;
+      cmd->service = value;
     } else if (name == "limit") {
       saw_limit = true;
       if (!absl::SimpleAtoi(value, &cmd->limit) || cmd->limit < 1) {
@@ -142,7 +165,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   cmd->args.assign(positional.begin() + 1, positional.end());
   static const std::map<std::string, size_t> kArity = {
       {"submit", 1}, {"get", 1}, {"list", 0}, {"watch", 1},
-      {"cancel", 1}, {"nodes", 0}, {"export", 2}, {"checkpoint", 1}};
+      {"cancel", 1}, {"nodes", 0}, {"export", 2}, {"checkpoint", 1}, {"health", 1}};
   auto it = kArity.find(cmd->verb);
   if (it == kArity.end()) return Usage(absl::StrCat("unknown verb '", cmd->verb, "'"));
   if (cmd->args.size() != it->second) {
@@ -151,6 +174,11 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   }
   if ((saw_state || saw_limit) && cmd->verb != "list") {
     return Usage("--state and --limit go with list");
+  }
+  if (saw_service && cmd->verb != "health") return Usage("--service goes with health");
+  if (cmd->check_flags) {
+    std::cout << "flags ok\n";
+    return kExitOk;
   }
   return std::nullopt;
 }
@@ -228,6 +256,7 @@ class Psctl {
     if (cmd_.verb == "cancel") return Cancel(cmd_.args[0]);
     if (cmd_.verb == "nodes") return Nodes();
     if (cmd_.verb == "checkpoint") return Checkpoint(cmd_.args[0]);
+    if (cmd_.verb == "health") return Health(cmd_.args[0]);
     return Export(cmd_.args[0], cmd_.args[1]);
   }
 
@@ -498,6 +527,48 @@ class Psctl {
       std::cout << absl::StrFormat("wrote %s: %d bytes (%s)\n", path, bytes.size(), id);
     }
     return kExitOk;
+  }
+
+  int Health(const std::string& target) {
+    bool healthy = false;
+    std::string answer;
+    if (absl::StartsWith(target, "http://")) {
+      const std::string rest = target.substr(strlen("http://"));
+      const size_t slash = rest.find('/');
+      const std::string host_port = rest.substr(0, slash);
+      const std::string path = slash == std::string::npos ? "/" : rest.substr(slash);
+      absl::StatusOr<HttpResponse> response = HttpGet(host_port, path, cmd_.timeout);
+      if (!response.ok()) {
+        std::cerr << "psctl: " << response.status().message() << "\n";
+        return response.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                                              : kExitUnavailable;
+      }
+      healthy = response->status >= 200 && response->status < 300;
+      answer = response->body;
+      if (!healthy) std::cerr << "psctl: " << target << ": HTTP " << response->status << "\n";
+    } else {
+      auto health = grpc::health::v1::Health::NewStub(MakeChannel(target));
+      grpc::health::v1::HealthCheckRequest request;
+      request.set_service(cmd_.service);
+      grpc::health::v1::HealthCheckResponse response;
+      grpc::ClientContext context;
+      Deadline(context);
+      if (grpc::Status s = health->Check(&context, request, &response); !s.ok()) {
+        std::cerr << "psctl: " << target << ": " << s.error_message() << "\n";
+        return s.error_code() == grpc::StatusCode::NOT_FOUND ? kExitJobFailed : kExitUnavailable;
+      }
+      healthy = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+      answer = absl::StrCat(
+          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()), "\n");
+    }
+    if (cmd_.json) {
+      std::cout << absl::StrFormat("{\"target\":%s,\"healthy\":%s,\"answer\":%s}\n",
+                                   JsonQuote(target), healthy ? "true" : "false",
+                                   JsonQuote(answer));
+    } else {
+      std::cout << answer;
+    }
+    return healthy ? kExitOk : kExitJobFailed;
   }
 
   const Command& cmd_;

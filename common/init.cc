@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,16 @@
 #include "common/metrics.h"
 #include "glog/logging.h"
 
+ABSL_FLAG(bool, check_flags, false,
+          "check the command line, print 'flags ok' and exit 0 without starting anything");
+
 namespace pstrain {
+
+void ExitIfOnlyCheckingFlags() {
+  if (!absl::GetFlag(FLAGS_check_flags)) return;
+  std::cout << "flags ok" << std::endl;
+  std::exit(0);
+}
 
 void InitMain(int argc, char** argv, absl::string_view usage) {
   absl::SetProgramUsageMessage(usage);

@@ -13,6 +13,12 @@ namespace pstrain {
 // output to stderr, and sets the usage line shown by --help.
 void InitMain(int argc, char** argv, absl::string_view usage);
 
+// Call once a daemon has checked its flags and before it starts anything:
+// with --check_flags it prints "flags ok" and exits 0, so that a manifest's
+// command line can be tried against the real binary's flag parser (an
+// unknown or bad flag has already exited 1 or 2).
+void ExitIfOnlyCheckingFlags();
+
 // Writes "host:port\n" to `path` atomically if path is not empty; exits 1
 // with a message if it cannot.
 void PublishAddress(const std::string& path, const std::string& address);

@@ -162,13 +162,12 @@ absl::Status MembershipClient::Heartbeat() {
 
 void MembershipClient::Loop() {
   absl::Time last_contact = absl::Now();
-  bool registered = false;
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    absl::Status status = registered ? Heartbeat() : Register();
+    absl::Status status = registered_ ? Heartbeat() : Register();
     if (status.ok()) {
-      if (!registered) {
-        registered = true;
+      if (!registered_) {
+        registered_ = true;
         status = Heartbeat();  // the first assignments without waiting an interval
       }
     }
@@ -179,9 +178,10 @@ void MembershipClient::Loop() {
     } else {
       if (status.code() == absl::StatusCode::kNotFound) {
         LOG(WARNING) << "coordinator does not know this node; registering again";
-        registered = false;
+        registered_ = false;
       } else if (status.code() == absl::StatusCode::kFailedPrecondition) {
         LOG(ERROR) << "fenced: " << status.message();
+        registered_ = false;
         CloseSession();
         if (callbacks_.on_fenced) callbacks_.on_fenced(status);
         return;
@@ -192,6 +192,7 @@ void MembershipClient::Loop() {
           absl::Now() - last_contact > options_.coordinator_loss_timeout) {
         LOG(ERROR) << "no answer from the coordinator for "
                    << absl::FormatDuration(options_.coordinator_loss_timeout);
+        registered_ = false;
         CloseSession();
         if (callbacks_.on_coordinator_lost) callbacks_.on_coordinator_lost();
         return;
@@ -213,6 +214,7 @@ void MembershipClient::Loop() {
       stop = stopping_;
     }
     if (stop) {
+      registered_ = false;
       CloseSession();
       return;
     }

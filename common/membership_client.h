@@ -3,6 +3,7 @@
 #ifndef PSTRAIN_COMMON_MEMBERSHIP_CLIENT_H_
 #define PSTRAIN_COMMON_MEMBERSHIP_CLIENT_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,6 +77,9 @@ class MembershipClient {
   // The node's id: given or chosen at construction, confirmed by the
   // coordinator.
   std::string node_id() const;
+  // Whether the coordinator has this node registered: from its first
+  // answer to Register until it forgets the node, fences it or Stop().
+  bool registered() const { return registered_; }
   // This process's incarnation: random, never 0.
   uint64_t incarnation() const { return incarnation_; }
 
@@ -107,6 +111,7 @@ class MembershipClient {
   // The session stream (the loop's thread opens and destroys it).
   std::unique_ptr<SessionReader> session_;
   bool session_ended_ ABSL_GUARDED_BY(mu_) = true;
+  std::atomic<bool> registered_{false};
   std::thread thread_;
 };
 

@@ -337,6 +337,16 @@ std::string MetricsServer::Scrape() const {
   return prometheus::TextSerializer().Serialize(families);
 }
 
+void MetricsServer::SetReadiness(std::function<absl::Status()> readiness) {
+  absl::MutexLock lock(&readiness_mu_);
+  readiness_ = std::move(readiness);
+}
+
+absl::Status MetricsServer::Readiness() const {
+  absl::MutexLock lock(&readiness_mu_);
+  return readiness_ ? readiness_() : absl::UnavailableError("starting");
+}
+
 void MetricsServer::Serve() {
   while (!stopping_) {
     pollfd p = {listen_fd_, POLLIN, 0};
@@ -393,10 +403,21 @@ void MetricsServer::HandleConnection(int fd) {
     body = "only GET\n";
   } else if (path == "/metrics") {
     body = Scrape();
+  } else if (path == "/healthz") {
+    type = "text/plain; charset=utf-8";
+    body = "ok\n";
+  } else if (path == "/readyz") {
+    type = "text/plain; charset=utf-8";
+    if (absl::Status ready = Readiness(); ready.ok()) {
+      body = "ready\n";
+    } else {
+      status = "503 Service Unavailable";
+      body = absl::StrCat(ready.message(), "\n");
+    }
   } else {
     status = "404 Not Found";
     type = "text/plain; charset=utf-8";
-    body = "see /metrics\n";
+    body = "see /metrics, /healthz, /readyz\n";
   }
   std::string response = absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
                                       "\r\nContent-Length: ", body.size(),

@@ -69,7 +69,10 @@ class RpcMetrics {
 };
 
 // The metrics endpoint of a process: a registry, served on /metrics in the
-// Prometheus text format, with the process and RPC metrics already in it.
+// Prometheus text format, with the process and RPC metrics already in it,
+// and the process's health for probes: /healthz answers 200 while the
+// process lives (this server's thread answers), /readyz 200 once the
+// process is ready (SetReadiness) and 503 with the reason before.
 //
 // The HTTP side is a small server of our own rather than prometheus-cpp's
 // civetweb-based Exposer: Debian's civetweb gives its threads fixed 100 KB
@@ -85,6 +88,11 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Create(const std::string& bind_address);
   // The exposition text, as served on /metrics.
   std::string Scrape() const;
+  // What /readyz reports: OK, or why the process is not ready (the 503's
+  // body). Until it is set, the process is starting: not ready. Clear it
+  // (nullptr: not ready) before what it refers to is destroyed.
+  void SetReadiness(std::function<absl::Status()> readiness);
+  absl::Status Readiness() const;
   // A registry with the process and RPC metrics, not served (tests).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> CreateUnserved();
   ~MetricsServer();
@@ -104,6 +112,8 @@ class MetricsServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<RpcMetrics> rpc_;
   std::string address_;
+  mutable absl::Mutex readiness_mu_;
+  std::function<absl::Status()> readiness_ ABSL_GUARDED_BY(readiness_mu_);
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

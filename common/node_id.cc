@@ -4,7 +4,9 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace pstrain {
 
@@ -31,6 +33,17 @@ absl::StatusOr<std::string> NodeIdFromFlagOrEnvironment(const std::string& flag)
         "' is not a node id (1-63 of a-z, 0-9, '-' and '.', starting and ending alphanumeric)"));
   }
   return id;
+}
+
+absl::StatusOr<std::string> ExpandNodeId(const std::string& flag, const std::string& text,
+                                         const std::string& node_id) {
+  constexpr absl::string_view kPlaceholder = "{node_id}";
+  if (!absl::StrContains(text, kPlaceholder)) return text;
+  if (node_id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " '", text, "' has {node_id} but the node has no id (--node_id, $PSTRAIN_NODE_ID)"));
+  }
+  return absl::StrReplaceAll(text, {{kPlaceholder, node_id}});
 }
 
 }  // namespace pstrain

@@ -18,6 +18,12 @@ bool IsValidNodeId(const std::string& id);
 // for an id that IsValidNodeId refuses.
 absl::StatusOr<std::string> NodeIdFromFlagOrEnvironment(const std::string& flag);
 
+// `text` (the value of the flag named `flag`) with each "{node_id}" replaced
+// by `node_id`, so that one manifest serves every pod of a StatefulSet.
+// INVALID_ARGUMENT naming the flag if it has one and the node has no id.
+absl::StatusOr<std::string> ExpandNodeId(const std::string& flag, const std::string& text,
+                                         const std::string& node_id);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_NODE_ID_H_

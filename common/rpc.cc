@@ -1,11 +1,13 @@
 #include "common/rpc.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
+#include "grpcpp/health_check_service_interface.h"
 
 namespace pstrain {
 
@@ -43,6 +45,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics) {
+  // A process-wide switch that servers built afterwards read.
+  static std::once_flag health;
+  std::call_once(health, [] { grpc::EnableDefaultHealthCheckService(true); });
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   if (metrics != nullptr) builder.experimental().SetInterceptorCreators(metrics->ServerInterceptors());

@@ -30,8 +30,10 @@ class RpcMetrics;
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index = 0,
                                            RpcMetrics* metrics = nullptr);
 
-// Applies pstrain's limits to a server under construction, and measures its
-// calls with `metrics` if set.
+// Applies pstrain's limits to a server under construction, measures its
+// calls with `metrics` if set, and has it serve the standard health service
+// (grpc.health.v1.Health, all services SERVING until the server's owner
+// says otherwise through grpc::Server::GetHealthCheckService()).
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics = nullptr);
 
 // What peers dial to reach a server that listens on `listen` and was bound

@@ -21,6 +21,7 @@
 #include "common/rpc.h"
 #include "common/status.h"
 #include "glog/logging.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
 #include "server/job_progress.h"
@@ -275,7 +276,12 @@ class CoordinatorImpl final : public Coordinator,
         }
       }
     }
-    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    if (server_ != nullptr) {
+      if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+        health->Shutdown();  // NOT_SERVING from now on
+      }
+      server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    }
     WakeControlLoop();
     if (control_thread_.joinable()) control_thread_.join();
   }

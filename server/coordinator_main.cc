@@ -49,11 +49,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*faulty_fs != nullptr) options.fs = faulty_fs->get();
-  pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
     std::cerr << "--metrics_job_grace_s must be >= 0\n";
     return 2;
   }
+  pstrain::ExitIfOnlyCheckingFlags();
+  pstrain::StopOnSignal signals;
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
   absl::StatusOr<std::unique_ptr<pstrain::server::CoordinatorMetrics>> coordinator_metrics =
@@ -74,8 +75,11 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "coordinator listening on " << (*coordinator)->address();
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*coordinator)->address());
+  // Ready once its state is read back and it serves.
+  metrics->SetReadiness([] { return absl::OkStatus(); });
   signals.Wait();
   LOG(INFO) << "shutting down";
+  metrics->SetReadiness([] { return absl::UnavailableError("shutting down"); });
   (*coordinator)->Shutdown(absl::Seconds(2));
   return 0;
 }

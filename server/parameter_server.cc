@@ -9,6 +9,8 @@
 #include "common/rpc.h"
 #include "common/status.h"
 #include "glog/logging.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "pstrain/v1/parameters.grpc.pb.h"
 #include "server/parameter_service.h"
 
 namespace pstrain::server {
@@ -38,6 +40,8 @@ class ParameterServerImpl final : public ParameterServer {
         address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
     LOG(INFO) << "parameter server listening on " << address_;
     if (!options_.coordinator_address.empty()) {
+      // Not serving until registered: the coordinator would not send work.
+      SetHealth(false);
       MembershipClient::Options m;
       m.coordinator_address = options_.coordinator_address;
       m.role = v1::NODE_ROLE_SERVER;
@@ -54,7 +58,10 @@ class ParameterServerImpl final : public ParameterServer {
         for (const auto& [id, failed] : load_errors_) held.push_back(failed);
         return held;
       };
-      callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
+      callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) {
+        if (!serving_.exchange(true)) SetHealth(true);
+        Reconcile(r);
+      };
       callbacks.on_coordinator_lost = [this] { RequestStop(); };
       callbacks.on_fenced = [this](const absl::Status&) {
         fenced_ = true;
@@ -62,6 +69,9 @@ class ParameterServerImpl final : public ParameterServer {
       };
       membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
       membership_->Start();
+    } else {
+      serving_ = true;
+      SetHealth(true);
     }
     return absl::OkStatus();
   }
@@ -79,9 +89,22 @@ class ParameterServerImpl final : public ParameterServer {
   }
   bool fenced() const override { return fenced_; }
 
+  absl::Status Readiness() const override {
+    if (shut_down_) return absl::UnavailableError("shutting down");
+    if (fenced_) return absl::UnavailableError("fenced: another process holds the node's id");
+    if (!serving_ || (membership_ != nullptr && !membership_->registered())) {
+      return absl::UnavailableError(absl::StrCat("not registered with the coordinator at ",
+                                                 options_.coordinator_address, " yet"));
+    }
+    return absl::OkStatus();
+  }
+
   void Shutdown(absl::Duration grace) override {
     if (shut_down_.exchange(true)) return;
     RequestStop();
+    if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+      server_->GetHealthCheckService()->Shutdown();  // NOT_SERVING from now on
+    }
     if (membership_ != nullptr) membership_->Stop();
     store_.Shutdown();
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
@@ -89,6 +112,15 @@ class ParameterServerImpl final : public ParameterServer {
   }
 
  private:
+  // The server as a whole ("") and its one service, which the health
+  // service does not see by itself (it is served as a generic service).
+  void SetHealth(bool serving) {
+    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus("", serving);
+      health->SetServingStatus(v1::Parameters::service_full_name(), serving);
+    }
+  }
+
   // Holds exactly the jobs the coordinator lists, each at the generation it
   // lists. Releases first, so that memory just freed can hold a new job.
   void Reconcile(const v1::HeartbeatResponse& response) {
@@ -167,6 +199,7 @@ class ParameterServerImpl final : public ParameterServer {
   bool stop_requested_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> fenced_{false};
+  std::atomic<bool> serving_{false};  // the health service says SERVING
   // Jobs that could not be loaded at the generation assigned, with why.
   absl::Mutex load_mu_;
   std::map<std::string, v1::HeldJob> load_errors_ ABSL_GUARDED_BY(load_mu_);

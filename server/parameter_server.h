@@ -54,6 +54,10 @@ class ParameterServer {
   virtual void Wait() = 0;
   // True once the coordinator said another process holds the node's id.
   virtual bool fenced() const = 0;
+  // OK once registered with the coordinator (at once without one), until
+  // Shutdown; else UNAVAILABLE saying why. The gRPC health service says
+  // SERVING exactly then.
+  virtual absl::Status Readiness() const = 0;
   // Stops heartbeats, ends every open wait, and stops the gRPC server
   // (calls still running after `grace` are cancelled). Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;

@@ -17,8 +17,9 @@ ABSL_FLAG(std::string, node_id, "",
           "the node's id (e.g. server-1, a pod's name); default: $PSTRAIN_NODE_ID, else chosen at "
           "random. A process started under the id of a lost node takes its place");
 ABSL_FLAG(std::string, advertise_address, "",
-          "what peers dial: host (with the bound port) or host:port; required when --listen "
-          "is a wildcard (0.0.0.0, [::]); default: the listen address");
+          "what peers dial: host (with the bound port) or host:port, in which {node_id} stands "
+          "for the node's id (e.g. {node_id}.pstrain-server:50051 in a StatefulSet); required "
+          "when --listen is a wildcard (0.0.0.0, [::]); default: the listen address");
 ABSL_FLAG(std::string, fs_fault_injection, "",
           "testing only: make writes to files whose path contains PATTERN fail or crash the "
           "process: no_space:PATTERN[:ROOM_BYTES], io_error:PATTERN or crash:PATTERN:BYTES");
@@ -50,6 +51,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.node_id = *node_id;
+  absl::StatusOr<std::string> advertise =
+      pstrain::ExpandNodeId("--advertise_address", options.advertise_address, options.node_id);
+  if (!advertise.ok()) {
+    std::cerr << "pstrain-server: " << advertise.status().message() << "\n";
+    return 2;
+  }
+  options.advertise_address = *advertise;
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-server: --coordinator is required\n";
     return 2;
@@ -70,11 +78,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (*faulty_fs != nullptr) options.store.fs = faulty_fs->get();
-  pstrain::StopOnSignal signals;
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
     std::cerr << "--metrics_job_grace_s must be >= 0\n";
     return 2;
   }
+  pstrain::ExitIfOnlyCheckingFlags();
+  pstrain::StopOnSignal signals;
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
   absl::StatusOr<std::unique_ptr<pstrain::server::ServerMetrics>> server_metrics =
@@ -93,9 +102,11 @@ int main(int argc, char** argv) {
     return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*server)->address());
+  metrics->SetReadiness([&] { return (*server)->Readiness(); });
   signals.OnSignal([&] { (*server)->RequestStop(); });
   (*server)->Wait();
   signals.OnSignal(nullptr);
+  metrics->SetReadiness(nullptr);
   (*server)->Shutdown(absl::Seconds(2));
   // Fenced: another process holds the node's id now.
   return (*server)->fenced() ? 3 : 0;

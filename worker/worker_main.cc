@@ -79,6 +79,12 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-worker: --" << devices.status().message() << "\n";
     return 2;
   }
+  if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
+    std::cerr << "--metrics_job_grace_s must be >= 0\n";
+    return 2;
+  }
+  // Before the GPUs are looked at: a manifest is checked where there are none.
+  pstrain::ExitIfOnlyCheckingFlags();
   if (devices->kind == pstrain::worker::DeviceList::Kind::kCuda) {
     // Say at once, not at the first job, that the GPUs are not usable.
     absl::StatusOr<int> gpus = pstrain::kernels::CudaDeviceCount();
@@ -98,10 +104,6 @@ int main(int argc, char** argv) {
   options.devices = *devices;
   LOG(INFO) << "training on " << absl::GetFlag(FLAGS_devices);
   pstrain::StopOnSignal signals;
-  if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
-    std::cerr << "--metrics_job_grace_s must be >= 0\n";
-    return 2;
-  }
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
   absl::StatusOr<std::unique_ptr<pstrain::worker::WorkerMetrics>> worker_metrics =
@@ -130,9 +132,11 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";
     return 1;
   }
+  metrics->SetReadiness([&] { return (*node)->Readiness(); });
   signals.OnSignal([&] { (*node)->RequestStop(); });
   (*node)->Wait();
   signals.OnSignal(nullptr);
+  metrics->SetReadiness(nullptr);
   (*node)->Shutdown();
   // Fenced: another process holds the node's id now.
   return (*node)->fenced() ? 3 : 0;

@@ -6,6 +6,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dataset.h"
 #include "common/membership_client.h"
@@ -64,6 +65,19 @@ class WorkerNodeImpl final : public WorkerNode {
     mu_.Await(absl::Condition(&stop_requested_));
   }
   bool fenced() const override { return fenced_; }
+
+  absl::Status Readiness() const override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return absl::UnavailableError("shutting down");
+    }
+    if (fenced_) return absl::UnavailableError("fenced: another process holds the node's id");
+    if (!membership_->registered()) {
+      return absl::UnavailableError(absl::StrCat("not registered with the coordinator at ",
+                                                 options_.coordinator_address, " yet"));
+    }
+    return absl::OkStatus();
+  }
 
   void Shutdown() override {
     std::thread job_thread;
@@ -273,7 +287,7 @@ class WorkerNodeImpl final : public WorkerNode {
   std::thread reporter_;
   std::atomic<bool> fenced_{false};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string current_job_ ABSL_GUARDED_BY(mu_);

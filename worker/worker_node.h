@@ -48,6 +48,9 @@ class WorkerNode {
   virtual void Wait() = 0;
   // True once the coordinator said another process holds the node's id.
   virtual bool fenced() const = 0;
+  // OK while registered with the coordinator and not shutting down; else
+  // UNAVAILABLE saying why.
+  virtual absl::Status Readiness() const = 0;
   // Cancels the running job (it is not reported finished) and stops
   // heartbeating. Idempotent.
   virtual void Shutdown() = 0;

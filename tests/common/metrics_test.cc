@@ -12,7 +12,9 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/http_client.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_metrics.h"
 #include "server/server_metrics.h"
@@ -225,6 +227,64 @@ TEST(MetricsTest, ALiveExpositionPassesPromtool) {
       testing::RunProcess({"/bin/sh", "-c", "promtool check metrics < " + file});
   EXPECT_EQ(check.exit_code(), 0) << "promtool (Debian package prometheus) says:\n"
                                   << check.out << check.err;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// The probes' endpoints: /healthz while the process lives, /readyz from the
+// moment the process says it is ready, with its reason before.
+TEST(MetricsTest, HealthAndReadinessEndpoints) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Create("127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  auto get = [&](const std::string& path) {
+    absl::StatusOr<HttpResponse> r = HttpGet(address, path, absl::Seconds(10));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResponse{};
+  };
+  EXPECT_EQ(get("/healthz").status, 200);
+  EXPECT_EQ(get("/healthz").body, "ok\n");
+  HttpResponse starting = get("/readyz");
+  EXPECT_EQ(starting.status, 503);
+  EXPECT_EQ(starting.body, "starting\n");
+
+  absl::Status readiness = absl::UnavailableError("not registered with the coordinator yet");
+  (*server)->SetReadiness([&] { return readiness; });
+  EXPECT_EQ(get("/readyz").status, 503);
+  EXPECT_EQ(get("/readyz").body, "not registered with the coordinator yet\n");
+  readiness = absl::OkStatus();
+  EXPECT_EQ(get("/readyz").status, 200);
+  EXPECT_EQ(get("/readyz").body, "ready\n");
+  EXPECT_EQ(get("/readyz?verbose=1").status, 200);
+  (*server)->SetReadiness(nullptr);
+  EXPECT_EQ(get("/readyz").status, 503);
+  EXPECT_EQ(get("/nothing").status, 404);
+}
+
+TEST(HttpClientTest, ClearErrorsForBadAddressesAndSilence) {
+  EXPECT_EQ(HttpGet("no-port", "/", absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpGet(absl::StrCat("127.0.0.1:", testing::PickFreePort()), "/", absl::Seconds(5))
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  // A listener that never answers: the deadline ends the wait.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  absl::StatusOr<HttpResponse> silent =
+      HttpGet(absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)), "/", absl::Milliseconds(300));
+  EXPECT_EQ(silent.status().code(), absl::StatusCode::kUnavailable) << silent.status();
+  close(fd);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "common/rpc.h"
 
 #include "absl/strings/match.h"
+#include "common/node_id.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -22,6 +23,16 @@ TEST(AdvertisedAddressTest, TheListenHostUnlessAWildcardOrTheAdvertisedOne) {
               absl::StatusCode::kInvalidArgument)
         << bad;
   }
+}
+
+TEST(NodeIdTest, AdvertiseAddressesNameTheNode) {
+  EXPECT_EQ(*ExpandNodeId("--advertise_address", "{node_id}.pstrain-server:50051",
+                          "pstrain-server-1"),
+            "pstrain-server-1.pstrain-server:50051");
+  EXPECT_EQ(*ExpandNodeId("--advertise_address", "10.0.0.1:50051", ""), "10.0.0.1:50051");
+  absl::StatusOr<std::string> missing = ExpandNodeId("--advertise_address", "{node_id}:1", "");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "--advertise_address"));
 }
 
 }  // namespace

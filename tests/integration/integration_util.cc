@@ -14,7 +14,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "common/http_client.h"
 #include "common/process.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 
 namespace pstrain::testing {
@@ -88,35 +91,13 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration pa
 }
 
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path) {
-  const size_t colon = host_port.rfind(':');
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
-  if (inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError("HttpGet takes an IPv4 host:port");
+  PSTRAIN_ASSIGN_OR_RETURN(HttpResponse response,
+                           pstrain::HttpGet(host_port, path, absl::Seconds(10)));
+  if (response.status != 200) {
+    return absl::UnavailableError(
+        absl::StrCat("HTTP ", response.status, ": ", response.body.substr(0, 300)));
   }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const timeval timeout = {10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError("connect " + host_port + ": " + std::strerror(errno));
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + host_port + "\r\n\r\n";
-  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string response;
-  char buf[65536];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
-  close(fd);
-  const size_t head_end = response.find("\r\n\r\n");
-  if (head_end == std::string::npos) return absl::UnavailableError("no HTTP response");
-  const std::string status_line = response.substr(0, response.find("\r\n"));
-  if (status_line.find(" 200 ") == std::string::npos) {
-    return absl::UnavailableError(status_line + ": " + response.substr(head_end + 4, 300));
-  }
-  return response.substr(head_end + 4);
+  return std::move(response.body);
 }
 
 int PickFreePort() {

@@ -233,6 +233,30 @@ TEST_F(RecoveryTest, AKilledWorkerRestartedUnderItsIdChangesNothing) {
   EXPECT_GE(ended.recoveries(), 1);
 }
 
+// SIGTERM, as a pod's deletion sends it: a server and then a worker end
+// cleanly (exit 0) well within a pod's 30 s grace period, handing back their
+// open waits and leaving the job, and their replacements under the same ids
+// change nothing.
+TEST_F(RecoveryTest, ASigtermedServerAndWorkerLeaveCleanlyAndChangeNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
+  const v1::JobSpec spec = Job();
+  const std::vector<float> clean = FinalParams(Submit(spec));
+  const std::string id = Submit(spec);
+  const int64_t first = RandomStep(spec.steps());
+  const v1::Job running = WaitForStep(id, first);
+  for (const std::string& node : {running.server_nodes(1), running.worker_nodes(1)}) {
+    SCOPED_TRACE(node);
+    ASSERT_TRUE(cluster_->Kill(node, SIGTERM, /*restart=*/false));
+    absl::StatusOr<int> status = cluster_->WaitForExit(node, absl::Seconds(20));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(*status);
+    ASSERT_TRUE(cluster_->RestartChild(node, {}).ok());
+  }
+  v1::Job ended;
+  ExpectBitwiseEqual(FinalParams(id, &ended), clean);
+  EXPECT_GE(ended.recoveries(), 1);
+}
+
 // on_worker_loss: fail: the job fails, naming the node.
 TEST_F(RecoveryTest, ALostWorkerFailsAJobThatSaysSo) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
