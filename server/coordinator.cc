@@ -737,6 +737,9 @@ class CoordinatorImpl final : public Coordinator,
         return absl::InvalidArgumentError("spec: missing (give spec or spec_yaml)");
     }
     PSTRAIN_ASSIGN_OR_RETURN(spec, NormalizeJobSpec(std::move(spec)));
+    if (spec.checkpoint().dir().empty() && !options_.default_checkpoint_dir.empty()) {
+      spec.mutable_checkpoint()->set_dir(options_.default_checkpoint_dir);
+    }
     absl::StatusOr<v1::PartitionPlan> plan = PlanFor(spec);
     if (!plan.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: ", plan.status().message()));

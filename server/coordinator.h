@@ -55,6 +55,10 @@ class Coordinator {
     // coordinator and of every live node, with role and node labels; kept up
     // to date as nodes come and go.
     std::string prometheus_sd_file;
+    // The checkpoint directory of jobs submitted without one (their
+    // checkpoint.dir): a volume every server mounts at this path. Empty:
+    // such jobs are not checkpointed.
+    std::string default_checkpoint_dir;
     // The file system of the state directory; null: the machine's. Must
     // outlive the coordinator.
     FileSystem* fs = nullptr;

@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for the durable job log and model files; empty: keep nothing");
+ABSL_FLAG(std::string, default_checkpoint_dir, "",
+          "checkpoint directory of jobs whose file names none (checkpoint.dir): a path every "
+          "server sees, e.g. a shared volume; empty: such jobs are not checkpointed");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
 ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_job_grace_s, 300,
@@ -36,6 +39,11 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.default_checkpoint_dir = absl::GetFlag(FLAGS_default_checkpoint_dir);
+  if (!options.default_checkpoint_dir.empty() && options.default_checkpoint_dir[0] != '/') {
+    std::cerr << "pstrain-coordinator: --default_checkpoint_dir must be an absolute path\n";
+    return 2;
+  }
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   if (options.lease <= absl::ZeroDuration() || options.heartbeat_interval <= absl::ZeroDuration()) {

@@ -41,6 +41,7 @@ class CoordinatorTest : public ::testing::Test {
     options.state_dir = state_dir;
     options.lease = lease;
     options.fs = fs;
+    options.default_checkpoint_dir = default_checkpoint_dir_;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
@@ -121,6 +122,7 @@ class CoordinatorTest : public ::testing::Test {
     return response.jobs_size();
   }
 
+  std::string default_checkpoint_dir_;  // for the next Start()
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<v1::Membership::Stub> membership_;
@@ -161,6 +163,20 @@ TEST_F(CoordinatorTest, InvalidSpecsAreRejectedNamingTheFieldAndNothingIsQueued)
     EXPECT_TRUE(absl::StartsWith(id.status().message(), field)) << id.status();
   }
   EXPECT_EQ(CountJobs(), 0);
+}
+
+// A deployment's checkpoint volume is where jobs that name no directory
+// checkpoint; a job's own directory stays.
+TEST_F(CoordinatorTest, JobsWithoutACheckpointDirGetTheDeploymentsOne) {
+  default_checkpoint_dir_ = "/var/lib/pstrain/checkpoints";
+  Start();
+  const std::string job = kValid;
+  absl::StatusOr<std::string> plain = Submit(job);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<std::string> own = Submit(job + "checkpoint: {dir: /data/ckpt}\n");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(Get(*plain)->spec().checkpoint().dir(), "/var/lib/pstrain/checkpoints");
+  EXPECT_EQ(Get(*own)->spec().checkpoint().dir(), "/data/ckpt");
 }
 
 TEST_F(CoordinatorTest, ConcurrentSubmitsGetUniqueIdsThatSurviveARestart) {
