@@ -17,18 +17,37 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "need root or sudo to install packages" >&2; exit 1; }
-    sudo="sudo"
+  if [ -n "$sudo" ] && ! command -v sudo >/dev/null; then
+    echo "need root or sudo to install packages" >&2
+    exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Debian's kubectl 1.20, whose kustomize v2 is what the manifests must
+# render with (tests/deploy): unpacked into build/tools, not installed, as
+# it would replace a newer kubectl.
+if [ ! -x build/tools/kubectl-1.20 ]; then
+  fetch=$(mktemp -d)
+  if (cd "$fetch" && { apt-get download kubernetes-client >/dev/null 2>&1 ||
+       { $sudo apt-get update -qq && apt-get download kubernetes-client >/dev/null; }; }) &&
+     dpkg-deb -x "$fetch"/kubernetes-client_*.deb "$fetch/x"; then
+    mkdir -p build/tools && cp "$fetch/x/usr/bin/kubectl" build/tools/kubectl-1.20
+  else
+    echo "warning: cannot fetch Debian's kubernetes-client; the manifest tests use the kubectl on PATH" >&2
+  fi
+  rm -rf "$fetch"
+fi
+
+# ccache hits across build directories (deploy/test/containers.sh builds a
+# second one, without CUDA).
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
