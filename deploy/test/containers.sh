@@ -1,5 +1,5 @@
 #!/bin/bash
-# deploy/test/containers.sh [--full] [--keep] [--phases LIST]
+# deploy/test/containers.sh [--full] [--keep] [--phases LIST] [--if-ci]
 #
 # The container test, for real with podman: builds the pstrain image (CPU)
 # and its GPU variant, checks the CPU image's size, then
@@ -11,9 +11,9 @@
 #   compose  deploy/compose/compose.yaml with podman-compose: a job submitted
 #            from the host succeeds, and Prometheus scrapes every process;
 #   kube     deploy/k8s rendered with kubectl kustomize (Debian's kubectl 1.20
-#            and the machine's, if newer), checked, and played with
-#            `podman kube play` (see deploy/test/kube_play.sh for what is
-#            rewritten for podman), the example job succeeding.
+#            and the machine's own), and the cpu overlay played with
+#            `podman kube play` after pstrain-kube-for-podman's rewrites
+#            (tests/deploy/manifests.h), the example job succeeding.
 #
 # --full     builds the images with the Dockerfile's full multi-stage build
 #            (compiling pstrain inside the build stage, twice: CPU and GPU).
@@ -31,6 +31,9 @@
 # where containers cannot run, e.g. inside an unprivileged container. podman
 # keeps its images, containers and volumes under $PSTRAIN_CONTAINERS_HOME
 # (default /var/tmp/pstrain-containers), apart from the machine's own.
+# The whole script is one block, read before it runs: editing the file while
+# a test runs does not change what that test does.
+{
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --if-ci) if_ci=true ;;
     --phases) phases=$2; shift ;;
     --phases=*) phases=${1#--phases=} ;;
-    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "containers.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -489,3 +492,5 @@ if has_phase compose; then compose_phase; fi
 if has_phase kube; then kube_phase; fi
 [ -f "$tmp/figures" ] && sed 's/^/  /' "$tmp/figures"
 log "passed"
+exit 0
+}
