@@ -386,6 +386,13 @@ pod_phase() {
     die "job $id ended with final loss $(job_field "$got" final_loss), not $clean_loss"
   [ "${recoveries:-0}" -ge 1 ] || die "job $id reports no recovery"
   log "pod: after the kill, job $id succeeded with the same final loss ($clean_loss), recoveries $recoveries"
+  # The quick-start job in one container: pstrain-local's cluster inside it.
+  local result
+  result=$(podman run --rm --no-healthcheck "$IMAGE" local --job "$job" 2> "$tmp/local.err" |
+           tail -1) || { tail -5 "$tmp/local.err"; die "pstrain local in a container"; }
+  [ "$(job_field "$result" final_loss)" = "$(printf '%.6f' "$clean_loss")" ] ||
+    die "pstrain local in a container: $result, not final loss $clean_loss"
+  log "pod: pstrain local in one container: the same final loss ($result)"
   podman pod rm -f "$POD" > /dev/null 2>> "$tmp/podman.log"
   podman volume rm -f "$POD-state" "$POD-checkpoints" > /dev/null
 }
