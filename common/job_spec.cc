@@ -267,6 +267,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (opt.type() == v1::OPTIMIZER_TYPE_UNSPECIFIED) {
     return FieldError("optimizer.type", "required (sgd, adam or adagrad)");
   }
+  // The proto path can carry numbers no name stands for.
+  if (!v1::OptimizerType_IsValid(opt.type())) {
+    return FieldError("optimizer.type", absl::StrCat("unknown value ", opt.type()));
+  }
   if (!(opt.learning_rate() > 0)) return FieldError("optimizer.learning_rate", "must be > 0");
   if (opt.learning_rate() > 100) return FieldError("optimizer.learning_rate", "must be <= 100");
   if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
@@ -275,7 +279,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (opt.momentum() != 0 && opt.type() != v1::OPTIMIZER_TYPE_SGD) {
     return FieldError("optimizer.momentum", "applies to sgd only");
   }
-  if (!(opt.weight_decay() >= 0)) return FieldError("optimizer.weight_decay", "must be >= 0");
+  if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
+    return FieldError("optimizer.weight_decay", "must be finite and >= 0");
+  }
   if (opt.type() != v1::OPTIMIZER_TYPE_ADAM && (opt.has_beta1() || opt.has_beta2())) {
     return FieldError(opt.has_beta1() ? "optimizer.beta1" : "optimizer.beta2",
                       "applies to adam only");
@@ -295,12 +301,20 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   }
   if (opt.type() != v1::OPTIMIZER_TYPE_SGD) {
     if (!opt.has_epsilon()) opt.set_epsilon(1e-8f);
-    if (!(opt.epsilon() > 0)) return FieldError("optimizer.epsilon", "must be > 0");
+    if (!(opt.epsilon() > 0) || !std::isfinite(opt.epsilon())) {
+      return FieldError("optimizer.epsilon", "must be finite and > 0");
+    }
   }
 
   // Training loop and cluster.
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_SYNC);
+  if (!v1::Mode_IsValid(spec.mode())) {
+    return FieldError("mode", absl::StrCat("unknown value ", spec.mode()));
+  }
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::PRECISION_FP32);
+  if (!v1::Precision_IsValid(spec.precision())) {
+    return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
+  }
   if (spec.wire_dtype() == v1::DTYPE_UNSPECIFIED) spec.set_wire_dtype(v1::DTYPE_FP32);
   if (spec.wire_dtype() != v1::DTYPE_FP32 && spec.wire_dtype() != v1::DTYPE_BF16 &&
       spec.wire_dtype() != v1::DTYPE_FP16) {
@@ -355,6 +369,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       range("recovery.wait_timeout_seconds", recovery.wait_timeout_seconds(), 1, 864000));
   if (recovery.on_worker_loss() == v1::WORKER_LOSS_POLICY_UNSPECIFIED) {
     recovery.set_on_worker_loss(v1::WORKER_LOSS_POLICY_WAIT);
+  }
+  if (!v1::WorkerLossPolicy_IsValid(recovery.on_worker_loss())) {
+    return FieldError("recovery.on_worker_loss",
+                      absl::StrCat("unknown value ", recovery.on_worker_loss()));
   }
 
   if (!spec.has_chunk_bytes()) spec.set_chunk_bytes(kDefaultChunkBytes);
@@ -422,6 +440,26 @@ int64_t TrainSamplesOf(const v1::JobSpec&) { return kFashionTrainSamples; }
 
 int64_t StepsPerEpoch(const v1::JobSpec& spec) {
   return TrainSamplesOf(spec) / (int64_t{spec.num_workers()} * spec.batch_size());
+}
+
+absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train) {
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  const std::string what = train ? "training set" : "test set";
+  if (data.input_dim != shape.input_dim) {
+    return FieldError("data.dir", absl::StrCat("the ", what, "'s images have ", data.input_dim,
+                                               " values; the model takes ", shape.input_dim));
+  }
+  if (data.num_classes != shape.num_classes) {
+    return FieldError("data.dir", absl::StrCat("the ", what, " has ", data.num_classes,
+                                               " classes; the model has ", shape.num_classes));
+  }
+  if (train && data.num_samples < TrainSamplesOf(spec)) {
+    return FieldError("data.dir", absl::StrCat("the training set has ", data.num_samples,
+                                               " samples; the job's epochs are planned for ",
+                                               TrainSamplesOf(spec)));
+  }
+  if (data.num_samples < 1) return FieldError("data.dir", absl::StrCat("the ", what, " is empty"));
+  return absl::OkStatus();
 }
 
 int64_t TotalSteps(const v1::JobSpec& spec) {

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/dataset.h"
 #include "kernels/model.h"
 #include "pstrain/v1/job.pb.h"
 
@@ -60,6 +61,13 @@ int64_t TrainSamplesOf(const v1::JobSpec& spec);
 int64_t StepsPerEpoch(const v1::JobSpec& spec);
 // Steps every worker runs: spec.steps, or epochs * StepsPerEpoch.
 int64_t TotalSteps(const v1::JobSpec& spec);
+
+// Whether the data read from the job's data.dir fits the job: images of
+// the model's input size, labels of its classes, and for the training set
+// (`train`) at least the samples its epochs are planned for (the plan does
+// not read the files; fewer would make a step read past the set).
+// INVALID_ARGUMENT naming data.dir otherwise.
+absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train);
 
 // Short lowercase names ("sync", "adam", "mlp") used in output and YAML.
 std::string ModeName(v1::Mode mode);

@@ -9,6 +9,7 @@ namespace pstrain::worker {
 absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, int64_t steps,
                                                   const Dataset& train) {
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(job_spec));
+  PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(spec, train, /*train=*/true));
   const kernels::ModelShape shape = ModelShapeOf(spec);
   const int batch = spec.num_workers() * spec.batch_size();
   const int64_t steps_per_epoch = StepsPerEpoch(spec);
@@ -44,9 +45,7 @@ absl::StatusOr<Evaluation> Evaluate(const v1::JobSpec& spec, const std::vector<f
   if (static_cast<int64_t>(params.size()) != kernels::NumParams(shape)) {
     return absl::InvalidArgumentError("parameters do not match the model");
   }
-  if (data.input_dim != shape.input_dim) {
-    return absl::InvalidArgumentError("the data does not match the model's input");
-  }
+  PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(spec, data, /*train=*/false));
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ModelKernels> model,
                            kernels::CreateCpuModelKernels(shape, spec.batch_size()));
   std::vector<float> x(static_cast<size_t>(data.num_samples) * data.input_dim);

@@ -97,9 +97,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
     return absl::InvalidArgumentError("resume_step outside the job's steps");
   }
   PSTRAIN_ASSIGN_OR_RETURN(t->train_, t->options_.data->FashionMnist(t->spec_.data().dir(), true));
+  PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(t->spec_, *t->train_, /*train=*/true));
   if (a.worker_index() == 0) {
     PSTRAIN_ASSIGN_OR_RETURN(t->test_,
                              t->options_.data->FashionMnist(t->spec_.data().dir(), false));
+    PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(t->spec_, *t->test_, /*train=*/false));
   }
   PSTRAIN_RETURN_IF_ERROR(t->CreateDevices());
   if (t->options_.metrics != nullptr) t->metrics_ = t->options_.metrics->BindJob(a.job_id());

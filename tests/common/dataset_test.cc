@@ -7,8 +7,10 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
+#include "worker/in_process.h"
 
 namespace pstrain {
 namespace {
@@ -93,6 +95,46 @@ TEST_F(DatasetTest, ClearErrors) {
     EXPECT_TRUE(absl::StrContains(d.status().message(), c.message)) << d.status();
     EXPECT_TRUE(absl::StrContains(d.status().message(), c.images)) << d.status();
   }
+}
+
+// A data directory whose files do not fit the job is refused before a
+// step reads past them: fewer training samples than the epochs are planned
+// for, or images of another size than the model's input.
+TEST_F(DatasetTest, DataThatDoesNotFitTheJobIsRefused) {
+  v1::JobSpec job;
+  job.mutable_model()->set_type(v1::MODEL_TYPE_SOFTMAX);
+  job.mutable_optimizer()->set_type(v1::OPTIMIZER_TYPE_SGD);
+  job.mutable_optimizer()->set_learning_rate(0.1f);
+  job.set_batch_size(8);
+  job.set_steps(10);
+  job.set_num_servers(1);
+  job.set_num_workers(1);
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(job);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  struct Case {
+    std::vector<uint32_t> image_dims;
+    const char* message;
+  } cases[] = {
+      {{100, 28, 28}, "the training set has 100 samples; the job's epochs are planned for 60000"},
+      {{20, 2, 2}, "the training set's images have 4 values; the model takes 784"},
+  };
+  for (const Case& c : cases) {
+    const uint32_t n = c.image_dims[0];
+    const std::string images =
+        WriteGz("i.gz", Idx(0x803, c.image_dims, size_t{n} * c.image_dims[1] * c.image_dims[2]),
+                false);
+    const std::string labels = WriteGz("l.gz", Idx(0x801, {n}, n), false);
+    absl::StatusOr<Dataset> data = LoadIdx(images, labels, 10);
+    ASSERT_TRUE(data.ok()) << data.status();
+    absl::Status fits = CheckDataFitsJob(*spec, *data, /*train=*/true);
+    EXPECT_EQ(fits.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(fits.message(), std::string("data.dir: ") + c.message);
+    absl::StatusOr<std::vector<float>> trained = worker::TrainInProcess(*spec, 10, *data);
+    EXPECT_EQ(trained.status(), fits);
+  }
+  absl::StatusOr<Dataset> real = LoadFashionMnist(testing::kFashionDir, true);
+  ASSERT_TRUE(real.ok());
+  EXPECT_TRUE(CheckDataFitsJob(*spec, *real, /*train=*/true).ok());
 }
 
 TEST(EpochOrderTest, PermutationThatDependsOnSeedAndEpoch) {

@@ -1,5 +1,10 @@
 #include "common/job_spec.h"
 
+#include <functional>
+#include <limits>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -59,6 +64,47 @@ TEST(JobSpecTest, ExampleJobIsValid) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(kernels::NumParams(ModelShapeOf(*spec)), 235146);
   EXPECT_EQ(StepsPerEpoch(*spec), 468);
+}
+
+// What only the proto path (SubmitJob with a JobSpec message) can carry:
+// enum numbers no name stands for and non-finite floats. Each is refused
+// naming the field, as the YAML path refuses what it cannot parse.
+TEST(JobSpecTest, TheProtoPathIsValidatedLikeTheYamlPath) {
+  absl::StatusOr<v1::JobSpec> valid = ParseJobSpecYaml(kValid);
+  ASSERT_TRUE(valid.ok());
+  ASSERT_TRUE(NormalizeJobSpec(*valid).ok());
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
+      {[](v1::JobSpec& s) { s.set_mode(static_cast<v1::Mode>(77)); }, "mode: unknown value 77"},
+      {[](v1::JobSpec& s) {
+         s.mutable_optimizer()->set_type(static_cast<v1::OptimizerType>(99));
+       },
+       "optimizer.type: unknown value 99"},
+      {[](v1::JobSpec& s) { s.set_precision(static_cast<v1::Precision>(42)); },
+       "precision: unknown value 42"},
+      {[](v1::JobSpec& s) {
+         s.mutable_recovery()->set_on_worker_loss(static_cast<v1::WorkerLossPolicy>(9));
+       },
+       "recovery.on_worker_loss: unknown value 9"},
+      {[&](v1::JobSpec& s) { s.mutable_optimizer()->set_weight_decay(inf); },
+       "optimizer.weight_decay: must be finite and >= 0"},
+      {[&](v1::JobSpec& s) {
+         s.mutable_optimizer()->set_weight_decay(std::numeric_limits<float>::quiet_NaN());
+       },
+       "optimizer.weight_decay: must be finite and >= 0"},
+      {[&](v1::JobSpec& s) {
+         s.mutable_optimizer()->set_type(v1::OPTIMIZER_TYPE_ADAM);
+         s.mutable_optimizer()->set_epsilon(inf);
+       },
+       "optimizer.epsilon: must be finite and > 0"},
+  };
+  for (const auto& [change, message] : cases) {
+    v1::JobSpec spec = *valid;
+    change(spec);
+    absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(spec);
+    EXPECT_EQ(normalized.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(normalized.status().message(), message);
+  }
 }
 
 struct BadSpec {
