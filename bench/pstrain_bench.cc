@@ -111,6 +111,8 @@ int Main(const std::vector<char*>& args) {
     }
     status |= RunApplyBench(o);
   }
+  const std::string bin_dir =
+      absl::GetFlag(FLAGS_bin_dir).empty() ? cli::ExecutableDir() : absl::GetFlag(FLAGS_bin_dir);
   if (command == "train" || command == "all") {
     TrainBenchOptions o;
     o.batch = absl::GetFlag(FLAGS_train_batch);
@@ -120,16 +122,13 @@ int Main(const std::vector<char*>& args) {
       std::cerr << "pstrain-bench: --train_chunk_bytes must be a multiple of 4 in [4, 64 MiB]\n";
       return 2;
     }
-    o.bin_dir = absl::GetFlag(FLAGS_bin_dir);
-    if (o.bin_dir.empty()) o.bin_dir = cli::ExecutableDir();
+    o.bin_dir = bin_dir;
     if (tiny) {
       o.batch = 64;
       o.steps = 20;
     }
     status |= RunTrainBench(o);
   }
-  const std::string bin_dir =
-      absl::GetFlag(FLAGS_bin_dir).empty() ? cli::ExecutableDir() : absl::GetFlag(FLAGS_bin_dir);
   if (command == "checkpoint" || command == "all") {
     CheckpointBenchOptions o;
     o.pairs = absl::GetFlag(FLAGS_checkpoint_pairs);

@@ -242,6 +242,19 @@ int RunRecoveryBench(const RecoveryBenchOptions& options) {
                   .Number(*std::max_element(steps.begin(), steps.end()), 0));
   };
 
+  // Kills one process once a checkpoint's worth of steps (and `extra`) has
+  // passed since the last recovery, so that each recovery redoes what a
+  // fault at a random step does.
+  auto kill_later = [&](Recoveries& r, int64_t extra, bool server, int index,
+                        bool restart) -> absl::StatusOr<Recoveries::Recovery> {
+    const int64_t step = r.Get().progress().step();
+    if (absl::Status s = r.WaitForStep(step + options.every_steps + extra, absl::Minutes(2));
+        !s.ok()) {
+      return s;
+    }
+    return r.Kill(server, index, restart);
+  };
+
   // Restarted under its id, with the default lease: the return does not
   // wait for it.
   {
@@ -254,16 +267,8 @@ int RunRecoveryBench(const RecoveryBenchOptions& options) {
     for (bool server : {true, false}) {
       std::vector<Recoveries::Recovery> all;
       for (int k = 0; k < options.kills; ++k) {
-        // Between two kills: a checkpoint's worth of steps, so that each
-        // recovery redoes what a fault at a random step does.
-        const int64_t step = (*r)->Get().progress().step();
-        if (absl::Status s = (*r)->WaitForStep(step + options.every_steps + k * 7 % 50,
-                                                absl::Minutes(2));
-            !s.ok()) {
-          LOG(ERROR) << "recovery: " << s;
-          return 1;
-        }
-        absl::StatusOr<Recoveries::Recovery> one = (*r)->Kill(server, k % 2, /*restart=*/true);
+        absl::StatusOr<Recoveries::Recovery> one =
+            kill_later(**r, k * 7 % 50, server, k % 2, /*restart=*/true);
         if (!one.ok()) {
           LOG(ERROR) << "recovery: " << one.status();
           return 1;
@@ -285,13 +290,8 @@ int RunRecoveryBench(const RecoveryBenchOptions& options) {
     }
     std::vector<Recoveries::Recovery> all;
     for (int k = 0; k < spares; ++k) {
-      const int64_t step = (*r)->Get().progress().step();
-      if (absl::Status s = (*r)->WaitForStep(step + options.every_steps, absl::Minutes(2));
-          !s.ok()) {
-        LOG(ERROR) << "recovery: " << s;
-        return 1;
-      }
-      absl::StatusOr<Recoveries::Recovery> one = (*r)->Kill(true, k % 2, /*restart=*/false);
+      absl::StatusOr<Recoveries::Recovery> one =
+          kill_later(**r, 0, /*server=*/true, k % 2, /*restart=*/false);
       if (!one.ok()) {
         LOG(ERROR) << "recovery: " << one.status();
         return 1;

@@ -142,6 +142,14 @@ pid_t ChildWithArg(pid_t pid, const std::string& arg) {
   return -1;
 }
 
+std::optional<int> ReapBefore(pid_t pid, absl::Time deadline) {
+  while (true) {
+    if (std::optional<int> status = TryReap(pid)) return status;
+    if (absl::Now() > deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 bool IsAlive(pid_t pid) {
   char state;
   pid_t parent;

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ std::vector<pid_t> ChildrenOf(pid_t pid);
 // The child of `pid` whose command line has `arg`; -1 if none.
 pid_t ChildWithArg(pid_t pid, const std::string& arg);
 bool IsAlive(pid_t pid);
+// Reaps the child `pid` once it exits; its wait status, or nullopt if it
+// still runs at `deadline` (it is left running).
+std::optional<int> ReapBefore(pid_t pid, absl::Time deadline);
 
 }  // namespace pstrain::testing
 

@@ -122,15 +122,9 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
     ASSERT_GT(pid, 0) << victim;
     ASSERT_EQ(kill(pid, SIGKILL), 0);
   }
-  int status = 0;
-  while (true) {
-    if (std::optional<int> s = TryReap(*local)) {
-      status = *s;
-      break;
-    }
-    ASSERT_LT(absl::Now(), give_up) << "pstrain-local did not finish";
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  const std::optional<int> reaped = ReapBefore(*local, give_up);
+  ASSERT_TRUE(reaped.has_value()) << "pstrain-local did not finish";
+  const int status = *reaped;
   absl::StatusOr<std::string> out = ReadFile(dir.path() + "/local.out");
   absl::StatusOr<std::string> err = ReadFile(dir.path() + "/local.err");
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << *err;
@@ -165,16 +159,9 @@ TEST_P(LocalSignalTest, NoChildSurvives) {
   }
   ASSERT_EQ(kill(*local, signo), 0);
 
-  int status = 0;
-  const absl::Time exit_deadline = absl::Now() + absl::Seconds(60);
-  while (true) {
-    if (std::optional<int> s = TryReap(*local)) {
-      status = *s;
-      break;
-    }
-    ASSERT_LT(absl::Now(), exit_deadline) << "pstrain-local did not exit after the signal";
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  const std::optional<int> reaped = ReapBefore(*local, absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(reaped.has_value()) << "pstrain-local did not exit after the signal";
+  const int status = *reaped;
   if (signo == SIGKILL) {
     EXPECT_TRUE(WIFSIGNALED(status));
   } else {
