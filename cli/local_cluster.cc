@@ -71,6 +71,17 @@ absl::Status LocalCluster::SpawnNew(const std::string& name, std::vector<std::st
     child = &children_.back();
     child->name = name;
   }
+  if (!options_.tls_dir.empty()) {
+    const std::string& dir = options_.tls_dir;
+    base_argv.push_back(absl::StrCat("--tls_cert=", dir, "/", name, ".crt"));
+    base_argv.push_back(absl::StrCat("--tls_key=", dir, "/", name, ".key"));
+    base_argv.push_back(absl::StrCat("--tls_ca=", dir, "/ca.crt"));
+    const std::string tokens = dir + "/auth_tokens";
+    if (name == "coordinator" && access(tokens.c_str(), R_OK) == 0) {
+      base_argv.push_back("--auth_tokens_file=" + tokens);
+    }
+  }
+  if (options_.insecure && !absl::StartsWith(name, "worker")) base_argv.push_back("--insecure");
   child->base_argv = std::move(base_argv);
   child->flags = std::move(flags);
   child->restart = true;

@@ -47,6 +47,14 @@ class LocalCluster {
     std::map<std::string, std::vector<std::string>> wrappers;
     // Extra flags for the coordinator.
     std::vector<std::string> coordinator_flags;
+    // A directory of deploy/tls/make-dev-certs.sh's files: every child
+    // speaks mutual TLS with the certificate of its name (coordinator,
+    // server-N, worker-N), and the coordinator takes DIR/auth_tokens as its
+    // --auth_tokens_file if there is one. Empty: plaintext.
+    std::string tls_dir;
+    // --insecure for the coordinator and the servers: plaintext on a
+    // listen_host that is not loopback.
+    bool insecure = false;
   };
 
   // Starts the coordinator, waits until it serves, then starts the servers

@@ -2,6 +2,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,15 +14,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/job_output.h"
 #include "cli/local_cluster.h"
 #include "common/dataset.h"
+#include "common/files.h"
 #include "common/model_file.h"
 #include "common/init.h"
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "common/status.h"
+#include "common/tls.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "worker/devices.h"
 #include "worker/in_process.h"
@@ -39,6 +44,12 @@ ABSL_FLAG(int, lease_s, 10, "heartbeat lease of the nodes, seconds");
 ABSL_FLAG(std::string, devices, "cpu:1",
           "every worker's devices: cpu:N or cuda:0,cuda:1,... (see pstrain-worker)");
 ABSL_FLAG(double, progress_interval_s, 1.0, "seconds between progress lines");
+ABSL_FLAG(bool, tls, false,
+          "mutual TLS between all processes and bearer tokens on the control API, with "
+          "certificates and tokens that make-dev-certs.sh makes in RUN_DIR/tls");
+ABSL_FLAG(std::string, tls_dir, "",
+          "like --tls, with the certificates and tokens of this directory (made by "
+          "deploy/tls/make-dev-certs.sh DIR SERVERS WORKERS)");
 
 namespace pstrain::cli {
 namespace {
@@ -86,6 +97,44 @@ int Evaluate(const std::string& path) {
               JsonQuote(path).c_str(), JsonQuote(model->header.job_id()).c_str(),
               eval->accuracy, eval->loss);
   return 0;
+}
+
+// Runs make-dev-certs.sh (beside the binaries) for a cluster of this size.
+absl::Status MakeDevCertificates(const std::string& bin_dir, const std::string& dir,
+                                 int servers, int workers, const std::string& run_dir) {
+  SpawnOptions make;
+  make.argv = {bin_dir + "/make-dev-certs.sh", dir, absl::StrCat(servers),
+               absl::StrCat(workers)};
+  make.log_path = run_dir + "/make-dev-certs.log";
+  make.die_with_parent = true;
+  PSTRAIN_ASSIGN_OR_RETURN(pid_t pid, Spawn(make));
+  const int status = WaitOrKill(pid, absl::Now() + absl::Minutes(5));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat(make.argv[0], " ", DescribeWaitStatus(status),
+                                            "; see ", make.log_path));
+  }
+  return absl::OkStatus();
+}
+
+// What pstrain-local presents to its coordinator: the admin certificate
+// and the operator's token of a make-dev-certs.sh directory (none without
+// one).
+struct ClientCredentials {
+  std::unique_ptr<TransportSecurity> security;
+  std::string token;
+};
+
+absl::StatusOr<ClientCredentials> LoadClientCredentials(const std::string& dir) {
+  ClientCredentials credentials;
+  if (dir.empty()) return credentials;
+  PSTRAIN_ASSIGN_OR_RETURN(credentials.security,
+                           TransportSecurity::Load({.cert = dir + "/admin.crt",
+                                                    .key = dir + "/admin.key",
+                                                    .ca = dir + "/ca.crt"}));
+  if (absl::StatusOr<std::string> token = ReadFile(dir + "/operator.token"); token.ok()) {
+    credentials.token = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  return credentials;
 }
 
 int Run() {
@@ -156,11 +205,28 @@ int Run() {
       if (getcwd(cwd, sizeof(cwd)) != nullptr) run_dir = absl::StrCat(cwd, "/", run_dir);
     }
   }
+  std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  const std::string bin_dir =
+      absl::GetFlag(FLAGS_bin_dir).empty() ? ExecutableDir() : absl::GetFlag(FLAGS_bin_dir);
+  if (absl::GetFlag(FLAGS_tls) && tls_dir.empty()) {
+    tls_dir = run_dir + "/tls";
+    if (absl::Status s = MakeDevCertificates(bin_dir, tls_dir, spec->num_servers(),
+                                             spec->num_workers(), run_dir);
+        !s.ok()) {
+      std::cerr << "pstrain-local: --tls: " << s.message() << "\n";
+      return kExitFailed;
+    }
+  }
+  absl::StatusOr<ClientCredentials> credentials = LoadClientCredentials(tls_dir);
+  if (!credentials.ok()) {
+    std::cerr << "pstrain-local: --tls_dir: " << credentials.status().message() << "\n";
+    return kExitUsage;
+  }
   // So that a process killed during the run is recovered from them.
   if (checkpoints_in_run_dir) spec->mutable_checkpoint()->set_dir(run_dir + "/checkpoints");
   LocalCluster::Options options;
-  options.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? ExecutableDir()
-                                                         : absl::GetFlag(FLAGS_bin_dir);
+  options.bin_dir = bin_dir;
+  options.tls_dir = tls_dir;
   options.run_dir = run_dir;
   options.num_servers = spec->num_servers();
   options.num_workers = spec->num_workers();
@@ -209,12 +275,21 @@ int Run() {
     return code;
   };
 
-  auto stub = v1::Control::NewStub(MakeChannel((*cluster)->coordinator_address()));
+  auto stub = v1::Control::NewStub(
+      MakeChannel((*cluster)->coordinator_address(),
+                  {.security = credentials->security.get(),
+                   .peer_roles = {PeerRole::kCoordinator}}));
+  const auto authorize = [&](grpc::ClientContext& context) {
+    if (!credentials->token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + credentials->token);
+    }
+  };
   v1::SubmitJobRequest submit;
   *submit.mutable_spec() = *spec;
   v1::SubmitJobResponse submitted;
   grpc::ClientContext submit_context;
   SetTimeout(submit_context, absl::Seconds(10));
+  authorize(submit_context);
   if (absl::Status s = FromGrpcStatus(stub->SubmitJob(&submit_context, submit, &submitted));
       !s.ok()) {
     std::cerr << "pstrain-local: submit: " << s.message() << "\n";
@@ -236,6 +311,7 @@ int Run() {
   absl::Time unreachable_since = absl::InfiniteFuture();
   while (true) {
     grpc::ClientContext context;
+    authorize(context);
     {
       absl::MutexLock lock(&mu);
       signo = signal_received;
@@ -273,6 +349,7 @@ int Run() {
     grpc::ClientContext get_context;
     SetTimeout(get_context, absl::Seconds(10));
     get_context.set_wait_for_ready(true);
+    authorize(get_context);
     if (stub->GetJob(&get_context, get, &full).ok()) job = std::move(full);
   }
   if (signo != 0) {

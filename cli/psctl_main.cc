@@ -23,6 +23,7 @@
 #include "common/http_client.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "pstrain/v1/control.grpc.pb.h"
@@ -34,9 +35,11 @@ constexpr int kExitOk = 0;
 constexpr int kExitJobFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitUnavailable = 3;
+constexpr int kExitDenied = 4;
 constexpr char kDefaultCoordinator[] = "127.0.0.1:50050";
 
-constexpr char kUsage[] = R"(usage: psctl [--coordinator HOST:PORT] [-o table|json] [--timeout SECONDS] VERB ...
+constexpr char kUsage[] = R"(usage: psctl [--coordinator HOST:PORT] [-o table|json] [--timeout SECONDS]
+             [--tls_cert FILE --tls_key FILE --tls_ca FILE] [--token_file FILE] VERB ...
 
 verbs:
   submit FILE          submit a job file (YAML); prints the job id
@@ -62,9 +65,13 @@ verbs:
 --check_flags checks the command line and exits 0 without contacting anything.
 
 The coordinator is --coordinator, else $PSTRAIN_COORDINATOR, else 127.0.0.1:50050.
+With --tls_cert, --tls_key and --tls_ca psctl speaks mutual TLS (a client
+certificate, e.g. admin.crt of deploy/tls/make-dev-certs.sh). The bearer token
+is the first line of --token_file, else $PSTRAIN_TOKEN.
 Exit status: 0 success; 1 the watched job failed or was cancelled, or the
 probed process is not healthy; 2 usage or invalid input (bad job file,
-unknown job); 3 coordinator (or probed process) unreachable or other errors.
+unknown job); 3 coordinator (or probed process) unreachable or other errors;
+4 not authenticated or not allowed (token, certificate).
 )";
 
 struct Command {
@@ -77,6 +84,8 @@ struct Command {
   int limit = 50;                    // list
   std::string service;               // health
   bool check_flags = false;
+  TlsFiles tls;
+  std::string token;  // bearer token; empty: none
 };
 
 // A usage error: message on stderr, exit 2.
@@ -117,8 +126,9 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    static const std::set<std::string> kValueFlags = {"coordinator", "o",     "output", "timeout",
-                                                      "state",       "limit", "service"};
+    static const std::set<std::string> kValueFlags = {
+        "coordinator", "o",       "output",  "timeout", "state",     "limit",
+        "service",     "tls_cert", "tls_key", "tls_ca", "token_file"};
     if (!kValueFlags.contains(name)) return Usage(absl::StrCat("unknown flag ", arg));
     if (!inline_value) {
       // A value that looks like a flag is taken only as --flag=value.
@@ -153,11 +163,31 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
     } else if (name == "service") {
       saw_service = true;
       cmd->service = value;
+    } else if (name == "tls_cert") {
+      cmd->tls.cert = value;
+    } else if (name == "tls_key") {
+      cmd->tls.key = value;
+    } else if (name == "tls_ca") {
+      cmd->tls.ca = value;
+    } else if (name == "token_file") {
+      absl::StatusOr<std::string> text = ReadFile(value);
+      if (!text.ok()) return Usage(absl::StrCat("--token_file: cannot read ", value));
+      cmd->token = std::string(absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))));
+      if (cmd->token.empty()) return Usage(absl::StrCat("--token_file: ", value, " is empty"));
     } else if (name == "limit") {
       saw_limit = true;
       if (!absl::SimpleAtoi(value, &cmd->limit) || cmd->limit < 1) {
         return Usage(absl::StrCat("--limit takes a positive integer, not '", value, "'"));
       }
+    }
+  }
+  if (const char* token = std::getenv("PSTRAIN_TOKEN"); cmd->token.empty() && token != nullptr) {
+    cmd->token = std::string(absl::StripAsciiWhitespace(token));
+  }
+  if (!cmd->tls.empty()) {
+    // Checked here, so that a bad file is a usage error before any call.
+    if (absl::Status s = TransportSecurity::Load(cmd->tls).status(); !s.ok()) {
+      return Usage(std::string(s.message()));
     }
   }
   if (positional.empty()) return Usage("missing verb");
@@ -193,6 +223,9 @@ int Failed(const grpc::Status& status) {
     case grpc::StatusCode::ALREADY_EXISTS:
     case grpc::StatusCode::OUT_OF_RANGE:
       return kExitUsage;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return kExitDenied;
     case grpc::StatusCode::UNAVAILABLE:
       std::cerr << "psctl: is a coordinator running at the address given? (--coordinator, "
                    "$PSTRAIN_COORDINATOR)\n";
@@ -246,7 +279,11 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
 class Psctl {
  public:
   explicit Psctl(const Command& cmd)
-      : cmd_(cmd), stub_(v1::Control::NewStub(MakeChannel(cmd.coordinator))) {}
+      : cmd_(cmd),
+        security_(cmd.tls.empty() ? nullptr : *TransportSecurity::Load(cmd.tls)),
+        stub_(v1::Control::NewStub(MakeChannel(
+            cmd.coordinator,
+            {.security = security_.get(), .peer_roles = {PeerRole::kCoordinator}}))) {}
 
   int Run() {
     if (cmd_.verb == "submit") return Submit(cmd_.args[0]);
@@ -261,7 +298,14 @@ class Psctl {
   }
 
  private:
-  void Deadline(grpc::ClientContext& context) const { SetTimeout(context, cmd_.timeout); }
+  // The call's deadline (`timeout`, default --timeout; infinite: none) and
+  // the user's token.
+  void Prepare(grpc::ClientContext& context,
+               std::optional<absl::Duration> timeout = std::nullopt) const {
+    const absl::Duration t = timeout.value_or(cmd_.timeout);
+    if (t != absl::InfiniteDuration()) SetTimeout(context, t);
+    if (!cmd_.token.empty()) context.AddMetadata("authorization", "Bearer " + cmd_.token);
+  }
 
   int Submit(const std::string& path) {
     absl::StatusOr<std::string> text = ReadFile(path);
@@ -273,7 +317,7 @@ class Psctl {
     request.set_spec_yaml(*text);
     v1::SubmitJobResponse response;
     grpc::ClientContext context;
-    Deadline(context);
+    Prepare(context);
     grpc::Status status = stub_->SubmitJob(&context, request, &response);
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
@@ -295,7 +339,7 @@ class Psctl {
     request.set_job_id(id);
     v1::Job job;
     grpc::ClientContext context;
-    Deadline(context);
+    Prepare(context);
     if (grpc::Status s = stub_->GetJob(&context, request, &job); !s.ok()) return Failed(s);
     if (cmd_.json) {
       std::cout << ToJson(job) << "\n";
@@ -366,7 +410,7 @@ class Psctl {
       request.set_page_size(std::min(cmd_.limit - all.jobs_size(), 1000));
       v1::ListJobsResponse page;
       grpc::ClientContext context;
-      Deadline(context);
+      Prepare(context);
       if (grpc::Status s = stub_->ListJobs(&context, request, &page); !s.ok()) return Failed(s);
       for (v1::Job& job : *page.mutable_jobs()) *all.add_jobs() = std::move(job);
       if (page.next_page_token().empty()) break;
@@ -397,7 +441,8 @@ class Psctl {
   }
 
   int Watch(const std::string& id) {
-    grpc::ClientContext context;  // no deadline: a job may run for days
+    grpc::ClientContext context;
+    Prepare(context, absl::InfiniteDuration());  // a job may run for days
     ProgressDisplay display(stdout, isatty(STDOUT_FILENO), absl::Seconds(1));
     absl::StatusOr<v1::Job> job =
         FollowJob(*stub_, id, context, [&](const v1::JobEvent& event, const v1::Job& now) {
@@ -417,7 +462,7 @@ class Psctl {
     request.set_job_id(id);
     v1::Job job;
     grpc::ClientContext context;
-    Deadline(context);
+    Prepare(context);
     if (grpc::Status s = stub_->CancelJob(&context, request, &job); !s.ok()) return Failed(s);
     if (cmd_.json) {
       std::cout << ToJson(job) << "\n";
@@ -430,7 +475,7 @@ class Psctl {
   int Nodes() {
     v1::ListNodesResponse response;
     grpc::ClientContext context;
-    Deadline(context);
+    Prepare(context);
     if (grpc::Status s = stub_->ListNodes(&context, v1::ListNodesRequest(), &response); !s.ok()) {
       return Failed(s);
     }
@@ -467,7 +512,7 @@ class Psctl {
     v1::CheckpointJobResponse response;
     {
       grpc::ClientContext context;
-      Deadline(context);
+      Prepare(context);
       if (grpc::Status s = stub_->CheckpointJob(&context, request, &response); !s.ok()) {
         return Failed(s);
       }
@@ -479,7 +524,7 @@ class Psctl {
       get.set_job_id(id);
       v1::Job job;
       grpc::ClientContext context;
-      Deadline(context);
+      Prepare(context);
       if (grpc::Status s = stub_->GetJob(&context, get, &job); !s.ok()) return Failed(s);
       if (job.last_checkpoint_step() >= response.step()) {
         if (cmd_.json) {
@@ -510,7 +555,7 @@ class Psctl {
     v1::ExportModelRequest request;
     request.set_job_id(id);
     grpc::ClientContext context;
-    SetTimeout(context, cmd_.timeout + absl::Minutes(5));
+    Prepare(context, cmd_.timeout + absl::Minutes(5));
     auto reader = stub_->ExportModel(&context, request);
     std::string bytes;
     v1::ModelFileChunk piece;
@@ -547,12 +592,13 @@ class Psctl {
       answer = response->body;
       if (!healthy) std::cerr << "psctl: " << target << ": HTTP " << response->status << "\n";
     } else {
-      auto health = grpc::health::v1::Health::NewStub(MakeChannel(target));
+      auto health =
+          grpc::health::v1::Health::NewStub(MakeChannel(target, {.security = security_.get()}));
       grpc::health::v1::HealthCheckRequest request;
       request.set_service(cmd_.service);
       grpc::health::v1::HealthCheckResponse response;
       grpc::ClientContext context;
-      Deadline(context);
+      Prepare(context);
       if (grpc::Status s = health->Check(&context, request, &response); !s.ok()) {
         std::cerr << "psctl: " << target << ": " << s.error_message() << "\n";
         return s.error_code() == grpc::StatusCode::NOT_FOUND ? kExitJobFailed : kExitUnavailable;
@@ -572,6 +618,7 @@ class Psctl {
   }
 
   const Command& cmd_;
+  const std::unique_ptr<TransportSecurity> security_;
   std::unique_ptr<v1::Control::Stub> stub_;
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "glog/logging.h"
 
 namespace pstrain {
@@ -26,7 +27,10 @@ MembershipClient::MembershipClient(Options options, Callbacks callbacks)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
       stub_(v1::Membership::NewStub(
-          MakeChannel(options_.coordinator_address, 0, options_.rpc))),
+          MakeChannel(options_.coordinator_address,
+                      {.security = options_.security,
+                       .peer_roles = {PeerRole::kCoordinator},
+                       .metrics = options_.rpc}))),
       incarnation_(RandomIncarnation()),
       // Without an id of its own the node names itself, so that a retried
       // registration is recognised as the same node.

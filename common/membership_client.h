@@ -21,6 +21,7 @@
 namespace pstrain {
 
 class RpcMetrics;
+class TransportSecurity;
 
 class MembershipClient {
  public:
@@ -34,6 +35,8 @@ class MembershipClient {
     int64_t max_memory_bytes = 0;  // servers: capacity; 0 = unlimited
     std::string metrics_address;   // host:port of the node's /metrics, if any
     RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
+    // Mutual TLS to the coordinator; null: plaintext. Must outlive the client.
+    const TransportSecurity* security = nullptr;
     // Used until the coordinator suggests its own interval at registration.
     absl::Duration heartbeat_interval = absl::Seconds(1);
     absl::Duration rpc_timeout = absl::Seconds(5);

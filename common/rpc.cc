@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace pstrain {
@@ -23,8 +24,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index,
-                                           RpcMetrics* metrics) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ChannelOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -36,12 +37,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // A distinct argument per pool member keeps gRPC from sharing one subchannel.
-  args.SetInt("pstrain.channel_pool_index", pool_index);
-  if (metrics == nullptr) {
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  }
+  args.SetInt("pstrain.channel_pool_index", options.pool_index);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.security == nullptr ? grpc::InsecureChannelCredentials()
+                                  : options.security->ChannelCredentials(options.peer_roles);
+  if (options.metrics == nullptr) return grpc::CreateCustomChannel(address, credentials, args);
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, grpc::InsecureChannelCredentials(), args, metrics->ClientInterceptors());
+      address, credentials, args, options.metrics->ClientInterceptors());
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,13 +23,26 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 class RpcMetrics;
+class TransportSecurity;
+enum class PeerRole;
 
-// An insecure channel to `address` with pstrain's message limits, keepalive
-// and reconnect settings, its calls measured by `metrics` if set.
-// `pool_index` makes channels with otherwise identical arguments distinct,
-// so that they do not share one TCP connection.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int pool_index = 0,
-                                           RpcMetrics* metrics = nullptr);
+struct ChannelOptions {
+  // Mutual TLS with this process's certificate; null: plaintext.
+  const TransportSecurity* security = nullptr;
+  // With TLS: the roles the server's certificate may carry (e.g. only a
+  // coordinator's); empty: any role.
+  std::vector<PeerRole> peer_roles = {};
+  // Makes channels with otherwise identical arguments distinct, so that they
+  // do not share one TCP connection.
+  int pool_index = 0;
+  // Measures the channel's calls; null: not measured.
+  RpcMetrics* metrics = nullptr;
+};
+
+// A channel to `address` with pstrain's message limits, keepalive and
+// reconnect settings.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ChannelOptions& options = {});
 
 // Applies pstrain's limits to a server under construction, measures its
 // calls with `metrics` if set, and has it serve the standard health service

@@ -9,7 +9,7 @@ packages=(
   g++ cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libyaml-cpp-dev libopenblas-dev zlib1g-dev
-  prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus iproute2
+  prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus iproute2 libssl-dev openssl
 )
 missing=()
 for p in "${packages[@]}"; do

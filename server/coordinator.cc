@@ -24,6 +24,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
+#include "server/access.h"
 #include "server/job_progress.h"
 #include "server/job_store.h"
 #include "server/model_store.h"
@@ -226,6 +227,7 @@ class CoordinatorImpl final : public Coordinator,
  public:
   explicit CoordinatorImpl(Options options)
       : options_(std::move(options)),
+        access_(options_.auth_tokens),
         fs_(options_.fs != nullptr ? options_.fs : PosixFileSystem()),
         clock_(options_.clock != nullptr ? options_.clock : MonotonicClock()),
         rng_(std::random_device{}()),
@@ -249,7 +251,10 @@ class CoordinatorImpl final : public Coordinator,
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
-    builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
+    PSTRAIN_ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::ServerCredentials> credentials,
+        ListenCredentials(options_.security, options_.listen_address, options_.insecure));
+    builder.AddListeningPort(options_.listen_address, credentials, &port);
     builder.RegisterService(static_cast<v1::Control::CallbackService*>(this));
     builder.RegisterService(static_cast<v1::Membership::CallbackService*>(this));
     server_ = builder.BuildAndStart();
@@ -291,11 +296,17 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* request,
                                       v1::SubmitJobResponse* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kOperator, "submit a job"); !s.ok()) {
+      return Reply(ctx, s);
+    }
     return Reply(ctx, Submit(*request, response));
   }
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
                                    const v1::GetJobRequest* request, v1::Job* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kViewer, "get a job"); !s.ok()) {
+      return Reply(ctx, s);
+    }
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
     if (it == jobs_.end()) return Reply(ctx, UnknownJob(request->job_id()));
@@ -306,12 +317,18 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* request,
                                      v1::ListJobsResponse* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kViewer, "list jobs"); !s.ok()) {
+      return Reply(ctx, s);
+    }
     return Reply(ctx, List(*request, response));
   }
 
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* request,
                                       v1::Job* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kOperator, "cancel a job"); !s.ok()) {
+      return Reply(ctx, s);
+    }
     const std::string& id = request->job_id();
     absl::Status status = Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (!jobs_.contains(id)) return UnknownJob(id);
@@ -332,9 +349,12 @@ class CoordinatorImpl final : public Coordinator,
                                                    const v1::WatchJobRequest* request) override {
     auto* watch = new JobWatch(options_.max_queued_events);
     const std::shared_ptr<WatchQueue> queue = watch->queue();
+    const absl::Status allowed = access_.CheckUser(*ctx, UserRole::kViewer, "watch a job");
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (shut_down_) {
+    if (!allowed.ok()) {
+      queue->End(ToGrpcStatus(allowed));
+    } else if (shut_down_) {
       queue->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
     } else if (it == jobs_.end()) {
       queue->End(ToGrpcStatus(UnknownJob(request->job_id())));
@@ -360,6 +380,9 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest*,
                                       v1::ListNodesResponse* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kViewer, "list nodes"); !s.ok()) {
+      return Reply(ctx, s);
+    }
     absl::MutexLock lock(&mu_);
     const std::map<std::string, int64_t> reserved = ReservedBytes();
     for (const auto& [id, node] : registry_.nodes()) {
@@ -371,13 +394,21 @@ class CoordinatorImpl final : public Coordinator,
   }
 
   grpc::ServerWriteReactor<v1::ModelFileChunk>* ExportModel(
-      grpc::CallbackServerContext*, const v1::ExportModelRequest* request) override {
+      grpc::CallbackServerContext* ctx, const v1::ExportModelRequest* request) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kOperator, "export a model");
+        !s.ok()) {
+      return NewModelExport(fs_, s);
+    }
     return NewModelExport(fs_, FindModel(request->job_id()));
   }
 
   grpc::ServerUnaryReactor* CheckpointJob(grpc::CallbackServerContext* ctx,
                                           const v1::CheckpointJobRequest* request,
                                           v1::CheckpointJobResponse* response) override {
+    if (absl::Status s = access_.CheckUser(*ctx, UserRole::kOperator, "checkpoint a job");
+        !s.ok()) {
+      return Reply(ctx, s);
+    }
     const std::string& id = request->job_id();
     int64_t step = 0;
     absl::Status status = Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -422,10 +453,16 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override {
+    if (absl::Status s = access_.CheckNode(*ctx, request->node_id(), request->role()); !s.ok()) {
+      return Reply(ctx, s);
+    }
+    // Over TLS a node that names no id gets its certificate's.
+    v1::RegisterRequest checked = *request;
+    if (checked.node_id().empty()) checked.set_node_id(AccessPolicy::CertifiedNodeId(*ctx));
     absl::StatusOr<NodeRegistry::Registration> registered;
     {
       absl::MutexLock lock(&mu_);
-      registered = registry_.Register(*request);
+      registered = registry_.Register(checked);
       UpdateGauges();
     }
     if (!registered.ok()) return Reply(ctx, registered.status());
@@ -448,6 +485,10 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override {
+    if (absl::Status s = access_.CheckNode(*ctx, request->node_id(), v1::NODE_ROLE_UNSPECIFIED);
+        !s.ok()) {
+      return Reply(ctx, s);
+    }
     absl::MutexLock lock(&mu_);
     const NodeRegistry::Node* before = registry_.Find(request->node_id());
     const bool was_lost = before != nullptr && before->info.state() == v1::NODE_STATE_LOST;
@@ -460,6 +501,10 @@ class CoordinatorImpl final : public Coordinator,
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
                                            const v1::ReportProgressRequest* request,
                                            v1::ReportProgressResponse* response) override {
+    if (absl::Status s = access_.CheckNode(*ctx, request->node_id(), v1::NODE_ROLE_WORKER);
+        !s.ok()) {
+      return Reply(ctx, s);
+    }
     bool active = false;
     absl::Status status = Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return Progress(txn, *request, &active);
@@ -469,15 +514,16 @@ class CoordinatorImpl final : public Coordinator,
   }
 
   grpc::ServerReadReactor<v1::UploadModelRequest>* UploadModel(
-      grpc::CallbackServerContext*, v1::UploadModelResponse*) override {
-    return NewModelUpload(this);
+      grpc::CallbackServerContext* ctx, v1::UploadModelResponse*) override {
+    return NewModelUpload(this, AccessPolicy::CertifiedNodeId(*ctx));
   }
 
-  grpc::ServerWriteReactor<v1::SessionEvent>* Session(grpc::CallbackServerContext*,
+  grpc::ServerWriteReactor<v1::SessionEvent>* Session(grpc::CallbackServerContext* ctx,
                                                       const v1::SessionRequest* request) override {
     auto* session = new NodeSession(this, *request);
-    absl::Status refused;
-    {
+    absl::Status refused =
+        access_.CheckNode(*ctx, request->node_id(), v1::NODE_ROLE_UNSPECIFIED);
+    if (refused.ok()) {
       absl::MutexLock lock(&mu_);
       const NodeRegistry::Node* node = registry_.Find(request->node_id());
       if (shut_down_) {
@@ -1331,6 +1377,7 @@ class CoordinatorImpl final : public Coordinator,
   }
 
   const Options options_;
+  const AccessPolicy access_;
   FileSystem* const fs_;
   const Clock* const clock_;
   std::unique_ptr<grpc::Server> server_;

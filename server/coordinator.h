@@ -18,13 +18,16 @@
 #define PSTRAIN_SERVER_COORDINATOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/file_system.h"
+#include "common/tls.h"
 #include "pstrain/v1/control.pb.h"
+#include "server/access.h"
 #include "server/coordinator_metrics.h"
 
 namespace pstrain::server {
@@ -37,6 +40,13 @@ class Coordinator {
     // What nodes and clients dial: "host" (with the bound port) or
     // "host:port". Empty: the listen address, which must not be a wildcard.
     std::string advertise_address;
+    // Mutual TLS with the coordinator's certificate; null: plaintext, which
+    // must listen on loopback unless `insecure`. Must outlive the
+    // coordinator.
+    const TransportSecurity* security = nullptr;
+    bool insecure = false;
+    // The users of the control API; nullopt: no tokens (see access.h).
+    std::optional<AuthTokens> auth_tokens;
     // Where jobs and model files are kept durably (created if missing).
     // Empty: in memory only, lost when the process ends.
     std::string state_dir;

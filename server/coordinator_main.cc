@@ -6,6 +6,7 @@
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "glog/logging.h"
 #include "server/coordinator.h"
 
@@ -32,6 +33,10 @@ ABSL_FLAG(std::string, prometheus_sd_file, "",
           "if set, keep a Prometheus file_sd targets file of every process's /metrics here");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat interval suggested to nodes");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "users of the control API, one per line: ROLE NAME SHA256 (ROLE viewer or operator, "
+          "SHA256 the token's in hex); then every control call needs a bearer token. Default: "
+          "no tokens (see the README's Security section)");
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-coordinator [--listen=host:port] [flags]");
@@ -60,6 +65,18 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
     std::cerr << "--metrics_job_grace_s must be >= 0\n";
     return 2;
+  }
+  std::unique_ptr<pstrain::TransportSecurity> security =
+      pstrain::TransportSecurityFromFlags("pstrain-coordinator", pstrain::PeerRole::kCoordinator);
+  options.security = security.get();
+  options.insecure = pstrain::InsecureFlag();
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens_file); !path.empty()) {
+    absl::StatusOr<pstrain::server::AuthTokens> tokens = pstrain::server::AuthTokens::Load(path);
+    if (!tokens.ok()) {
+      std::cerr << "pstrain-coordinator: " << tokens.status().message() << "\n";
+      return 2;
+    }
+    options.auth_tokens = std::move(*tokens);
   }
   pstrain::ExitIfOnlyCheckingFlags();
   pstrain::StopOnSignal signals;

@@ -13,7 +13,10 @@ constexpr size_t kModelPieceBytes = 1 << 20;
 // Receives worker 0's model file.
 class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest> {
  public:
-  explicit ModelUpload(ModelUploadHandler* handler) : handler_(handler) { StartRead(&request_); }
+  ModelUpload(ModelUploadHandler* handler, std::string certified_node_id)
+      : handler_(handler), certified_node_id_(std::move(certified_node_id)) {
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending
@@ -23,6 +26,13 @@ class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest>
     }
     if (!began_) {
       job_id_ = request_.job_id();
+      if (!certified_node_id_.empty() && request_.node_id() != certified_node_id_) {
+        Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            absl::StrCat("the certificate '", certified_node_id_,
+                                         "' does not carry the node id '",
+                                         request_.node_id().substr(0, 80), "'")));
+        return;
+      }
       absl::StatusOr<int64_t> limit = handler_->BeginUpload(request_.node_id(), job_id_);
       if (!limit.ok()) {
         Finish(ToGrpcStatus(limit.status()));
@@ -46,6 +56,7 @@ class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest>
 
  private:
   ModelUploadHandler* const handler_;
+  const std::string certified_node_id_;
   v1::UploadModelRequest request_;
   std::string job_id_, data_;
   bool began_ = false;
@@ -136,8 +147,9 @@ absl::StatusOr<ModelStore::Source> ModelStore::Find(const std::string& job_id) c
   return Source{"", it->second};
 }
 
-grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler) {
-  return new ModelUpload(handler);
+grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(
+    ModelUploadHandler* handler, std::string certified_node_id) {
+  return new ModelUpload(handler, std::move(certified_node_id));
 }
 
 grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(

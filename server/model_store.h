@@ -63,7 +63,10 @@ class ModelUploadHandler {
 };
 
 // Reactors for the two streams; they delete themselves when done.
-grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler);
+// `certified_node_id`: the id the caller's certificate carries, which the
+// upload's node_id must equal; empty: not checked (plaintext).
+grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler,
+                                                                std::string certified_node_id);
 grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(
     FileSystem* fs, absl::StatusOr<ModelStore::Source> source);
 

@@ -8,6 +8,7 @@
 #include "common/membership_client.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "pstrain/v1/parameters.grpc.pb.h"
@@ -30,7 +31,10 @@ class ParameterServerImpl final : public ParameterServer {
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options_.rpc);
     int port = 0;
-    builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
+    PSTRAIN_ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::ServerCredentials> credentials,
+        ListenCredentials(options_.security, options_.listen_address, options_.insecure));
+    builder.AddListeningPort(options_.listen_address, credentials, &port);
     builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
@@ -50,6 +54,7 @@ class ParameterServerImpl final : public ParameterServer {
       m.max_memory_bytes = options_.store.max_memory_bytes;
       m.metrics_address = options_.metrics_address;
       m.rpc = options_.rpc;
+      m.security = options_.security;
       m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
       MembershipClient::Callbacks callbacks;
       callbacks.held_jobs = [this] {

@@ -10,6 +10,10 @@
 #include "absl/time/time.h"
 #include "server/shard_store.h"
 
+namespace pstrain {
+class TransportSecurity;
+}  // namespace pstrain
+
 namespace pstrain::server {
 
 class ParameterServer {
@@ -32,6 +36,11 @@ class ParameterServer {
     ShardStore::Options store;
     // Measures the calls; null: not measured. Must outlive the server.
     RpcMetrics* rpc = nullptr;
+    // Mutual TLS with the server's certificate, for the parameter service
+    // and the calls to the coordinator; null: plaintext, which must listen
+    // on loopback unless `insecure`. Must outlive the server.
+    const TransportSecurity* security = nullptr;
+    bool insecure = false;
     // The server's /metrics address, given to the coordinator.
     std::string metrics_address;
   };

@@ -7,6 +7,7 @@
 #include "common/metrics.h"
 #include "common/node_id.h"
 #include "common/process.h"
+#include "common/tls_flags.h"
 #include "glog/logging.h"
 #include "server/parameter_server.h"
 
@@ -50,7 +51,11 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-server: " << node_id.status().message() << "\n";
     return 2;
   }
-  options.node_id = *node_id;
+  std::unique_ptr<pstrain::TransportSecurity> security =
+      pstrain::TransportSecurityFromFlags("pstrain-server", pstrain::PeerRole::kServer);
+  options.security = security.get();
+  options.insecure = pstrain::InsecureFlag();
+  options.node_id = pstrain::CertifiedNodeId("pstrain-server", security.get(), *node_id);
   absl::StatusOr<std::string> advertise =
       pstrain::ExpandNodeId("--advertise_address", options.advertise_address, options.node_id);
   if (!advertise.ok()) {

@@ -12,6 +12,7 @@
 #include "common/chunk_codec.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace pstrain::worker {
@@ -133,7 +134,10 @@ class GrpcTransport final : public ParameterTransport {
     for (const std::string& address : addresses) {
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
-            MakeChannel(address, next_pool_index++, options.metrics)));
+            MakeChannel(address, {.security = options.security,
+                                  .peer_roles = {PeerRole::kServer},
+                                  .pool_index = next_pool_index++,
+                                  .metrics = options.metrics})));
       }
     }
     starter_ = std::thread([this] { StartLoop(); });

@@ -14,6 +14,7 @@
 
 namespace pstrain {
 class RpcMetrics;
+class TransportSecurity;
 }
 
 namespace pstrain::worker {
@@ -57,6 +58,9 @@ struct GrpcTransportOptions {
   int window = 2;
   // Measures the calls; null: not measured.
   RpcMetrics* metrics = nullptr;
+  // Mutual TLS with the worker's certificate (servers must present a
+  // server's); null: plaintext. Must outlive the transports.
+  const TransportSecurity* security = nullptr;
 };
 
 // INVALID_ARGUMENT, naming the option, unless channels_per_server is in

@@ -7,6 +7,7 @@
 #include "common/node_id.h"
 #include "common/process.h"
 #include "common/status.h"
+#include "common/tls_flags.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_api.h"
@@ -49,7 +50,10 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-worker: " << node_id.status().message() << "\n";
     return 2;
   }
-  options.node_id = *node_id;
+  std::unique_ptr<pstrain::TransportSecurity> security =
+      pstrain::TransportSecurityFromFlags("pstrain-worker", pstrain::PeerRole::kWorker);
+  options.security = security.get();
+  options.node_id = pstrain::CertifiedNodeId("pstrain-worker", security.get(), *node_id);
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-worker: --coordinator is required\n";
     return 2;
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
   options.metrics = worker_metrics->get();
   options.rpc = &metrics->rpc();
   transport.metrics = options.rpc;
+  transport.security = security.get();
   options.make_transport = pstrain::worker::GrpcTransportFactory(transport);
   if (faults->any()) {
     options.make_transport = [grpc = options.make_transport, faults = *faults](

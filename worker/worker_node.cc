@@ -31,6 +31,7 @@ class WorkerNodeImpl final : public WorkerNode {
     m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
     m.metrics_address = options_.metrics_address;
     m.rpc = options_.rpc;
+    m.security = options_.security;
     MembershipClient::Callbacks callbacks;
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);

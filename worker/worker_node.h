@@ -31,6 +31,10 @@ class WorkerNode {
     // Metrics; null: not measured. They must outlive the node.
     WorkerMetrics* metrics = nullptr;
     RpcMetrics* rpc = nullptr;
+    // Mutual TLS with the worker's certificate to the coordinator; null:
+    // plaintext. (The transports to the servers take theirs from
+    // make_transport.) Must outlive the node.
+    const TransportSecurity* security = nullptr;
     // Makes the transports to the parameter servers; default: gRPC with
     // default options.
     TransportFactory make_transport;

@@ -3,8 +3,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/model_file.h"
+#include "common/files.h"
 #include "common/rpc.h"
+#include "common/tls.h"
 
 namespace pstrain::testing {
 
@@ -16,7 +19,19 @@ void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::O
   absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster = cli::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   cluster_ = std::move(*cluster);
-  control_ = v1::Control::NewStub(MakeChannel(cluster_->coordinator_address()));
+  tls_dir_ = options.tls_dir;
+  if (!tls_dir_.empty()) {
+    // psctl's credentials: the admin certificate and the operator's token.
+    absl::StatusOr<std::unique_ptr<TransportSecurity>> admin = TransportSecurity::Load(
+        {.cert = tls_dir_ + "/admin.crt", .key = tls_dir_ + "/admin.key", .ca = tls_dir_ + "/ca.crt"});
+    ASSERT_TRUE(admin.ok()) << admin.status();
+    client_security_ = std::move(*admin);
+    absl::StatusOr<std::string> token = ReadFile(tls_dir_ + "/operator.token");
+    if (token.ok()) token_ = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  control_ = v1::Control::NewStub(MakeChannel(
+      cluster_->coordinator_address(),
+      {.security = client_security_.get(), .peer_roles = {PeerRole::kCoordinator}}));
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
   while (static_cast<int>(Nodes().size()) < servers + workers) {
     ASSERT_LT(absl::Now(), give_up) << "the nodes did not register";
@@ -29,11 +44,12 @@ namespace {
 // Runs an idempotent call until it gets through: a call sent on the
 // connection of a coordinator that was just killed fails UNAVAILABLE.
 template <typename Call>
-grpc::Status Retrying(Call call) {
+grpc::Status Retrying(const std::string& token, Call call) {
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (true) {
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
     context.set_wait_for_ready(true);  // wait for the coordinator to reconnect
     grpc::Status status = call(context);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up) {
@@ -51,6 +67,7 @@ std::string ClusterFixture::Submit(const v1::JobSpec& spec) {
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
+  if (!token_.empty()) context.AddMetadata("authorization", "Bearer " + token_);
   grpc::Status status = control_->SubmitJob(&context, request, &response);
   EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   return response.job_id();
@@ -60,7 +77,7 @@ v1::Job ClusterFixture::Get(const std::string& id) {
   v1::GetJobRequest request;
   request.set_job_id(id);
   v1::Job job;
-  grpc::Status status = Retrying(
+  grpc::Status status = Retrying(token_,
       [&](grpc::ClientContext& context) { return control_->GetJob(&context, request, &job); });
   EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   return job;
@@ -68,7 +85,7 @@ v1::Job ClusterFixture::Get(const std::string& id) {
 
 std::vector<v1::Node> ClusterFixture::Nodes() {
   v1::ListNodesResponse response;
-  grpc::Status status = Retrying([&](grpc::ClientContext& context) {
+  grpc::Status status = Retrying(token_, [&](grpc::ClientContext& context) {
     return control_->ListNodes(&context, v1::ListNodesRequest(), &response);
   });
   EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
@@ -79,7 +96,7 @@ v1::Job ClusterFixture::Cancel(const std::string& id) {
   v1::CancelJobRequest request;
   request.set_job_id(id);
   v1::Job job;
-  grpc::Status status = Retrying(
+  grpc::Status status = Retrying(token_,
       [&](grpc::ClientContext& context) { return control_->CancelJob(&context, request, &job); });
   EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   return job;
@@ -113,6 +130,12 @@ v1::Job ClusterFixture::WaitForEnd(const std::string& id, absl::Duration patienc
 ProcessResult ClusterFixture::Psctl(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {BinDir() + "/psctl",
                                    "--coordinator=" + cluster_->coordinator_address()};
+  if (!tls_dir_.empty()) {
+    argv.insert(argv.end(), {"--tls_cert=" + tls_dir_ + "/admin.crt",
+                             "--tls_key=" + tls_dir_ + "/admin.key",
+                             "--tls_ca=" + tls_dir_ + "/ca.crt"});
+    if (!token_.empty()) argv.push_back("--token_file=" + tls_dir_ + "/operator.token");
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv);
 }

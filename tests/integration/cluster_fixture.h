@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/local_cluster.h"
+#include "common/tls.h"
 #include "gtest/gtest.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "tests/integration/integration_util.h"
@@ -18,7 +19,9 @@ namespace pstrain::testing {
 
 class ClusterFixture : public ::testing::Test {
  protected:
-  // Starts a cluster and waits until all its nodes have registered.
+  // Starts a cluster and waits until all its nodes have registered. With
+  // options.tls_dir the fixture's calls and psctl use that directory's admin
+  // certificate and operator token.
   void StartCluster(int servers, int workers, cli::LocalCluster::Options options = {});
 
   std::string Submit(const v1::JobSpec& spec);
@@ -44,6 +47,9 @@ class ClusterFixture : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<cli::LocalCluster> cluster_;
+  std::string tls_dir_;
+  std::unique_ptr<TransportSecurity> client_security_;
+  std::string token_;
   std::unique_ptr<v1::Control::Stub> control_;
 };
 

@@ -156,4 +156,14 @@ bool IsAlive(pid_t pid) {
   return ReadStat(pid, &state, &parent) && state != 'Z' && state != 'X';
 }
 
+void MakeDevCertificates(const std::vector<std::string>& args,
+                         const std::vector<std::string>& env) {
+  std::vector<std::string> argv = {"env"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(std::string(PSTRAIN_SOURCE_DIR) + "/deploy/tls/make-dev-certs.sh");
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessResult made = RunProcess(argv);
+  EXPECT_EQ(made.exit_code(), 0) << made.err;
+}
+
 }  // namespace pstrain::testing

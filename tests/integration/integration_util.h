@@ -40,6 +40,12 @@ struct ProcessResult {
 ProcessResult RunProcess(const std::vector<std::string>& argv,
                          absl::Duration patience = absl::Seconds(60));
 
+// Runs deploy/tls/make-dev-certs.sh with `args` (DIR SERVERS WORKERS, or
+// DIR --names NAME...) and `env` ("VAR=value", ...); a test failure if it
+// fails.
+void MakeDevCertificates(const std::vector<std::string>& args,
+                         const std::vector<std::string>& env = {});
+
 // A plain HTTP/1.0 GET of http://host:port/path_and_query; the body, or an
 // error for a failed connection or a status other than 200.
 absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path);

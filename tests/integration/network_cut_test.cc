@@ -106,15 +106,20 @@ class NetworkCutTest : public ClusterFixture {
   std::unique_ptr<NetworkNamespace> net_;
 };
 
+// Over mutual TLS: the cut worker's connections come back with new handshakes.
 TEST_F(NetworkCutTest, AWorkerCutOffForLongerThanTheLeaseComesBack) {
   cli::LocalCluster::Options options = Options();
+  options.tls_dir = dir_.path() + "/tls";
+  ASSERT_NO_FATAL_FAILURE(MakeDevCertificates({options.tls_dir, "2", "2"}));
   options.wrappers["worker-1"] = net_->Exec();
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
   CutAndCompare("worker-1");
 }
 
+// In plaintext, which off loopback needs --insecure.
 TEST_F(NetworkCutTest, AServerCutOffForLongerThanTheLeaseComesBack) {
   cli::LocalCluster::Options options = Options();
+  options.insecure = true;
   options.wrappers["server-1"] = net_->Exec();
   options.server_flags[1] = {absl::StrCat("--listen=", net_->ns_ip(), ":0")};
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));

@@ -1,0 +1,53 @@
+#include "common/tls_flags.h"
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) this process presents; with --tls_key and --tls_ca every "
+          "connection is mutual TLS, and the certificate's name is the node's id and role");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM certificate(s) of the CA every peer must be signed by");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext on a listen address other than loopback (logged as a warning)");
+
+namespace pstrain {
+
+std::unique_ptr<TransportSecurity> TransportSecurityFromFlags(absl::string_view program,
+                                                              PeerRole role) {
+  const TlsFiles files{.cert = absl::GetFlag(FLAGS_tls_cert),
+                       .key = absl::GetFlag(FLAGS_tls_key),
+                       .ca = absl::GetFlag(FLAGS_tls_ca)};
+  if (files.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<TransportSecurity>> security = TransportSecurity::Load(files);
+  if (!security.ok()) {
+    std::cerr << program << ": " << security.status().message() << "\n";
+    std::exit(2);
+  }
+  const PeerIdentity& identity = (*security)->identity();
+  if (identity.role != role) {
+    std::cerr << program << ": --tls_cert names '" << identity.name << "', a "
+              << PeerRoleName(identity.role) << "; this process needs a " << PeerRoleName(role)
+              << "'s certificate (see deploy/tls/make-dev-certs.sh)\n";
+    std::exit(2);
+  }
+  return std::move(*security);
+}
+
+std::string CertifiedNodeId(absl::string_view program, const TransportSecurity* security,
+                            const std::string& node_id) {
+  if (security == nullptr) return node_id;
+  const std::string& name = security->identity().name;
+  if (!node_id.empty() && node_id != name) {
+    std::cerr << program << ": the node id '" << node_id << "' is not the name of --tls_cert ('"
+              << name << "'): a node runs under its certificate's name\n";
+    std::exit(2);
+  }
+  return name;
+}
+
+bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
+
+}  // namespace pstrain

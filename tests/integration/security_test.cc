@@ -1,0 +1,383 @@
+// Mutual TLS and bearer tokens: a coordinator with certificates made by
+// deploy/tls/make-dev-certs.sh, called by clients with their own channels
+// (a rogue client among them), then whole clusters and psctl over TLS.
+#include <sys/stat.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/files.h"
+#include "common/rpc.h"
+#include "common/status.h"
+#include "common/tls.h"
+#include "gtest/gtest.h"
+#include "pstrain/v1/control.grpc.pb.h"
+#include "pstrain/v1/membership.grpc.pb.h"
+#include "server/coordinator.h"
+#include "tests/cluster_util.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
+
+namespace pstrain::testing {
+namespace {
+
+constexpr char kJob[] = R"(
+model: {type: mlp, hidden: [32]}
+optimizer: {type: sgd, learning_rate: 0.1}
+batch_size: 8
+steps: 10
+num_servers: 1
+num_workers: 1
+)";
+
+// Certificates shared by the suite: `good` (the cluster's CA), `other` (a
+// CA of its own) and `expired` (the cluster's CA, certificates that expired
+// yesterday).
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const std::string good = dir_->path() + "/good", other = dir_->path() + "/other",
+                      expired = dir_->path() + "/expired";
+    ASSERT_NO_FATAL_FAILURE(MakeDevCertificates({good, "1", "2"}));
+    ASSERT_NO_FATAL_FAILURE(MakeDevCertificates({other, "1", "2"}));
+    PSTRAIN_ASSERT_OK(CopyFile(good + "/ca.crt", expired + "/ca.crt"));
+    PSTRAIN_ASSERT_OK(CopyFile(good + "/ca.key", expired + "/ca.key"));
+    ASSERT_NO_FATAL_FAILURE(
+        MakeDevCertificates({expired, "--names", "worker-0"}, {"PSTRAIN_CERT_DAYS=-1"}));
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  static absl::Status CopyFile(const std::string& from, const std::string& to) {
+    mkdir(to.substr(0, to.rfind('/')).c_str(), 0700);
+    PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(from));
+    return WriteFileAtomically(to, bytes);
+  }
+
+  static std::string Path(const std::string& set, const std::string& file) {
+    return absl::StrCat(dir_->path(), "/", set, "/", file);
+  }
+  static std::string Pem(const std::string& set, const std::string& file) {
+    absl::StatusOr<std::string> pem = ReadFile(Path(set, file));
+    EXPECT_TRUE(pem.ok()) << pem.status();
+    return pem.value_or("");
+  }
+  static TlsFiles Files(const std::string& set, const std::string& name) {
+    return {.cert = Path(set, name + ".crt"), .key = Path(set, name + ".key"),
+            .ca = Path("good", "ca.crt")};
+  }
+  std::unique_ptr<TransportSecurity> Load(const std::string& name) {
+    absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(Files("good", name));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // Starts the coordinator with the certificate `name` (empty: plaintext).
+  void StartCoordinator(std::optional<server::AuthTokens> tokens = std::nullopt,
+                        const std::string& name = "coordinator") {
+    if (!name.empty()) coordinator_security_ = Load(name);
+    server::Coordinator::Options options;
+    options.security = coordinator_security_.get();
+    options.auth_tokens = std::move(tokens);
+    absl::StatusOr<std::unique_ptr<server::Coordinator>> c = server::Coordinator::Create(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+  }
+  void TearDown() override {
+    if (coordinator_ != nullptr) coordinator_->Shutdown(absl::Seconds(1));
+  }
+
+  // A channel to the coordinator with `security` (this process's
+  // certificate, checked as pstrain does).
+  std::shared_ptr<grpc::Channel> Channel(const TransportSecurity* security) {
+    return MakeChannel(coordinator_->address(),
+                       {.security = security, .peer_roles = {PeerRole::kCoordinator}});
+  }
+  // A channel with credentials that pstrain would not load (a rogue's):
+  // any key, certificate and CA; plaintext when all are empty.
+  std::shared_ptr<grpc::Channel> RawChannel(const std::string& cert, const std::string& key,
+                                            const std::string& ca) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials =
+        ca.empty() ? grpc::InsecureChannelCredentials()
+                   : grpc::SslCredentials({.pem_root_certs = ca,
+                                           .pem_private_key = key,
+                                           .pem_cert_chain = cert});
+    return grpc::CreateChannel(coordinator_->address(), credentials);
+  }
+
+  static v1::RegisterRequest Registration(v1::NodeRole role, const std::string& node_id = "") {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_node_id(node_id);
+    if (role == v1::NODE_ROLE_SERVER) request.set_address("127.0.0.1:1");
+    request.set_hostname("test");
+    request.set_pid(1);
+    request.set_incarnation(42);
+    return request;
+  }
+  static absl::StatusOr<std::string> Register(const std::shared_ptr<grpc::Channel>& channel,
+                                              const v1::RegisterRequest& request) {
+    auto stub = v1::Membership::NewStub(channel);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(stub->Register(&context, request, &response)));
+    return response.node_id();
+  }
+  static absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, const std::string& token = "") {
+    auto stub = v1::Control::NewStub(channel);
+    v1::ListNodesResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    PSTRAIN_RETURN_IF_ERROR(
+        FromGrpcStatus(stub->ListNodes(&context, v1::ListNodesRequest(), &response)));
+    return response.nodes_size();
+  }
+  static absl::Status Submit(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
+    auto stub = v1::Control::NewStub(channel);
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(kJob);
+    v1::SubmitJobResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
+  }
+
+  static TempDir* dir_;
+  std::unique_ptr<TransportSecurity> coordinator_security_;
+  std::unique_ptr<server::Coordinator> coordinator_;
+};
+
+TempDir* SecurityTest::dir_ = nullptr;
+
+TEST_F(SecurityTest, LoadingRefusesWhatAPeerWouldRefuse) {
+  const auto message = [](const TlsFiles& files) {
+    absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(files);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    return std::string(s.status().message());
+  };
+  TlsFiles partial = Files("good", "worker-0");
+  partial.ca.clear();
+  EXPECT_TRUE(absl::StrContains(message(partial), "go together")) << message(partial);
+  TlsFiles missing = Files("good", "worker-7");
+  EXPECT_TRUE(absl::StrContains(message(missing), "--tls_cert: cannot read"));
+  TlsFiles other_ca = Files("other", "worker-0");
+  EXPECT_TRUE(absl::StrContains(message(other_ca), "does not verify against --tls_ca"));
+  TlsFiles expired = Files("expired", "worker-0");
+  EXPECT_TRUE(absl::StrContains(message(expired), "expired")) << message(expired);
+  TlsFiles wrong_key = Files("good", "worker-0");
+  wrong_key.key = Path("good", "worker-1.key");
+  EXPECT_TRUE(absl::StrContains(message(wrong_key), "is not the key of"));
+  TlsFiles not_pem = Files("good", "worker-0");
+  not_pem.cert = Path("good", "auth_tokens");
+  EXPECT_TRUE(absl::StrContains(message(not_pem), "not a PEM certificate"));
+
+  std::unique_ptr<TransportSecurity> worker = Load("worker-1");
+  ASSERT_NE(worker, nullptr);
+  EXPECT_EQ(worker->identity().name, "worker-1");
+  EXPECT_EQ(worker->identity().role, PeerRole::kWorker);
+}
+
+TEST_F(SecurityTest, CertificateNamesCarryRoles) {
+  EXPECT_EQ(RoleOfName("coordinator"), PeerRole::kCoordinator);
+  EXPECT_EQ(RoleOfName("server-0"), PeerRole::kServer);
+  EXPECT_EQ(RoleOfName("pstrain-server-12"), PeerRole::kServer);
+  EXPECT_EQ(RoleOfName("worker-3"), PeerRole::kWorker);
+  EXPECT_EQ(RoleOfName("pstrain-worker-0"), PeerRole::kWorker);
+  for (const char* client : {"admin", "server", "worker-", "myserver-1", "server-1a", "alice"}) {
+    EXPECT_EQ(RoleOfName(client), PeerRole::kClient) << client;
+  }
+}
+
+TEST_F(SecurityTest, OnlyCertificatesOfTheClustersCaThatAreValidGetIn) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  // Another CA's worker certificate, a certificate of the cluster's CA that
+  // has expired, and plaintext: each is refused in the handshake.
+  const std::string ca = Pem("good", "ca.crt");
+  for (const auto& [what, channel] :
+       std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>>{
+           {"another CA", RawChannel(Pem("other", "worker-0.crt"), Pem("other", "worker-0.key"), ca)},
+           {"expired", RawChannel(Pem("expired", "worker-0.crt"), Pem("expired", "worker-0.key"), ca)},
+           {"no client certificate", RawChannel("", "", ca)},
+           {"plaintext", RawChannel("", "", "")}}) {
+    absl::StatusOr<std::string> id = Register(channel, Registration(v1::NODE_ROLE_WORKER));
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << what << ": " << id.status();
+  }
+  // A valid one does, and the refused ones left nothing behind.
+  std::unique_ptr<TransportSecurity> admin = Load("admin");
+  absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(*nodes, 0);
+}
+
+TEST_F(SecurityTest, ANodeHoldsOnlyTheRoleAndIdItsCertificateCarries) {
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator());
+  std::unique_ptr<TransportSecurity> worker = Load("worker-0");
+  std::shared_ptr<grpc::Channel> channel = Channel(worker.get());
+  const auto code = [&](const v1::RegisterRequest& r) {
+    return Register(channel, r).status().code();
+  };
+  EXPECT_EQ(code(Registration(v1::NODE_ROLE_SERVER)), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(code(Registration(v1::NODE_ROLE_SERVER, "server-0")),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(code(Registration(v1::NODE_ROLE_WORKER, "worker-1")),
+            absl::StatusCode::kPermissionDenied);
+  // Without an id the node gets its certificate's.
+  absl::StatusOr<std::string> id = Register(channel, Registration(v1::NODE_ROLE_WORKER));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, "worker-0");
+
+  // Another worker cannot heartbeat, report for or take over worker-0.
+  std::unique_ptr<TransportSecurity> other = Load("worker-1");
+  std::shared_ptr<grpc::Channel> other_channel = Channel(other.get());
+  EXPECT_EQ(Register(other_channel, Registration(v1::NODE_ROLE_WORKER, "worker-0"))
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  auto membership = v1::Membership::NewStub(other_channel);
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_node_id("worker-0");
+  heartbeat.set_incarnation(42);
+  v1::HeartbeatResponse reply;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(5));
+  EXPECT_EQ(membership->Heartbeat(&context, heartbeat, &reply).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  v1::ReportProgressRequest report;
+  report.set_node_id("worker-0");
+  report.set_job_id("job-000001");
+  report.set_error("forged");
+  v1::ReportProgressResponse progress;
+  grpc::ClientContext report_context;
+  SetTimeout(report_context, absl::Seconds(5));
+  EXPECT_EQ(membership->ReportProgress(&report_context, report, &progress).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // A node's certificate is not a user's credential; a client certificate is.
+  EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kPermissionDenied);
+  std::unique_ptr<TransportSecurity> admin = Load("admin");
+  absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(*nodes, 1);
+  // And a client certificate cannot register as a node.
+  EXPECT_EQ(Register(Channel(admin.get()), Registration(v1::NODE_ROLE_WORKER))
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(SecurityTest, ANodeRefusesACoordinatorWhoseCertificateIsNotACoordinators) {
+  // A coordinator that presents a server's certificate: nodes, which expect
+  // a coordinator's, do not talk to it.
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(std::nullopt, "server-0"));
+  std::unique_ptr<TransportSecurity> worker = Load("worker-0");
+  absl::StatusOr<std::string> id =
+      Register(Channel(worker.get()), Registration(v1::NODE_ROLE_WORKER));
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
+}
+
+TEST_F(SecurityTest, TokensDecideWhatAUserMayDo) {
+  absl::StatusOr<server::AuthTokens> tokens =
+      server::AuthTokens::Parse(absl::StrCat("# users\n", "viewer vera ",
+                                             server::Sha256Hex("vera-token"), "\n",
+                                             "operator otto ", server::Sha256Hex("otto-token"),
+                                             "  # the operator\n"),
+                                "tokens");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  // Over plaintext on loopback: the token alone decides.
+  ASSERT_NO_FATAL_FAILURE(StartCoordinator(std::move(*tokens), /*name=*/""));
+  std::shared_ptr<grpc::Channel> channel = Channel(nullptr);
+  EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(CountNodes(channel, "guess").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(CountNodes(channel, "vera-token").ok());
+  const absl::Status viewer_submit = Submit(channel, "vera-token");
+  EXPECT_EQ(viewer_submit.code(), absl::StatusCode::kPermissionDenied) << viewer_submit;
+  EXPECT_TRUE(absl::StrContains(viewer_submit.message(), "vera")) << viewer_submit;
+  EXPECT_EQ(Submit(channel, "").code(), absl::StatusCode::kUnauthenticated);
+  PSTRAIN_EXPECT_OK(Submit(channel, "otto-token"));
+}
+
+TEST(AuthTokensTest, MalformedFilesAreRefusedNamingTheLine) {
+  const std::string hash = server::Sha256Hex("t");
+  EXPECT_EQ(hash, "e3b98a4da31a127d4bde6e43033f66ba274cab0eb7eb1c70ec41402bf6273dd8");
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"", "no users"},
+           {"# nothing\n\n", "no users"},
+           {"admin root " + hash, ":1: the role must be viewer or operator"},
+           {"viewer v\n", ":1: expected 'ROLE NAME SHA256'"},
+           {"viewer v " + hash + "\nviewer w abc", ":2: the token's SHA-256 must be 64 hex"},
+           {"viewer v " + hash + "\noperator o " + hash, ":2: the same token as user 'v'"}}) {
+    absl::StatusOr<server::AuthTokens> tokens = server::AuthTokens::Parse(text, "f");
+    EXPECT_EQ(tokens.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(absl::StrContains(tokens.status().message(), why)) << tokens.status();
+  }
+  absl::StatusOr<server::AuthTokens> tokens =
+      server::AuthTokens::Parse("operator o " + absl::AsciiStrToUpper(hash), "f");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_TRUE(tokens->Find("t").has_value());
+  EXPECT_EQ(tokens->Find("t")->name, "o");
+  EXPECT_FALSE(tokens->Find("u").has_value());
+  EXPECT_FALSE(tokens->Find("").has_value());
+}
+
+class SecuredClusterTest : public ClusterFixture {};
+
+// A whole cluster over mutual TLS with tokens: the same job gives bitwise the
+// same parameters as over plaintext, and psctl needs its credentials.
+TEST_F(SecuredClusterTest, TrainsTheSameModelAsPlaintextAndPsctlNeedsItsToken) {
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 32, 2, 120);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2));
+  const std::vector<float> plaintext = FinalParams(Submit(spec));
+  cluster_->Stop();
+
+  const std::string tls = dir_.path() + "/tls";
+  ASSERT_NO_FATAL_FAILURE(MakeDevCertificates({tls, "2", "2"}));
+  cli::LocalCluster::Options options;
+  options.tls_dir = tls;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
+  const std::string id = Submit(spec);
+  ExpectBitwiseEqual(FinalParams(id), plaintext);
+
+  // psctl with the fixture's credentials (admin certificate, operator token).
+  ProcessResult listed = Psctl({"list"});
+  EXPECT_EQ(listed.exit_code(), 0) << listed.err;
+  EXPECT_TRUE(absl::StrContains(listed.out, id)) << listed.out;
+  // Without a token, or a viewer's for an operator's verb: exit 4, one line.
+  const std::string coordinator = "--coordinator=" + cluster_->coordinator_address();
+  const std::vector<std::string> tls_flags = {coordinator, "--tls_cert=" + tls + "/admin.crt",
+                                              "--tls_key=" + tls + "/admin.key",
+                                              "--tls_ca=" + tls + "/ca.crt"};
+  const auto psctl = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {BinDir() + "/psctl"};
+    argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv);
+  };
+  ProcessResult anonymous = psctl({"list"});
+  EXPECT_EQ(anonymous.exit_code(), 4) << anonymous.err;
+  EXPECT_TRUE(absl::StrContains(anonymous.err, "needs a bearer token")) << anonymous.err;
+  ProcessResult viewer_cancel = psctl({"--token_file=" + tls + "/viewer.token", "cancel", id});
+  EXPECT_EQ(viewer_cancel.exit_code(), 4) << viewer_cancel.err;
+  EXPECT_TRUE(absl::StrContains(viewer_cancel.err, "is a viewer")) << viewer_cancel.err;
+  ProcessResult viewer_get = psctl({"--token_file=" + tls + "/viewer.token", "get", id});
+  EXPECT_EQ(viewer_get.exit_code(), 0) << viewer_get.err;
+  // Plaintext to a TLS coordinator: unreachable (3).
+  ProcessResult plain = RunProcess({BinDir() + "/psctl", coordinator, "--timeout=3", "list"});
+  EXPECT_EQ(plain.exit_code(), 3) << plain.err;
+  // A worker's certificate is not a user's.
+  ProcessResult as_worker =
+      RunProcess({BinDir() + "/psctl", coordinator, "--tls_cert=" + tls + "/worker-0.crt",
+                  "--tls_key=" + tls + "/worker-0.key", "--tls_ca=" + tls + "/ca.crt",
+                  "--token_file=" + tls + "/operator.token", "nodes"});
+  EXPECT_EQ(as_worker.exit_code(), 0) << "a token is the user's credential: " << as_worker.err;
+}
+
+}  // namespace
+}  // namespace pstrain::testing
