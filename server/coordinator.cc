@@ -882,6 +882,7 @@ class CoordinatorImpl final : public Coordinator,
           a->set_server_index(s);
           a->set_generation(job.generation());
           a->set_num_workers(job.worker_nodes_size());
+          *a->mutable_worker_nodes() = job.worker_nodes();
           const std::optional<v1::CheckpointRecord> from = ResumeCheckpoint(job);
           if (KeepsValues(job, s)) {
             a->set_keep_values(true);

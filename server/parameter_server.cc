@@ -20,7 +20,7 @@ namespace {
 class ParameterServerImpl final : public ParameterServer {
  public:
   explicit ParameterServerImpl(Options options)
-      : options_(std::move(options)), store_(options_.store), service_(&store_) {}
+      : options_(std::move(options)), store_(options_.store), service_(&store_, &roster_) {}
 
   ~ParameterServerImpl() override { Shutdown(absl::Seconds(1)); }
 
@@ -141,9 +141,12 @@ class ParameterServerImpl final : public ParameterServer {
       if (!wanted.contains(id)) {
         LOG(INFO) << "releasing job " << id;
         store_.RemoveJob(id);
+        roster_.Remove(id);
       }
     }
     for (const auto& [id, a] : wanted) {
+      // Before the job loads: its workers' frames are checked from the first.
+      roster_.Set(id, a->generation(), {a->worker_nodes().begin(), a->worker_nodes().end()});
       std::vector<v1::CheckpointRecord> retained(a->retained_checkpoints().begin(),
                                                  a->retained_checkpoints().end());
       auto it = held.find(id);
@@ -196,6 +199,7 @@ class ParameterServerImpl final : public ParameterServer {
 
   const Options options_;
   ShardStore store_;
+  WorkerRoster roster_;
   ParameterService service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

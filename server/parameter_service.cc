@@ -1,10 +1,13 @@
 #include "server/parameter_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/status.h"
+#include "common/tls.h"
 
 namespace pstrain::server {
 namespace {
@@ -104,8 +107,15 @@ class StreamState final : public ChunkWaiter {
 
 class ChunkStream final : public grpc::ServerGenericBidiReactor {
  public:
-  ChunkStream(ShardStore* store, Method method)
-      : store_(store), method_(method), state_(std::make_shared<StreamState>(this)) {
+  // `caller`: the node id of the client's certificate, checked against
+  // `roster` for every frame; nullopt: plaintext, not checked.
+  ChunkStream(ShardStore* store, Method method, const WorkerRoster* roster,
+              std::optional<std::string> caller)
+      : store_(store),
+        method_(method),
+        roster_(roster),
+        caller_(std::move(caller)),
+        state_(std::make_shared<StreamState>(this)) {
     StartRead(&request_);
   }
 
@@ -148,6 +158,7 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
       return absl::InvalidArgumentError(
           absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
     }
+    if (caller_.has_value()) PSTRAIN_RETURN_IF_ERROR(roster_->Check(*caller_, frame->header()));
     state_->ExpectReply();
     absl::Status status;
     switch (method_) {
@@ -173,6 +184,8 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
 
   ShardStore* const store_;
   const Method method_;
+  const WorkerRoster* const roster_;
+  const std::optional<std::string> caller_;
   const std::shared_ptr<StreamState> state_;
   grpc::ByteBuffer request_;
   friend class StreamState;
@@ -291,7 +304,57 @@ grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
     };
     return new Unknown(ctx->method());
   }
-  return new ChunkStream(store_, method);
+  std::optional<std::string> caller;
+  if (std::optional<PeerIdentity> identity = CallerIdentity(*ctx)) caller = identity->name;
+  return new ChunkStream(store_, method, roster_, std::move(caller));
+}
+
+void WorkerRoster::Set(const std::string& job_id, int64_t generation,
+                       std::vector<std::string> workers) {
+  absl::MutexLock lock(&mu_);
+  Job& job = jobs_[job_id];
+  if (job.current.generation == generation) {
+    job.current.workers = std::move(workers);
+    return;
+  }
+  job.previous = std::move(job.current);
+  job.current = {.generation = generation, .workers = std::move(workers)};
+}
+
+void WorkerRoster::Remove(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+}
+
+absl::Status WorkerRoster::Check(const std::string& caller, const v1::ChunkHeader& header) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_.find(header.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", header.job_id().substr(0, 80), " is not held"));
+  }
+  const Job& job = it->second;
+  const Generation* generation = header.generation() == job.current.generation ? &job.current
+                                 : header.generation() == job.previous.generation
+                                     ? &job.previous
+                                     : nullptr;
+  if (generation == nullptr) {
+    if (header.generation() > job.current.generation) {
+      return absl::UnavailableError(
+          absl::StrCat("generation ", header.generation(), " is not loaded yet"));
+    }
+    return absl::AbortedError(absl::StrCat("generation ", header.generation(), " is over"));
+  }
+  const std::vector<std::string>& workers = generation->workers;
+  if (header.kind() == v1::FRAME_KIND_PUSH) {
+    if (header.worker() < workers.size() && workers[header.worker()] == caller) {
+      return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(absl::StrCat("node '", caller, "' is not worker ",
+                                                    header.worker(), " of ", header.job_id()));
+  }
+  if (std::find(workers.begin(), workers.end(), caller) != workers.end()) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("node '", caller, "' is not a worker of ", header.job_id()));
 }
 
 }  // namespace pstrain::server

@@ -4,24 +4,61 @@
 #ifndef PSTRAIN_SERVER_PARAMETER_SERVICE_H_
 #define PSTRAIN_SERVER_PARAMETER_SERVICE_H_
 
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/shard_store.h"
 
 namespace pstrain::server {
 
+// Which node runs which worker of each job the server holds, as the
+// coordinator said: over TLS a frame is accepted only from its worker's
+// certificate. Thread-safe.
+class WorkerRoster {
+ public:
+  // Job `job_id` runs at `generation` on `workers` (node ids by index). The
+  // previous generation's list is kept for the frames of that generation
+  // that arrive while the new one loads.
+  void Set(const std::string& job_id, int64_t generation, std::vector<std::string> workers);
+  void Remove(const std::string& job_id);
+
+  // OK if node `caller` may send `header`: a PUSH only as the worker it is,
+  // a PULL as any worker of the job. PERMISSION_DENIED otherwise; NOT_FOUND
+  // for a job not held; UNAVAILABLE for a generation not known yet (the
+  // client retries), ABORTED for one that is over.
+  absl::Status Check(const std::string& caller, const v1::ChunkHeader& header) const;
+
+ private:
+  struct Generation {
+    int64_t generation = 0;
+    std::vector<std::string> workers;
+  };
+  struct Job {
+    Generation current, previous;
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
 // Register with ServerBuilder::RegisterCallbackGenericService. The store
-// must outlive the gRPC server. A stream ends OK once the client has
-// half-closed and every request has been answered; a bad frame ends it with
-// INVALID_ARGUMENT (NOT_FOUND for a job not held) and the message.
+// and the roster must outlive the gRPC server. A stream ends OK once the
+// client has half-closed and every request has been answered; a bad frame
+// ends it with INVALID_ARGUMENT (NOT_FOUND for a job not held) and the
+// message. Over TLS every frame is checked against the roster first.
 class ParameterService final : public grpc::CallbackGenericService {
  public:
-  explicit ParameterService(ShardStore* store) : store_(store) {}
+  ParameterService(ShardStore* store, const WorkerRoster* roster)
+      : store_(store), roster_(roster) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
  private:
   ShardStore* const store_;
+  const WorkerRoster* const roster_;
 };
 
 }  // namespace pstrain::server

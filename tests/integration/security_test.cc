@@ -3,9 +3,13 @@
 // (a rogue client among them), then whole clusters and psctl over TLS.
 #include <sys/stat.h>
 
+#include <limits>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "common/chunk_codec.h"
 #include "common/files.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -18,6 +22,7 @@
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util.h"
+#include "worker/transport.h"
 
 namespace pstrain::testing {
 namespace {
@@ -30,6 +35,73 @@ steps: 10
 num_servers: 1
 num_workers: 1
 )";
+
+v1::RegisterRequest Registration(v1::NodeRole role, const std::string& node_id = "") {
+  v1::RegisterRequest request;
+  request.set_role(role);
+  request.set_node_id(node_id);
+  if (role == v1::NODE_ROLE_SERVER) request.set_address("127.0.0.1:1");
+  request.set_hostname("test");
+  request.set_pid(1);
+  request.set_incarnation(42);
+  return request;
+}
+
+absl::StatusOr<std::string> Register(const std::shared_ptr<grpc::Channel>& channel,
+                                            const v1::RegisterRequest& request) {
+  auto stub = v1::Membership::NewStub(channel);
+  v1::RegisterResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(5));
+  PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(stub->Register(&context, request, &response)));
+  return response.node_id();
+}
+
+absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, const std::string& token = "") {
+  auto stub = v1::Control::NewStub(channel);
+  v1::ListNodesResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(5));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  PSTRAIN_RETURN_IF_ERROR(
+      FromGrpcStatus(stub->ListNodes(&context, v1::ListNodesRequest(), &response)));
+  return response.nodes_size();
+}
+
+absl::Status SubmitYaml(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
+  auto stub = v1::Control::NewStub(channel);
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(kJob);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(5));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
+}
+
+// One frame to a parameter server over the transport workers use; the
+// stream's status.
+absl::Status SendFrame(const TransportSecurity* security, const std::string& server,
+                       worker::ParameterMethod method, const v1::ChunkHeader& header,
+                       const std::vector<float>& payload) {
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::ParameterTransport> transport,
+      worker::CreateGrpcTransport({server}, {.channels_per_server = 1, .security = security}));
+  std::vector<grpc::ByteBuffer> requests;
+  requests.push_back(EncodeFrame(header, payload.empty() ? nullptr : payload.data()));
+  absl::Notification done;
+  absl::Status result;
+  transport->StartExchange(
+      0, 0, method, std::move(requests), absl::Now() + absl::Seconds(10), [] {},
+      [](const grpc::ByteBuffer&) {},
+      [&](absl::Status status) {
+        result = std::move(status);
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return result;
+}
+
 
 // Certificates shared by the suite: `good` (the cluster's CA), `other` (a
 // CA of its own) and `expired` (the cluster's CA, certificates that expired
@@ -107,46 +179,6 @@ class SecurityTest : public ::testing::Test {
                                            .pem_private_key = key,
                                            .pem_cert_chain = cert});
     return grpc::CreateChannel(coordinator_->address(), credentials);
-  }
-
-  static v1::RegisterRequest Registration(v1::NodeRole role, const std::string& node_id = "") {
-    v1::RegisterRequest request;
-    request.set_role(role);
-    request.set_node_id(node_id);
-    if (role == v1::NODE_ROLE_SERVER) request.set_address("127.0.0.1:1");
-    request.set_hostname("test");
-    request.set_pid(1);
-    request.set_incarnation(42);
-    return request;
-  }
-  static absl::StatusOr<std::string> Register(const std::shared_ptr<grpc::Channel>& channel,
-                                              const v1::RegisterRequest& request) {
-    auto stub = v1::Membership::NewStub(channel);
-    v1::RegisterResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
-    PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(stub->Register(&context, request, &response)));
-    return response.node_id();
-  }
-  static absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, const std::string& token = "") {
-    auto stub = v1::Control::NewStub(channel);
-    v1::ListNodesResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-    PSTRAIN_RETURN_IF_ERROR(
-        FromGrpcStatus(stub->ListNodes(&context, v1::ListNodesRequest(), &response)));
-    return response.nodes_size();
-  }
-  static absl::Status Submit(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
-    auto stub = v1::Control::NewStub(channel);
-    v1::SubmitJobRequest request;
-    request.set_spec_yaml(kJob);
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-    return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
   }
 
   static TempDir* dir_;
@@ -297,11 +329,11 @@ TEST_F(SecurityTest, TokensDecideWhatAUserMayDo) {
   EXPECT_EQ(CountNodes(channel, "guess").status().code(),
             absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(CountNodes(channel, "vera-token").ok());
-  const absl::Status viewer_submit = Submit(channel, "vera-token");
+  const absl::Status viewer_submit = SubmitYaml(channel, "vera-token");
   EXPECT_EQ(viewer_submit.code(), absl::StatusCode::kPermissionDenied) << viewer_submit;
   EXPECT_TRUE(absl::StrContains(viewer_submit.message(), "vera")) << viewer_submit;
-  EXPECT_EQ(Submit(channel, "").code(), absl::StatusCode::kUnauthenticated);
-  PSTRAIN_EXPECT_OK(Submit(channel, "otto-token"));
+  EXPECT_EQ(SubmitYaml(channel, "").code(), absl::StatusCode::kUnauthenticated);
+  PSTRAIN_EXPECT_OK(SubmitYaml(channel, "otto-token"));
 }
 
 TEST(AuthTokensTest, MalformedFilesAreRefusedNamingTheLine) {
@@ -377,6 +409,123 @@ TEST_F(SecuredClusterTest, TrainsTheSameModelAsPlaintextAndPsctlNeedsItsToken) {
                   "--tls_key=" + tls + "/worker-0.key", "--tls_ca=" + tls + "/ca.crt",
                   "--token_file=" + tls + "/operator.token", "nodes"});
   EXPECT_EQ(as_worker.exit_code(), 0) << "a token is the user's credential: " << as_worker.err;
+}
+
+// A rogue holding a valid certificate of the cluster (worker-2, in no job)
+// and a worker of the job (worker-1) each try what the first paragraph of
+// the threat model lists; everything is refused, and the job ends with the
+// parameters of a run nobody interfered with.
+TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
+  const std::string tls = dir_.path() + "/tls";
+  ASSERT_NO_FATAL_FAILURE(MakeDevCertificates({tls, "1", "3"}));
+  cli::LocalCluster::Options options;
+  options.tls_dir = tls;
+  // Slow steps, so that the job is still running while the attacks go on.
+  options.worker_flags[0] = {"--fault_injection=delay=1,min_delay_ms=25,max_delay_ms=25,seed=1"};
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 2, options));
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.05f, 2, 32, 1, 200);
+  const std::vector<float> clean = FinalParams(Submit(spec));
+  const std::string id = Submit(spec);
+  const v1::Job running = WaitFor(id, [](const v1::Job& j) { return j.progress().step() >= 2; });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
+  const std::string server = running.server_addresses(0);
+  const auto load = [&](const std::string& name) {
+    absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(
+        {.cert = tls + "/" + name + ".crt", .key = tls + "/" + name + ".key",
+         .ca = tls + "/ca.crt"});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  };
+  const std::unique_ptr<TransportSecurity> rogue = load("worker-2");
+  const std::unique_ptr<TransportSecurity> insider = load("worker-1");
+
+  // Data plane: a well-formed push of garbage as worker 0, for the next
+  // step and for step INT64_MAX (async would silence worker 0 with it), and
+  // a pull of the values.
+  const v1::PartitionPlan plan = PlanFor(spec);
+  v1::ChunkHeader push;
+  push.set_kind(v1::FRAME_KIND_PUSH);
+  push.set_job_id(id);
+  push.set_worker(0);
+  push.set_chunk(0);
+  push.set_dtype(v1::DTYPE_FP32);
+  push.set_num_elements(static_cast<uint32_t>(plan.chunks(0).size()));
+  push.set_generation(running.generation());
+  const std::vector<float> garbage(plan.chunks(0).size(), 1e30f);
+  for (int64_t step : {running.progress().step() + 1, std::numeric_limits<int64_t>::max()}) {
+    push.set_step(step);
+    push.set_version(step);
+    for (const TransportSecurity* who : {rogue.get(), insider.get()}) {
+      for (worker::ParameterMethod method :
+           {worker::ParameterMethod::kPush, worker::ParameterMethod::kPushPull}) {
+        const absl::Status s = SendFrame(who, server, method, push, garbage);
+        EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+      }
+    }
+  }
+  v1::ChunkHeader pull = push;
+  pull.set_kind(v1::FRAME_KIND_PULL);
+  pull.set_num_elements(0);
+  pull.set_version(0);
+  EXPECT_EQ(SendFrame(rogue.get(), server, worker::ParameterMethod::kPull, pull, {}).code(),
+            absl::StatusCode::kPermissionDenied);
+
+  // Membership: a server's role, a live worker's id, a forged failure
+  // report and a model upload in worker 0's name.
+  const std::shared_ptr<grpc::Channel> channel =
+      MakeChannel(cluster_->coordinator_address(),
+                  {.security = rogue.get(), .peer_roles = {PeerRole::kCoordinator}});
+  EXPECT_EQ(Register(channel, Registration(v1::NODE_ROLE_SERVER)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Register(channel, Registration(v1::NODE_ROLE_WORKER, "worker-0")).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto membership = v1::Membership::NewStub(channel);
+  for (const char* as : {"worker-0", "worker-2"}) {
+    v1::ReportProgressRequest report;
+    report.set_node_id(as);
+    report.set_job_id(id);
+    report.set_worker(0);
+    report.set_error("forged");
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    const grpc::Status s = membership->ReportProgress(&context, report, &response);
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+                s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+        << as << ": " << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    v1::UploadModelResponse response;
+    auto upload = membership->UploadModel(&context, &response);
+    v1::UploadModelRequest piece;
+    piece.set_node_id("worker-0");
+    piece.set_job_id(id);
+    piece.set_data("not a model");
+    upload->Write(piece);
+    upload->WritesDone();
+    EXPECT_EQ(upload->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // Control: a node's certificate cancels nothing, with or without a
+  // viewer's token.
+  auto control = v1::Control::NewStub(channel);
+  for (const std::string& token : {std::string(), *ReadFile(tls + "/viewer.token")}) {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::Job response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    if (!token.empty()) {
+      context.AddMetadata("authorization",
+                          "Bearer " + std::string(absl::StripAsciiWhitespace(token)));
+    }
+    const grpc::Status s = control->CancelJob(&context, cancel, &response);
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
+        << s.error_message();
+  }
+  ExpectBitwiseEqual(FinalParams(id), clean);
 }
 
 }  // namespace
