@@ -100,6 +100,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   cmd->coordinator = env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
   std::vector<std::string> positional;
   bool saw_state = false, saw_limit = false, saw_service = false;
+  std::string token_file;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help" || (arg == "help" && positional.empty())) {
@@ -170,24 +171,12 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
     } else if (name == "tls_ca") {
       cmd->tls.ca = value;
     } else if (name == "token_file") {
-      absl::StatusOr<std::string> text = ReadFile(value);
-      if (!text.ok()) return Usage(absl::StrCat("--token_file: cannot read ", value));
-      cmd->token = std::string(absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))));
-      if (cmd->token.empty()) return Usage(absl::StrCat("--token_file: ", value, " is empty"));
+      token_file = value;
     } else if (name == "limit") {
       saw_limit = true;
       if (!absl::SimpleAtoi(value, &cmd->limit) || cmd->limit < 1) {
         return Usage(absl::StrCat("--limit takes a positive integer, not '", value, "'"));
       }
-    }
-  }
-  if (const char* token = std::getenv("PSTRAIN_TOKEN"); cmd->token.empty() && token != nullptr) {
-    cmd->token = std::string(absl::StripAsciiWhitespace(token));
-  }
-  if (!cmd->tls.empty()) {
-    // Checked here, so that a bad file is a usage error before any call.
-    if (absl::Status s = TransportSecurity::Load(cmd->tls).status(); !s.ok()) {
-      return Usage(std::string(s.message()));
     }
   }
   if (positional.empty()) return Usage("missing verb");
@@ -209,6 +198,21 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
   if (cmd->check_flags) {
     std::cout << "flags ok\n";
     return kExitOk;
+  }
+  // The files named are read once the command line is known to be good, so
+  // that a bad one is a usage error before any call.
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(token_file);
+    if (!text.ok()) return Usage(absl::StrCat("--token_file: cannot read ", token_file));
+    cmd->token = std::string(absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))));
+    if (cmd->token.empty()) return Usage(absl::StrCat("--token_file: ", token_file, " is empty"));
+  } else if (const char* token = std::getenv("PSTRAIN_TOKEN"); token != nullptr) {
+    cmd->token = std::string(absl::StripAsciiWhitespace(token));
+  }
+  if (!cmd->tls.empty()) {
+    if (absl::Status s = TransportSecurity::Load(cmd->tls).status(); !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
   }
   return std::nullopt;
 }

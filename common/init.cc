@@ -17,8 +17,10 @@ ABSL_FLAG(bool, check_flags, false,
 
 namespace pstrain {
 
+bool OnlyCheckingFlags() { return absl::GetFlag(FLAGS_check_flags); }
+
 void ExitIfOnlyCheckingFlags() {
-  if (!absl::GetFlag(FLAGS_check_flags)) return;
+  if (!OnlyCheckingFlags()) return;
   std::cout << "flags ok" << std::endl;
   std::exit(0);
 }

@@ -19,6 +19,9 @@ void InitMain(int argc, char** argv, absl::string_view usage);
 // unknown or bad flag has already exited 1 or 2).
 void ExitIfOnlyCheckingFlags();
 
+// Whether --check_flags is given: files that flags name are then not read.
+bool OnlyCheckingFlags();
+
 // Writes "host:port\n" to `path` atomically if path is not empty; exits 1
 // with a message if it cannot.
 void PublishAddress(const std::string& path, const std::string& address);

@@ -2,8 +2,11 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <tuple>
 
 #include "absl/flags/flag.h"
+#include "common/init.h"
+#include "common/node_id.h"
 
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) this process presents; with --tls_key and --tls_ca every "
@@ -16,11 +19,23 @@ ABSL_FLAG(bool, insecure, false,
 namespace pstrain {
 
 std::unique_ptr<TransportSecurity> TransportSecurityFromFlags(absl::string_view program,
-                                                              PeerRole role) {
-  const TlsFiles files{.cert = absl::GetFlag(FLAGS_tls_cert),
-                       .key = absl::GetFlag(FLAGS_tls_key),
-                       .ca = absl::GetFlag(FLAGS_tls_ca)};
-  if (files.empty()) return nullptr;
+                                                              PeerRole role,
+                                                              const std::string& node_id) {
+  TlsFiles files;
+  for (auto [flag, value, path] :
+       {std::tuple{"--tls_cert", absl::GetFlag(FLAGS_tls_cert), &files.cert},
+        std::tuple{"--tls_key", absl::GetFlag(FLAGS_tls_key), &files.key},
+        std::tuple{"--tls_ca", absl::GetFlag(FLAGS_tls_ca), &files.ca}}) {
+    absl::StatusOr<std::string> expanded = ExpandNodeId(flag, value, node_id);
+    if (!expanded.ok()) {
+      std::cerr << program << ": " << expanded.status().message() << "\n";
+      std::exit(2);
+    }
+    *path = *std::move(expanded);
+  }
+  // --check_flags checks the command line, not the files it names (a
+  // manifest is checked where its Secrets are not mounted).
+  if (files.empty() || OnlyCheckingFlags()) return nullptr;
   absl::StatusOr<std::unique_ptr<TransportSecurity>> security = TransportSecurity::Load(files);
   if (!security.ok()) {
     std::cerr << program << ": " << security.status().message() << "\n";

@@ -12,12 +12,15 @@
 
 namespace pstrain {
 
-// The process's certificate from --tls_cert, --tls_key and --tls_ca; null
-// when none of them is given (plaintext). Exits 2 with the reason, naming
-// the flag, when they are incomplete, do not check out, or the certificate
-// is not of `role`.
+// The process's certificate from --tls_cert, --tls_key and --tls_ca, in
+// whose paths "{node_id}" stands for `node_id` (one manifest for every pod
+// of a StatefulSet); null when none of them is given (plaintext). Exits 2
+// with the reason, naming the flag, when they are incomplete, do not check
+// out, or the certificate is not of `role`. With --check_flags the files
+// are not read (null).
 std::unique_ptr<TransportSecurity> TransportSecurityFromFlags(absl::string_view program,
-                                                              PeerRole role);
+                                                              PeerRole role,
+                                                              const std::string& node_id = "");
 
 // The id a node with `security` runs under: `node_id` (from --node_id or
 // PSTRAIN_NODE_ID) or, when that is empty, its certificate's name. Exits 2

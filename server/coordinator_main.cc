@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
       pstrain::TransportSecurityFromFlags("pstrain-coordinator", pstrain::PeerRole::kCoordinator);
   options.security = security.get();
   options.insecure = pstrain::InsecureFlag();
+  pstrain::ExitIfOnlyCheckingFlags();
   if (const std::string path = absl::GetFlag(FLAGS_auth_tokens_file); !path.empty()) {
     absl::StatusOr<pstrain::server::AuthTokens> tokens = pstrain::server::AuthTokens::Load(path);
     if (!tokens.ok()) {
@@ -78,7 +79,6 @@ int main(int argc, char** argv) {
     }
     options.auth_tokens = std::move(*tokens);
   }
-  pstrain::ExitIfOnlyCheckingFlags();
   pstrain::StopOnSignal signals;
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));

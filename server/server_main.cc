@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<pstrain::TransportSecurity> security =
-      pstrain::TransportSecurityFromFlags("pstrain-server", pstrain::PeerRole::kServer);
+      pstrain::TransportSecurityFromFlags("pstrain-server", pstrain::PeerRole::kServer, *node_id);
   options.security = security.get();
   options.insecure = pstrain::InsecureFlag();
   options.node_id = pstrain::CertifiedNodeId("pstrain-server", security.get(), *node_id);

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<pstrain::TransportSecurity> security =
-      pstrain::TransportSecurityFromFlags("pstrain-worker", pstrain::PeerRole::kWorker);
+      pstrain::TransportSecurityFromFlags("pstrain-worker", pstrain::PeerRole::kWorker, *node_id);
   options.security = security.get();
   options.node_id = pstrain::CertifiedNodeId("pstrain-worker", security.get(), *node_id);
   if (options.coordinator_address.empty()) {

@@ -8,12 +8,16 @@
 #            answers, the example Fashion-MNIST job succeeds, and succeeds
 #            again with the same final loss after one server process is
 #            killed with SIGKILL mid-job and restarted by the runtime;
-#   compose  deploy/compose/compose.yaml with podman-compose: a job submitted
-#            from the host succeeds, and Prometheus scrapes every process;
+#   compose  deploy/compose/compose.yaml with podman-compose, over mutual TLS
+#            with tokens: a job submitted from the host (with the admin
+#            certificate and the operator's token) succeeds, and Prometheus
+#            scrapes every process;
 #   kube     deploy/k8s rendered with kubectl kustomize (Debian's kubectl 1.20
 #            and the machine's own), and the cpu overlay played with
 #            `podman kube play` after pstrain-kube-for-podman's rewrites
-#            (tests/deploy/manifests.h), the example job succeeding.
+#            (tests/deploy/manifests.h: kube play cannot mount Secrets, so
+#            deploy/k8s/tls-secrets.sh's Secrets become ConfigMaps), the
+#            example job, submitted over TLS with a token, succeeding.
 #
 # --full     builds the images with the Dockerfile's full multi-stage build
 #            (compiling pstrain inside the build stage, twice: CPU and GPU).
@@ -408,7 +412,18 @@ free_port() {
   done
 }
 
+# Certificates that the containers' user (uid 10001) can read: fine for a
+# test's throwaway CA, not for real keys.
+readable_by_containers() {
+  chmod 755 "$1"
+  chmod 644 "$1"/*
+}
+
 compose_phase() {
+  local tls=$tmp/compose-tls
+  deploy/tls/make-dev-certs.sh "$tls" 2 2 > /dev/null
+  readable_by_containers "$tls"
+  export PSTRAIN_TLS_DIR=$tls
   log "compose: building $PROMETHEUS_IMAGE"
   podman build --format docker --network=host -f deploy/compose/prometheus.Dockerfile \
     --build-arg BASE="$BASE" -t "$PROMETHEUS_IMAGE" . > "$tmp/build-prometheus.log" 2>&1 ||
@@ -421,7 +436,12 @@ compose_phase() {
   log "compose: up (coordinator on 127.0.0.1:$PSTRAIN_COORDINATOR_PORT, Prometheus on 127.0.0.1:$PSTRAIN_PROMETHEUS_PORT)"
   "${compose[@]}" up -d > "$tmp/compose-up.log" 2>&1 ||
     { tail -20 "$tmp/compose-up.log"; die "podman-compose up"; }
-  local psctl=("$repo/build/bin/psctl" "--coordinator=127.0.0.1:$PSTRAIN_COORDINATOR_PORT")
+  local psctl=("$repo/build/bin/psctl" "--coordinator=127.0.0.1:$PSTRAIN_COORDINATOR_PORT"
+               "--tls_cert=$tls/admin.crt" "--tls_key=$tls/admin.key" "--tls_ca=$tls/ca.crt"
+               "--token_file=$tls/operator.token")
+  # Plaintext, or TLS without a token, gets nowhere.
+  ! "$repo/build/bin/psctl" "--coordinator=127.0.0.1:$PSTRAIN_COORDINATOR_PORT" --timeout=3 \
+    list > /dev/null 2>&1 || die "the compose coordinator answers plaintext"
   wait_for 180 "2 servers and 2 workers to register through compose" sh -c \
     "[ \$(${psctl[*]} nodes | grep -c ' alive ') -ge 4 ]"
   local id
@@ -429,7 +449,10 @@ compose_phase() {
   timeout 600 "${psctl[@]}" watch "$id" > "$tmp/watch-compose.log" ||
     { tail "$tmp/watch-compose.log"; "${compose[@]}" logs > "$tmp/compose.log" 2>&1;
       tail -40 "$tmp/compose.log"; die "job $id through compose did not succeed"; }
-  log "compose: job $id submitted from the host succeeded: $(tail -1 "$tmp/watch-compose.log")"
+  log "compose: job $id submitted from the host over TLS succeeded: $(tail -1 "$tmp/watch-compose.log")"
+  local code=0
+  "${psctl[@]:0:5}" list > /dev/null 2> "$tmp/psctl-no-token.err" || code=$?
+  [ "$code" -eq 4 ] || die "psctl without a token: exit $code, not 4: $(cat "$tmp/psctl-no-token.err")"
   # Prometheus scrapes the coordinator, both servers and both workers.
   local query='count(up{job="pstrain"} == 1)' answer=""
   local deadline=$(($(date +%s) + 180))
@@ -466,13 +489,23 @@ kube_phase() {
     log "kube: both overlays render with $kubectl ($("$kubectl" version --client 2>&1 | head -1 | cut -c1-60))"
   done
   [ -s "$rendered" ] || die "no kubectl to render deploy/k8s with (run deploy/build.sh)"
-  build/bin/pstrain-kube-for-podman < "$rendered" > "$play" ||
+  local tls=$tmp/kube-tls
+  deploy/k8s/tls-secrets.sh "$tls" 2 2 > "$tmp/k8s-secrets.yaml" 2> /dev/null
+  readable_by_containers "$tls"
+  cat "$tmp/k8s-secrets.yaml" "$rendered" | build/bin/pstrain-kube-for-podman > "$play" ||
     die "pstrain-kube-for-podman (build it: cmake --build build --target pstrain-kube-for-podman)"
   podman network create pstrain-kube > /dev/null
   log "kube: podman kube play of the cpu overlay (StatefulSets as Pods, Services as pod names)"
   podman kube play --network pstrain-kube "$play" > "$tmp/kube-play.log" 2>&1 ||
     { tail -20 "$tmp/kube-play.log"; die "podman kube play"; }
-  local coordinator=pstrain-coordinator-pod-0-coordinator jobs=""
+  # An admin's container beside the pods, for psctl over TLS with a token.
+  local admin=pstrain-kube-admin jobs=""
+  podman run -d --name "$admin" --network pstrain-kube -v "$tls:/etc/pstrain/tls:ro" \
+    --entrypoint sleep "$IMAGE" 900 > /dev/null
+  local psctl=(podman exec "$admin" psctl --coordinator=pstrain-coordinator-pod-0:50050
+               --tls_cert=/etc/pstrain/tls/admin.crt --tls_key=/etc/pstrain/tls/admin.key
+               --tls_ca=/etc/pstrain/tls/ca.crt --token_file=/etc/pstrain/tls/operator.token)
+  local coordinator=pstrain-coordinator-pod-0-coordinator
   local deadline=$(($(date +%s) + 600))
   until grep -q JOB_STATE_SUCCEEDED <<< "$jobs"; do
     if grep -q -e JOB_STATE_FAILED -e JOB_STATE_CANCELLED <<< "$jobs" ||
@@ -482,9 +515,10 @@ kube_phase() {
       die "the example job submitted by the kube Job did not succeed: $jobs"
     fi
     sleep 2
-    jobs=$(podman exec "$coordinator" psctl -o json list 2> /dev/null || true)
+    jobs=$("${psctl[@]}" -o json list 2> /dev/null || true)
   done
-  log "kube: the example job submitted by pstrain-submit-example succeeded: $(podman exec "$coordinator" psctl list 2> /dev/null | sed -n 2p)"
+  log "kube: the example job submitted over TLS by pstrain-submit-example succeeded: $("${psctl[@]}" list 2> /dev/null | sed -n 2p)"
+  podman rm -f "$admin" > /dev/null
   podman kube down "$play" > /dev/null 2>> "$tmp/podman.log" || die "podman kube down"
   # kube down leaves the claims' volumes.
   podman volume rm -f pstrain-checkpoints pstrain-coordinator-state > /dev/null

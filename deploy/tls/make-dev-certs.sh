@@ -12,7 +12,8 @@
 #   DIR/operator.token, DIR/viewer.token  the two users' tokens
 #
 # usage: make-dev-certs.sh DIR [SERVERS [WORKERS]]   (default 2 servers, 2 workers)
-#        make-dev-certs.sh DIR --names NAME...        (certificates of these names)
+#        make-dev-certs.sh DIR --names NAME...        (nodes of these names instead,
+#                                                      e.g. pstrain-server-0 for a pod)
 # A certificate's common name is the node's id and carries its role (see
 # the README's Security section). Files that exist are kept, so running it
 # again with more nodes adds only theirs. PSTRAIN_CERT_DAYS sets how long
@@ -28,7 +29,7 @@ names=(coordinator admin)
 if [ "${1:-}" = "--names" ]; then
   shift
   [ $# -ge 1 ] || usage
-  names=("$@")
+  names+=("$@")
 else
   servers=${1:-2}
   workers=${2:-2}

@@ -2,6 +2,7 @@
 
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -202,6 +203,14 @@ std::vector<std::string> ReviewProblems(const std::vector<YAML::Node>& docs) {
         }
       }
       if (!c["image"]) problem(doc, name + ": no image");
+      // Every pstrain process speaks TLS, its certificate from a volume.
+      const YAML::Node args = c["args"];
+      const std::string role = args && args.size() > 0 ? Str(args[0]) : "";
+      if (role == "coordinator" || role == "server" || role == "worker" || role == "psctl") {
+        bool tls = false;
+        for (const YAML::Node& a : args) tls = tls || absl::StartsWith(Str(a), "--tls_ca=");
+        if (!tls) problem(doc, name + ": no TLS (--tls_ca)");
+      }
     }
   }
   return problems;

@@ -181,7 +181,9 @@ TEST_F(ManifestsTest, TheExampleJobIsTheRepositorysOwn) {
   const YAML::Node submit = PodTemplate(Find(docs, "Job", "pstrain-submit-example"))["spec"];
   EXPECT_EQ(Str(At(submit, {"containers", "0", "volumeMounts", "0", "mountPath"})), "/etc/pstrain/jobs");
   EXPECT_EQ(Str(At(submit, {"volumes", "0", "configMap", "name"})), "pstrain-example-job");
-  EXPECT_EQ(Str(At(submit, {"containers", "0", "args", "4"})), "/etc/pstrain/jobs/fashion_mlp.yaml");
+  const YAML::Node args = At(submit, {"containers", "0", "args"});
+  ASSERT_TRUE(args.IsSequence());
+  EXPECT_EQ(Str(args[args.size() - 1]), "/etc/pstrain/jobs/fashion_mlp.yaml");
 }
 
 // The review is not a rubber stamp: each rule catches its fault.
@@ -204,6 +206,7 @@ spec:
       containers:
         - name: c
           image: pstrain:latest
+          args: [server, --tls_ca=/etc/pstrain/tls/ca.crt]
           livenessProbe: {exec: {command: [pstrain, health]}}
           readinessProbe: {exec: {command: [pstrain, ready]}}
           resources:
@@ -226,6 +229,7 @@ spec:
       {"allowPrivilegeEscalation: false", "may escalate"},
       {"spec: {selector: {app: a}}", "no Service selects"},
       {"annotations: {prometheus.io/scrape: \"true\"}", "no prometheus.io/scrape"},
+      {", --tls_ca=/etc/pstrain/tls/ca.crt", "no TLS"},
   };
   for (const auto& [remove, expected] : faults) {
     std::string text = good;
