@@ -130,7 +130,10 @@ absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
       absl::StrCat("--listen=", options_.listen_host, ":0"),
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
-                   absl::ToInt64Seconds(options_.coordinator_loss_exit))};
+                   absl::ToInt64Seconds(options_.coordinator_loss_exit)),
+      absl::StrCat("--checkpoint_root=", options_.checkpoint_root.empty()
+                                             ? options_.run_dir
+                                             : options_.checkpoint_root)};
   return SpawnNew(name, std::move(argv), flags);
 }
 
@@ -141,6 +144,7 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
+  if (!options_.data_root.empty()) argv.push_back("--data_root=" + options_.data_root);
   return SpawnNew(name, std::move(argv), flags);
 }
 

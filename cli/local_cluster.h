@@ -55,6 +55,10 @@ class LocalCluster {
     // --insecure for the coordinator and the servers: plaintext on a
     // listen_host that is not loopback.
     bool insecure = false;
+    // The servers' --checkpoint_root; empty: run_dir.
+    std::string checkpoint_root;
+    // The workers' --data_root; empty: theirs (Debian's dataset directory).
+    std::string data_root;
   };
 
   // Starts the coordinator, waits until it serves, then starts the servers

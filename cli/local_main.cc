@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -227,6 +228,14 @@ int Run() {
   LocalCluster::Options options;
   options.bin_dir = bin_dir;
   options.tls_dir = tls_dir;
+  // The user who runs pstrain-local chose these directories: the servers'
+  // and workers' roots.
+  if (!checkpoints_in_run_dir) {
+    std::error_code error;
+    std::filesystem::create_directories(spec->checkpoint().dir(), error);
+    options.checkpoint_root = spec->checkpoint().dir();
+  }
+  options.data_root = spec->data().dir();
   options.run_dir = run_dir;
   options.num_servers = spec->num_servers();
   options.num_workers = spec->num_workers();

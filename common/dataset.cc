@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/files.h"
+#include "common/status.h"
 
 namespace pstrain {
 namespace {
@@ -129,6 +131,7 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train) {
 
 absl::StatusOr<std::shared_ptr<const Dataset>> DatasetCache::FashionMnist(const std::string& dir,
                                                                          bool train) {
+  PSTRAIN_RETURN_IF_ERROR(CheckPathWithin("data.dir", dir, "--data_root", root_));
   // Loading under the lock: concurrent callers wait for one load, not two.
   absl::MutexLock lock(&mu_);
   auto it = loaded_.find({dir, train});

@@ -41,9 +41,15 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 // Loads each (dir, train/test) once per process and shares it. Thread-safe.
 class DatasetCache {
  public:
+  // `root`: the directory data must come from (a worker's --data_root);
+  // empty: anywhere.
+  explicit DatasetCache(std::string root = "") : root_(std::move(root)) {}
+
+  // INVALID_ARGUMENT naming data.dir for a `dir` outside the root.
   absl::StatusOr<std::shared_ptr<const Dataset>> FashionMnist(const std::string& dir, bool train);
 
  private:
+  const std::string root_;
   absl::Mutex mu_;
   std::map<std::pair<std::string, bool>, std::shared_ptr<const Dataset>> loaded_
       ABSL_GUARDED_BY(mu_);

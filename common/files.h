@@ -18,6 +18,13 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // The whole file; NOT_FOUND if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// OK if `path` (absolute; it or its last components may not exist yet) lies
+// in the directory `root` once symbolic links and ".." are resolved, or if
+// `root` is empty (no confinement). INVALID_ARGUMENT naming `field` and
+// `root_flag` otherwise, or when root does not exist.
+absl::Status CheckPathWithin(absl::string_view field, const std::string& path,
+                             absl::string_view root_flag, const std::string& root);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_FILES_H_

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "bytes of job state this server may hold (jobs are scheduled to fit); 0: unlimited");
+ABSL_FLAG(std::string, checkpoint_root, "/var/lib/pstrain/checkpoints",
+          "a job's checkpoint.dir must lie in this directory (symbolic links resolved); empty: "
+          "anywhere");
 ABSL_FLAG(int, apply_threads, 1,
           "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  options.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   if (options.store.apply_threads < 1 || options.store.apply_threads > 64) {
     std::cerr << "pstrain-server: --apply_threads must be in [1, 64]\n";
     return 2;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -301,6 +302,10 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   }
   if (a.num_workers() > static_cast<uint32_t>(spec.num_workers())) {
     return absl::InvalidArgumentError("num_workers above the spec's");
+  }
+  if (!spec.checkpoint().dir().empty()) {
+    PSTRAIN_RETURN_IF_ERROR(CheckPathWithin("checkpoint.dir", spec.checkpoint().dir(),
+                                            "--checkpoint_root", options_.checkpoint_root));
   }
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
                            kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer())));

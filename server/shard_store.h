@@ -68,6 +68,9 @@ class ShardStore {
     // Where checkpoints are written and read; null: the machine's file
     // system. Must outlive the store.
     FileSystem* fs = nullptr;
+    // A job's checkpoint.dir must lie in this directory (symbolic links
+    // resolved): AddJob refuses it otherwise. Empty: anywhere.
+    std::string checkpoint_root;
   };
 
   explicit ShardStore(Options options);

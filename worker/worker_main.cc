@@ -33,6 +33,9 @@ ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().chan
 ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
           "chunks a stream sends ahead of their replies, in [1, 1024]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
+ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
+          "a job's data.dir must lie in this directory (symbolic links resolved); empty: "
+          "anywhere");
 ABSL_FLAG(std::string, fault_injection, "",
           "testing only: faults to inject into the traffic to the parameter servers, e.g. "
           "drop_reply=0.05,duplicate_request=0.1,delay=0.2,max_delay_ms=20,seed=7 "
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
     };
   }
   options.metrics_address = metrics->address();
+  options.data_root = absl::GetFlag(FLAGS_data_root);
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";

@@ -20,7 +20,8 @@ namespace {
 
 class WorkerNodeImpl final : public WorkerNode {
  public:
-  explicit WorkerNodeImpl(Options options) : options_(std::move(options)) {}
+  explicit WorkerNodeImpl(Options options)
+      : options_(std::move(options)), data_(options_.data_root) {}
   ~WorkerNodeImpl() override { Shutdown(); }
 
   void Start() {

@@ -40,6 +40,9 @@ class WorkerNode {
     TransportFactory make_transport;
     // The worker's /metrics address, given to the coordinator.
     std::string metrics_address;
+    // A job's data.dir must lie in this directory (symbolic links
+    // resolved); empty: anywhere.
+    std::string data_root;
   };
 
   // INVALID_ARGUMENT without a coordinator address.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -526,6 +527,36 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
         << s.error_message();
   }
   ExpectBitwiseEqual(FinalParams(id), clean);
+}
+
+class ConfinementTest : public ClusterFixture {};
+
+// A job's data.dir and checkpoint.dir are chosen by whoever submits it but
+// read and written on the nodes' machines: outside the workers'
+// --data_root or the servers' --checkpoint_root the job fails, naming the
+// field, before anything is read or written there.
+TEST_F(ConfinementTest, DataAndCheckpointsOutsideTheNodesRootsFailTheJob) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1));  // data root: Debian's datasets; checkpoints: dir_
+  const std::string elsewhere = "/var/tmp/pstrain-confinement-test";
+  v1::JobSpec data = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.05f, 1, 32, 1, 20);
+  data.mutable_data()->set_dir(dir_.path());
+  v1::JobSpec checkpoints = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.05f, 1, 32, 1, 20);
+  checkpoints.mutable_checkpoint()->set_dir(elsewhere);
+  for (const auto& [spec, field, root] :
+       {std::tuple{data, "data.dir", "--data_root"},
+        std::tuple{checkpoints, "checkpoint.dir", "--checkpoint_root"}}) {
+    const v1::Job job = WaitForEnd(Submit(spec));
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << field;
+    EXPECT_TRUE(absl::StrContains(job.reason(), field)) << job.reason();
+    EXPECT_TRUE(absl::StrContains(job.reason(), std::string("outside this node's ") + root))
+        << job.reason();
+  }
+  struct stat st;
+  EXPECT_NE(stat(elsewhere.c_str(), &st), 0) << "the server wrote outside its root";
+  // Inside the roots the same cluster trains.
+  v1::JobSpec fine = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.05f, 1, 32, 1, 20);
+  fine.mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints");
+  EXPECT_EQ(WaitForEnd(Submit(fine)).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 }  // namespace
