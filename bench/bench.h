@@ -51,6 +51,13 @@ struct CheckpointBenchOptions {
 };
 int RunCheckpointBench(const CheckpointBenchOptions& options);
 
+struct TlsBenchOptions {
+  int pairs = 5;        // runs of the quick-start job with and without --tls, one after the other
+  int64_t steps = 0;    // 0: the quick start's 3 epochs
+  std::string bin_dir;  // where pstrain-local is
+};
+int RunTlsBench(const TlsBenchOptions& options);
+
 struct RecoveryBenchOptions {
   int kills = 10;             // of a server, then of a worker, restarted under their ids
   int spare_kills = 3;        // of servers that stay dead (a spare takes over)

@@ -156,7 +156,7 @@ absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text) {
 }
 
 absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::string& job_yaml,
-                                         bool keep_run_dir) {
+                                         bool keep_run_dir, const std::string& extra_flags) {
   char dir_template[] = "/tmp/pstrain-bench.XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot make a directory");
   LocalRun run;
@@ -165,7 +165,7 @@ absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::
   PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(job, job_yaml));
   const std::string command =
       absl::StrCat(bin_dir, "/pstrain-local --job ", job, " --run_dir ", run.run_dir,
-                   " --progress_interval_s=1000 2>", run.run_dir, "/stderr.txt");
+                   " --progress_interval_s=1000 ", extra_flags, " 2>", run.run_dir, "/stderr.txt");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("cannot start pstrain-local");
   std::string line;

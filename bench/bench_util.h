@@ -78,7 +78,8 @@ struct LocalRun {
   std::string run_dir;  // its logs; removed unless kept
 };
 absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::string& job_yaml,
-                                         bool keep_run_dir = false);
+                                         bool keep_run_dir = false,
+                                         const std::string& extra_flags = "");
 // Removes a run directory kept by RunPstrainLocal.
 void RemoveRunDir(const std::string& dir);
 

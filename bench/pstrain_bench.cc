@@ -1,5 +1,5 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] [flags]
+//   pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
 
@@ -29,8 +29,9 @@ ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
 ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
 ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
 ABSL_FLAG(std::string, bin_dir, "",
-          "train, checkpoint, recovery: where the pstrain binaries are; default: beside this one");
+          "train, checkpoint, tls, recovery: where the pstrain binaries are; default: beside this one");
 ABSL_FLAG(int, checkpoint_pairs, 5, "checkpoint: runs with and without checkpoints");
+ABSL_FLAG(int, tls_pairs, 5, "tls: runs of the quick-start job with and without --tls");
 ABSL_FLAG(int, recovery_kills, 10, "recovery: kills of a server and of a worker");
 ABSL_FLAG(int, spare_kills, 3, "recovery: kills of servers that a spare replaces");
 
@@ -38,7 +39,7 @@ namespace pstrain::bench {
 namespace {
 
 int Usage() {
-  std::cerr << "usage: pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] "
+  std::cerr << "usage: pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] "
                "[flags]\n";
   return 2;
 }
@@ -47,7 +48,7 @@ int Main(const std::vector<char*>& args) {
   if (args.size() != 2) return Usage();
   const std::string command = args[1];
   if (command != "transport" && command != "apply" && command != "train" &&
-      command != "checkpoint" && command != "recovery" && command != "all") {
+      command != "checkpoint" && command != "tls" && command != "recovery" && command != "all") {
     return Usage();
   }
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
@@ -140,6 +141,20 @@ int Main(const std::vector<char*>& args) {
     }
     status |= RunCheckpointBench(o);
   }
+  if (command == "tls" || command == "all") {
+    TlsBenchOptions o;
+    o.pairs = absl::GetFlag(FLAGS_tls_pairs);
+    o.bin_dir = bin_dir;
+    if (tiny) {
+      o.pairs = 1;
+      o.steps = 60;
+    }
+    if (o.pairs < 1) {
+      std::cerr << "pstrain-bench: --tls_pairs must be positive\n";
+      return 2;
+    }
+    status |= RunTlsBench(o);
+  }
   if (command == "recovery" || command == "all") {
     RecoveryBenchOptions o;
     o.kills = absl::GetFlag(FLAGS_recovery_kills);
@@ -164,7 +179,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "pstrain-bench transport|apply|train|checkpoint|recovery|all [--tiny] [flags]");
+      "pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines

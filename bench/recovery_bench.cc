@@ -119,6 +119,35 @@ int RunCheckpointBench(const CheckpointBenchOptions& options) {
   return 0;
 }
 
+int RunTlsBench(const TlsBenchOptions& options) {
+  Table table("tls", {"pair", "first", "samples/s TLS", "samples/s plaintext", "ratio"});
+  std::vector<double> ratios;
+  for (int pair = 0; pair < options.pairs; ++pair) {
+    const bool tls_first = pair % 2 == 0;
+    double rate[2] = {0, 0};  // TLS, plaintext
+    for (int i = 0; i < 2; ++i) {
+      const bool tls = (i == 0) == tls_first;
+      absl::StatusOr<LocalRun> run = RunPstrainLocal(options.bin_dir, QuickStartJob(options.steps, ""),
+                                                     /*keep_run_dir=*/false, tls ? "--tls" : "");
+      if (!run.ok()) {
+        LOG(ERROR) << "tls: " << run.status();
+        return 1;
+      }
+      rate[tls ? 0 : 1] = run->samples_per_second;
+    }
+    ratios.push_back(rate[0] / rate[1]);
+    table.Add(Table::Row()
+                  .Int(pair + 1)
+                  .Text(tls_first ? "TLS" : "plaintext")
+                  .Number(rate[0], 0)
+                  .Number(rate[1], 0)
+                  .Number(rate[0] / rate[1], 3));
+  }
+  table.Add(
+      Table::Row().Text("median").Text("-").Text("-").Text("-").Number(Median(ratios), 3));
+  return 0;
+}
+
 namespace {
 
 // A running job's cluster, followed through the control API.

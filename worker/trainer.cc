@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <condition_variable>
 #include <thread>
@@ -422,6 +423,12 @@ absl::Status Trainer::Run() {
     double loss_sum = 0;
     for (const StepResult& r : results) loss_sum += r.stats.loss_sum;
     const double loss = loss_sum / batch_;
+    if (!std::isfinite(loss)) {
+      // A diverged job fails: its parameters are no model.
+      return absl::FailedPreconditionError(
+          absl::StrCat("the training loss is ", loss, " at step ", step,
+                       ": the job diverged (try a lower optimizer.learning_rate)"));
+    }
     recent_losses[step % recent_losses.size()] = loss;
     window_loss += loss;
     ++window_steps;

@@ -559,5 +559,17 @@ TEST_F(ConfinementTest, DataAndCheckpointsOutsideTheNodesRootsFailTheJob) {
   EXPECT_EQ(WaitForEnd(Submit(fine)).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// A job whose loss stops being a number fails, instead of succeeding with
+// "final_loss": nan.
+TEST_F(ConfinementTest, ADivergingJobFails) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1));
+  // Adam's steps of 100 overflow fp16 values on the wire within two steps.
+  v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 100.0f, 1, 64, 1, 200);
+  spec.set_wire_dtype(v1::DTYPE_FP16);
+  const v1::Job job = WaitForEnd(Submit(spec));
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "the job diverged")) << job.reason();
+}
+
 }  // namespace
 }  // namespace pstrain::testing
