@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -226,6 +227,21 @@ void Frame::CopyPayloadTo(void* dst) const {
     std::memcpy(out, slices_[i].begin() + begin, static_cast<size_t>(size - begin));
     out += size - begin;
   }
+}
+
+bool Frame::AllFinite() const {
+  constexpr int64_t kBlock = 1024;
+  float block[kBlock];
+  const int64_t n = header_.num_elements();
+  for (int64_t first = 0; first < n; first += kBlock) {
+    const int64_t count = std::min(kBlock, n - first);
+    ReadValues(first, count, block);
+    // No early exit inside a block: the loop vectorizes.
+    bool finite = true;
+    for (int64_t i = 0; i < count; ++i) finite &= std::isfinite(block[i]);
+    if (!finite) return false;
+  }
+  return true;
 }
 
 }  // namespace pstrain

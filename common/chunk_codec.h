@@ -64,6 +64,9 @@ class Frame {
   void ReadValues(int64_t first, int64_t count, float* dst) const;
   void AddValues(int64_t first, int64_t count, float* dst) const;
 
+  // Whether every value of the payload is finite (no NaN, no infinity).
+  bool AllFinite() const;
+
   // Copies the raw payload (payload_bytes() bytes) to dst. Counted in
   // CopiedPayloadBytes: tools and tests only.
   void CopyPayloadTo(void* dst) const;

@@ -329,6 +329,8 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                                                  " exceeds the ", kFashionTrainSamples,
                                                  " training samples"));
   }
+  if (spec.max_skipped_steps() == 0) spec.set_max_skipped_steps(10);
+  PSTRAIN_RETURN_IF_ERROR(range("max_skipped_steps", spec.max_skipped_steps(), 1, 1000000));
   PSTRAIN_RETURN_IF_ERROR(range("epochs", spec.epochs(), 0, 100000));
   PSTRAIN_RETURN_IF_ERROR(range("steps", spec.steps(), 0, int64_t{1} << 40));
   if (spec.epochs() == 0 && spec.steps() == 0) {

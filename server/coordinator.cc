@@ -74,6 +74,8 @@ struct JobRecord {
   // that could not load the current generation (by server index).
   CheckpointReports reports;
   std::map<int, std::string> load_failures;
+  // Servers that say the job cannot go on (HeldJob.error), by index.
+  std::map<int, std::string> server_errors;
 };
 
 // One change to the jobs: decided on copies of the jobs it touches (reads
@@ -857,6 +859,11 @@ class CoordinatorImpl final : public Coordinator,
           record.load_failures[s] = held.load_error();
           news = true;
         }
+        if (!held.error().empty() && held.generation() == job.generation() &&
+            !record.server_errors.contains(s)) {
+          record.server_errors[s] = held.error().substr(0, 1000);
+          news = true;
+        }
       }
     }
     return news;
@@ -1125,6 +1132,10 @@ class CoordinatorImpl final : public Coordinator,
       v1::Job next = current;
       std::vector<std::string> why;  // of a new generation
       std::optional<std::string> failure;
+      if (!record.server_errors.empty()) {
+        const auto& [s, error] = *record.server_errors.begin();
+        failure = absl::StrCat("server ", s, ": ", error);
+      }
 
       // A server that could not load this generation's checkpoint.
       for (const auto& [s, error] : record.load_failures) {

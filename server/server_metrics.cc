@@ -22,6 +22,11 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
                       .Name("pstrain_server_updates_total")
                       .Help("Optimizer updates applied to chunks.")
                       .Register(r);
+    m->skipped = &prometheus::BuildCounter()
+                      .Name("pstrain_server_skipped_updates_total")
+                      .Help("Updates of a chunk skipped because a gradient had a NaN or an "
+                            "infinity (sync: a step of the chunk; async: a push).")
+                      .Register(r);
     m->barrier_wait = &prometheus::BuildHistogram()
                            .Name("pstrain_server_barrier_wait_seconds")
                            .Help("Sync mode: from a chunk's first push of a step to its last.")
@@ -84,6 +89,7 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
   j.received_bytes = &received_bytes->Add(labels);
   j.sent_bytes = &sent_bytes->Add(labels);
   j.updates = &updates->Add(labels);
+  j.skipped = &skipped->Add(labels);
   j.barrier_wait = &barrier_wait->Add(labels, LatencyBuckets());
   j.apply = &apply->Add(labels, LatencyBuckets());
   j.staleness = &staleness->Add(
@@ -101,6 +107,7 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
     received_bytes->Remove(j.received_bytes);
     sent_bytes->Remove(j.sent_bytes);
     updates->Remove(j.updates);
+    skipped->Remove(j.skipped);
     barrier_wait->Remove(j.barrier_wait);
     apply->Remove(j.apply);
     staleness->Remove(j.staleness);

@@ -58,6 +58,10 @@ struct ShardStore::Chunk {
   // received slices, not copies).
   std::vector<std::optional<Frame>> pushed ABSL_GUARDED_BY(mu);
   int received_count ABSL_GUARDED_BY(mu) = 0;
+  // Sync: a push of step `version` has a NaN or an infinity: the step is
+  // skipped. Both modes: updates skipped in a row.
+  bool non_finite ABSL_GUARDED_BY(mu) = false;
+  int skipped_in_a_row ABSL_GUARDED_BY(mu) = 0;
   // Async: the last step applied per worker (-1: none), for retries.
   std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
   // Sync: when the open step's values were published, and when each
@@ -96,6 +100,12 @@ struct ShardStore::Job {
   std::map<int64_t, Gathering> gathering ABSL_GUARDED_BY(checkpoint_mu);  // by step
   std::vector<v1::CheckpointRecord> written ABSL_GUARDED_BY(checkpoint_mu);  // oldest first
   std::vector<v1::CheckpointRecord> retained ABSL_GUARDED_BY(checkpoint_mu);
+
+  // A chunk that skips this many updates in a row fails the job, with
+  // `error` (reported to the coordinator).
+  int max_skipped = 10;
+  absl::Mutex error_mu;
+  std::string error ABSL_GUARDED_BY(error_mu);
 
   // Sync: workers that reach the barrier late, step after step.
   absl::Mutex straggler_mu;
@@ -167,6 +177,22 @@ void CastForTheWire(ShardStore::Chunk& chunk, v1::DType wire_dtype)
     kernels::CastToBf16(chunk.values->data(), chunk.wire_values->data(), chunk.size);
   } else {
     kernels::CastToFp16(chunk.values->data(), chunk.wire_values->data(), chunk.size);
+  }
+}
+
+// Publishes version+1 with the values of version: the update whose
+// gradients had a NaN or an infinity, which none of them reaches. Fails the
+// job once the chunk has skipped max_skipped updates in a row.
+void SkipUpdate(ShardStore::Job& job, ShardStore::Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  ++chunk.version;
+  if (chunk.metrics != nullptr) chunk.metrics->skipped->Increment();
+  if (++chunk.skipped_in_a_row < job.max_skipped) return;
+  absl::MutexLock lock(&job.error_mu);
+  if (job.error.empty()) {
+    job.error = absl::StrCat("chunk ", chunk.id, " had a NaN or an infinity in a gradient ",
+                             chunk.skipped_in_a_row, " updates in a row (max_skipped_steps), ",
+                             "the last at version ", chunk.version - 1);
   }
 }
 
@@ -327,6 +353,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->total_floats = plan.total_floats();
   job->generation = a.generation();
   job->checkpoint_dir = spec.checkpoint().dir();
+  job->max_skipped = spec.max_skipped_steps() > 0 ? spec.max_skipped_steps() : 10;
   job->checkpoint_every = spec.checkpoint().every_steps();
   job->keep = spec.checkpoint().keep();
   job->requested_step = a.checkpoint_request_step();
@@ -500,6 +527,10 @@ std::vector<v1::HeldJob> ShardStore::Held() const {
     v1::HeldJob& h = held.emplace_back();
     h.set_job_id(job->id);
     h.set_generation(job->generation);
+    {
+      absl::MutexLock lock(&job->error_mu);
+      h.set_error(job->error);
+    }
     absl::MutexLock lock(&job->checkpoint_mu);
     for (const v1::CheckpointRecord& r : job->written) *h.add_checkpoints() = r;
   }
@@ -756,6 +787,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     }
     const v1::ChunkHeader request = h;
     if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
+      if (!frame.AllFinite()) chunk->non_finite = true;
       chunk->pushed[request.worker()] = std::move(frame);
       const absl::Time now = absl::Now();
       chunk->arrived[request.worker()] = now;
@@ -770,7 +802,14 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
           if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
           grads.push_back(&*chunk->pushed[w]);
         }
-        PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, grads, apply_pool_.get()));
+        if (chunk->non_finite) {
+          SkipUpdate(*job, *chunk);
+        } else {
+          PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, grads, apply_pool_.get()));
+          chunk->skipped_in_a_row = 0;
+          if (metrics != nullptr) metrics->updates->Increment();
+        }
+        chunk->non_finite = false;
         // The received gradients go back to gRPC.
         for (std::optional<Frame>& f : chunk->pushed) f.reset();
         chunk->received_count = 0;
@@ -779,7 +818,6 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
         if (metrics != nullptr) {
           metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk->step_started));
           metrics->apply->Observe(absl::ToDoubleSeconds(applied - apply_start));
-          metrics->updates->Increment();
         }
         Snapshot(job, *chunk);
       }
@@ -801,11 +839,17 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
       metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
     }
     const Frame* grad = &frame;
-    PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
+    if (!frame.AllFinite()) {
+      SkipUpdate(*job, *chunk);
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(
+          Update(*job, *chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
+      chunk->skipped_in_a_row = 0;
+      if (metrics != nullptr) metrics->updates->Increment();
+    }
     chunk->last_step[h.worker()] = h.step();
     if (metrics != nullptr) {
       metrics->apply->Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
-      metrics->updates->Increment();
     }
     Snapshot(job, *chunk);
   }

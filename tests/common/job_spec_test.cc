@@ -156,6 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"zero width", With("[256, 128]", "[256, 0]"), "model.hidden[1]"},
         BadSpec{"list for scalar", With("seed: 7", "seed: [7]"), "seed"},
         BadSpec{"no steps", With("epochs: 3", "epochs: 0"), "epochs"},
+        BadSpec{"negative max_skipped_steps", std::string(kValid) + "max_skipped_steps: -1\n",
+                "max_skipped_steps"},
         BadSpec{"odd chunk", With("chunk_bytes: 65536", "chunk_bytes: 65537"), "chunk_bytes"},
         BadSpec{"unknown mode", With("mode: sync", "mode: eventually"), "mode"},
         BadSpec{"missing value", With("seed: 7", "seed:"), "seed"},

@@ -39,6 +39,7 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_server_received_bytes_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_sent_bytes_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_updates_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_skipped_updates_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_barrier_wait_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_apply_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_gradient_staleness", {T::Histogram, {"job_id"}}},

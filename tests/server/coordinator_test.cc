@@ -407,6 +407,37 @@ TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
   EXPECT_GT(response.worker_jobs(0).plan().chunks_size(), 0);
 }
 
+// A server that says a job cannot go on (its gradients stayed non-finite)
+// fails the job with the server's reason; the server's own ids are
+// checked as for every heartbeat.
+TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
+  absl::StatusOr<std::string> id = Submit(kValid);
+  ASSERT_TRUE(id.ok());
+  const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  Register(v1::NODE_ROLE_WORKER, "");
+  absl::StatusOr<v1::Job> job = Get(*id);
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  v1::HeartbeatRequest heartbeat = HeartbeatOf(server);
+  v1::HeldJob* held = heartbeat.add_held();
+  held->set_job_id(*id);
+  held->set_generation(job->generation());
+  held->set_error("chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  ASSERT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (job.ok() && job->state() == v1::JOB_STATE_RUNNING && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+    job = Get(*id);
+  }
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job->reason(),
+            "server 0: chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
+}
+
 // Watchers that come and go while progress streams in leave the coordinator
 // and the watchers that stay undisturbed.
 TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {

@@ -1,10 +1,13 @@
 // Bad pushes over real gRPC: a clear INVALID_ARGUMENT, and nothing changes.
+#include <cmath>
+
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
+#include "tests/test_util.h"
 #include "worker/parameter_client.h"
 
 namespace pstrain::testing {
@@ -184,6 +187,56 @@ TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   for (size_t i = 0; i < initial.size(); ++i) {
     ASSERT_FLOAT_EQ(after->values[i], initial[i] - 0.2f) << i;
   }
+}
+
+// A gradient with a NaN or an infinity reaches no parameter: the chunk's
+// step is skipped for every worker (the sync mean is never biased), and
+// after max_skipped_steps skipped in a row the server reports that the job
+// cannot go on (the coordinator fails it).
+TEST_F(ParameterServiceTest, NonFiniteGradientsSkipTheStepAndPersistentOnesFailTheJob) {
+  v1::JobSpec spec = spec_;
+  spec.set_max_skipped_steps(3);
+  ASSERT_TRUE(servers_->AddJob("job-nan", spec, plan_).ok());
+  server::ShardStore& store = servers_->server(0).store();
+  const auto push = [&](int64_t step, int worker, float odd_value) {
+    v1::ChunkHeader h = Push(own_chunk_, step, worker);
+    h.set_job_id("job-nan");
+    std::vector<float> payload(h.num_elements(), 1.0f);
+    payload[payload.size() / 2] = odd_value;
+    return Exchange(*transport_, 0, worker::ParameterMethod::kPush,
+                    {EncodeFrame(h, payload.data())})
+        .status;
+  };
+  const auto error = [&] {
+    for (const v1::HeldJob& held : store.Held()) {
+      if (held.job_id() == "job-nan") return held.error();
+    }
+    return std::string("not held");
+  };
+  const std::vector<float> initial = store.ReadChunk("job-nan", own_chunk_)->values;
+
+  // Step 0: worker 1's gradient has a NaN; neither worker's is applied.
+  PSTRAIN_ASSERT_OK(push(0, 0, 1.0f));
+  PSTRAIN_ASSERT_OK(push(0, 1, std::nanf("")));
+  auto chunk = store.ReadChunk("job-nan", own_chunk_);
+  EXPECT_EQ(chunk->version, 1);
+  EXPECT_EQ(chunk->values, initial);
+  // Step 1 is finite: applied.
+  PSTRAIN_ASSERT_OK(push(1, 0, 1.0f));
+  PSTRAIN_ASSERT_OK(push(1, 1, 1.0f));
+  const std::vector<float> stepped = store.ReadChunk("job-nan", own_chunk_)->values;
+  EXPECT_NE(stepped, initial);
+  // Steps 2 and 3 with an infinity: skipped, the job goes on; the third in
+  // a row (step 4) fails it.
+  for (int64_t step = 2; step <= 4; ++step) {
+    EXPECT_EQ(error(), "") << "before step " << step;
+    PSTRAIN_ASSERT_OK(push(step, 0, step % 2 == 0 ? INFINITY : -INFINITY));
+    PSTRAIN_ASSERT_OK(push(step, 1, 1.0f));
+  }
+  chunk = store.ReadChunk("job-nan", own_chunk_);
+  EXPECT_EQ(chunk->version, 5);
+  EXPECT_EQ(chunk->values, stepped);
+  EXPECT_TRUE(absl::StrContains(error(), "3 updates in a row (max_skipped_steps)")) << error();
 }
 
 TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
