@@ -559,16 +559,19 @@ TEST_F(ConfinementTest, DataAndCheckpointsOutsideTheNodesRootsFailTheJob) {
   EXPECT_EQ(WaitForEnd(Submit(fine)).state(), v1::JOB_STATE_SUCCEEDED);
 }
 
-// A job whose loss stops being a number fails, instead of succeeding with
-// "final_loss": nan.
+// A diverging job fails, instead of succeeding with "final_loss": nan: its
+// gradients overflow, no overflowing one is applied, and once a chunk has
+// skipped max_skipped_steps steps in a row the job fails with the reason.
 TEST_F(ConfinementTest, ADivergingJobFails) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1));
-  // Adam's steps of 100 overflow fp16 values on the wire within two steps.
+  // Adam's steps of 100 make gradients that overflow fp16 on the wire.
   v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 100.0f, 1, 64, 1, 200);
   spec.set_wire_dtype(v1::DTYPE_FP16);
+  spec.set_max_skipped_steps(4);
   const v1::Job job = WaitForEnd(Submit(spec));
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(absl::StrContains(job.reason(), "the job diverged")) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "4 updates in a row (max_skipped_steps)"))
+      << job.reason();
 }
 
 }  // namespace
