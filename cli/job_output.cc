@@ -46,6 +46,22 @@ std::string ModelSummary(const v1::JobSpec& spec) {
   return absl::StrCat(ModelTypeName(spec.model().type()), " ", absl::StrJoin(widths, "-"));
 }
 
+std::string Printable(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += absl::StrFormat("\\x%02x", byte);
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string ResultSummary(const v1::Job& job) {
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
     return absl::StrCat(job.id(), " ", JobStateName(job.state()),
@@ -109,13 +125,15 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
   switch (event.kind_case()) {
     case v1::JobEvent::kState:
       EndLine();
-      std::fprintf(out_, "%s %s%s%s\n", job.id().c_str(), JobStateName(job.state()).c_str(),
-                   job.reason().empty() ? "" : ": ", job.reason().c_str());
+      std::fprintf(out_, "%s %s%s%s\n", Printable(job.id()).c_str(),
+                   JobStateName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
+                   Printable(job.reason()).c_str());
       break;
     case v1::JobEvent::kSnapshot:
       if (job.state() == v1::JOB_STATE_PENDING || job.state() == v1::JOB_STATE_RUNNING) {
-        std::fprintf(out_, "%s %s%s%s\n", job.id().c_str(), JobStateName(job.state()).c_str(),
-                     job.reason().empty() ? "" : ": ", job.reason().c_str());
+        std::fprintf(out_, "%s %s%s%s\n", Printable(job.id()).c_str(),
+                     JobStateName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
+                     Printable(job.reason()).c_str());
       }
       break;
     case v1::JobEvent::kProgress: {
@@ -140,9 +158,10 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
     }
     case v1::JobEvent::kRecovery:
       EndLine();
-      std::fprintf(out_, "%s recovering: generation %d from step %d (%s)\n", job.id().c_str(),
-                   static_cast<int>(event.recovery().generation()),
-                   static_cast<int>(event.recovery().step()), event.recovery().reason().c_str());
+      std::fprintf(out_, "%s recovering: generation %d from step %d (%s)\n",
+                   Printable(job.id()).c_str(), static_cast<int>(event.recovery().generation()),
+                   static_cast<int>(event.recovery().step()),
+                   Printable(event.recovery().reason()).c_str());
       break;
     case v1::JobEvent::kEvaluation:
       EndLine();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "pstrain/v1/control.grpc.pb.h"
 
@@ -46,6 +47,11 @@ std::string ResultSummary(const v1::Job& job);
 // "compute 2.10 ms, reduce 0.00 ms, push 0.31 ms, wait 1.20 ms, pull 0.42 ms
 // (4.03 ms per step)".
 std::string StepTimesSummary(const v1::StepTimes& times);
+// `s` with every control character (below 0x20, and 0x7f: newlines, tabs,
+// the escape that starts a terminal's control sequences) written as \xNN,
+// and backslashes doubled: what a peer sent cannot move the cursor, clear
+// the screen or forge a line.
+std::string Printable(absl::string_view s);
 // `s` as a JSON string literal, quotes included.
 std::string JsonQuote(const std::string& s);
 // "running", "succeeded", ...

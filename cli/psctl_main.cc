@@ -219,7 +219,7 @@ std::optional<int> Parse(int argc, char** argv, Command* cmd) {
 
 // An RPC failure: message on stderr; 2 for what the user got wrong, 3 else.
 int Failed(const grpc::Status& status) {
-  std::cerr << "psctl: " << status.error_message() << "\n";
+  std::cerr << "psctl: " << Printable(status.error_message()) << "\n";
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::NOT_FOUND:
@@ -268,13 +268,14 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
   for (const auto& row : rows) {
     width.resize(std::max(width.size(), row.size()), 0);
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], Printable(row[c]).size());
   }
   for (const auto& row : rows) {
     std::string line;
     for (size_t c = 0; c < row.size(); ++c) {
-      line += row[c];
-      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+      const std::string cell = Printable(row[c]);
+      line += cell;
+      if (c + 1 < row.size()) line += std::string(width[c] - cell.size() + 2, ' ');
     }
     std::cout << line << "\n";
   }

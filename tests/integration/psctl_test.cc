@@ -4,6 +4,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "cli/job_output.h"
+#include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
 
 namespace pstrain::testing {
@@ -145,6 +147,28 @@ TEST_F(PsctlTest, EveryVerbInTableAndJson) {
                                        "PSTRAIN_COORDINATOR=" + cluster_->coordinator_address(),
                                        BinDir() + "/psctl", "get", id});
   EXPECT_EQ(from_env.exit_code(), 0) << from_env.err;
+}
+
+TEST(PrintableTest, ControlCharactersAreEscaped) {
+  EXPECT_EQ(cli::Printable("plain name-0.1"), "plain name-0.1");
+  EXPECT_EQ(cli::Printable("a\x1b[2Jb\nc\td\x7f\\"), "a\\x1b[2Jb\\x0ac\\x09d\\x7f\\\\");
+  EXPECT_EQ(cli::Printable("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 stays
+}
+
+// What a submitter or a node put in a name cannot drive the terminal of
+// someone who lists it.
+TEST_F(PsctlTest, NamesArePrintedWithControlCharactersEscaped) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1));
+  v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.05f, 1, 32, 1, 20);
+  spec.set_name("evil\x1b[2J\nforged line");
+  const std::string id = Submit(spec);
+  for (const std::vector<std::string>& verb : {std::vector<std::string>{"list"},
+                                               std::vector<std::string>{"get", id}}) {
+    ProcessResult r = Psctl(verb);
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "evil\\x1b[2J\\x0aforged line")) << r.out;
+  }
 }
 
 }  // namespace
