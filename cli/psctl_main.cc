@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -320,10 +321,20 @@ class Psctl {
     }
     v1::SubmitJobRequest request;
     request.set_spec_yaml(*text);
+    // Retried under one request id while the coordinator is unreachable
+    // (within --timeout): a reply lost on the way back makes no second job.
+    std::random_device random;
+    request.set_request_id(absl::StrFormat("psctl-%08x%08x%08x", random(), random(), random()));
     v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    Prepare(context);
-    grpc::Status status = stub_->SubmitJob(&context, request, &response);
+    const absl::Time give_up = absl::Now() + cmd_.timeout;
+    grpc::Status status;
+    while (true) {
+      grpc::ClientContext context;
+      Prepare(context, std::max(give_up - absl::Now(), absl::Milliseconds(1)));
+      status = stub_->SubmitJob(&context, request, &response);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= give_up) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
         std::cerr << "psctl: " << path << ": " << status.error_message() << "\n";

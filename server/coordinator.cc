@@ -676,6 +676,7 @@ class CoordinatorImpl final : public Coordinator,
       record.plan = std::move(c.plan);
       order_.push_back(id);
       job_counter_ = std::max(job_counter_, JobNumber(id));
+      if (!record.job.request_id().empty()) request_ids_[record.job.request_id()] = id;
       if (options_.metrics != nullptr) options_.metrics->jobs_submitted->Increment();
       LOG(INFO) << "job " << id << " submitted";
       transitions.emplace_back(id, v1::JOB_STATE_UNSPECIFIED);
@@ -792,11 +793,29 @@ class CoordinatorImpl final : public Coordinator,
     if (!plan.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: ", plan.status().message()));
     }
+    const std::string& request_id = request.request_id();
+    if (request_id.size() > 128 || !std::all_of(request_id.begin(), request_id.end(), [](char c) {
+          return c > ' ' && c < 0x7f;
+        })) {
+      return absl::InvalidArgumentError(
+          "request_id: must be 1 to 128 printable ASCII characters without spaces");
+    }
     std::string id;
     PSTRAIN_RETURN_IF_ERROR(Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (auto it = request_ids_.find(request_id); !request_id.empty() && it != request_ids_.end()) {
+        // A retry: the job it made, unless this is another job under the same id.
+        if (jobs_.at(it->second).job.spec().SerializeAsString() != spec.SerializeAsString()) {
+          return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
+                                                       "' made ", it->second,
+                                                       ", whose spec differs"));
+        }
+        id = it->second;
+        return absl::OkStatus();
+      }
       id = absl::StrFormat("job-%06d", job_counter_ + 1);
       v1::Job job;
       job.set_id(id);
+      job.set_request_id(request_id);
       *job.mutable_spec() = spec;
       job.set_state(v1::JOB_STATE_PENDING);
       job.set_create_time_ms(WallMs());
@@ -1364,6 +1383,7 @@ class CoordinatorImpl final : public Coordinator,
       JobRecord& record = jobs_[id];
       record.job = std::move(job);
       order_.push_back(id);
+      if (!record.job.request_id().empty()) request_ids_[record.job.request_id()] = id;
       if (absl::StatusOr<v1::PartitionPlan> plan = PlanFor(record.job.spec()); plan.ok()) {
         record.plan = std::move(*plan);
       }
@@ -1404,6 +1424,8 @@ class CoordinatorImpl final : public Coordinator,
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   NodeRegistry registry_ ABSL_GUARDED_BY(mu_);
   int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  // SubmitJobRequest.request_id -> the job it made.
+  std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);    // by submission
   std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);  // oldest first

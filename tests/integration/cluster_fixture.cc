@@ -1,6 +1,7 @@
 #include "tests/integration/cluster_fixture.h"
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -33,8 +34,14 @@ void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::O
       cluster_->coordinator_address(),
       {.security = client_security_.get(), .peer_roles = {PeerRole::kCoordinator}}));
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (static_cast<int>(Nodes().size()) < servers + workers) {
-    ASSERT_LT(absl::Now(), give_up) << "the nodes did not register";
+  std::vector<v1::Node> nodes;
+  while (static_cast<int>((nodes = Nodes()).size()) < servers + workers) {
+    std::optional<std::string> dead = cluster_->CheckChildren();
+    ASSERT_FALSE(dead.has_value()) << "a process exited: " << *dead;
+    std::string registered;
+    for (const v1::Node& n : nodes) registered += " " + n.id();
+    ASSERT_LT(absl::Now(), give_up) << "the nodes did not register; registered:" << registered
+                                    << "; logs in " << dir_.path();
     absl::SleepFor(absl::Milliseconds(20));
   }
 }

@@ -438,6 +438,38 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
             "server 0: chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
 }
 
+// A submit retried under its request id (its reply was lost) makes no
+// second job, also after a restart; the id cannot name another spec.
+TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
+  testing::TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(Start(dir.path() + "/state"));
+  const auto submit = [&](const std::string& yaml, const std::string& request_id) {
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(yaml);
+    request.set_request_id(request_id);
+    v1::SubmitJobResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    absl::Status s = FromGrpcStatus(control_->SubmitJob(&context, request, &response));
+    return s.ok() ? absl::StatusOr<std::string>(response.job_id()) : s;
+  };
+  absl::StatusOr<std::string> first = submit(kValid, "req-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(submit(kValid, "req-1").value_or(""), *first);
+  EXPECT_EQ(submit(std::string(kValid) + "seed: 9\n", "req-1").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(submit(kValid, "req 2").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(submit(kValid, std::string(129, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CountJobs(), 1);
+  ASSERT_NO_FATAL_FAILURE(Start(dir.path() + "/state"));
+  EXPECT_EQ(submit(kValid, "req-1").value_or(""), *first);
+  absl::StatusOr<std::string> other = submit(kValid, "req-2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *first);
+  EXPECT_EQ(CountJobs(), 2);
+}
+
 // Watchers that come and go while progress streams in leave the coordinator
 // and the watchers that stay undisturbed.
 TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
