@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -178,6 +180,18 @@ void StopOnSignal::OnSignal(std::function<void()> action) {
 void StopOnSignal::Wait() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(&signalled_));
+}
+
+int64_t AvailableMemoryBytes() {
+  int64_t bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  // cgroup v2 ("max" when unlimited), then v1.
+  for (const char* path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    int64_t limit = 0;
+    if (in >> limit && limit > 0) bytes = std::min(bytes, limit);
+  }
+  return bytes;
 }
 
 }  // namespace pstrain

@@ -52,6 +52,10 @@ int StopProcess(pid_t pid, absl::Duration grace);
 // "exit 3", "killed by signal 9" for a wait status.
 std::string DescribeWaitStatus(int status);
 
+// The memory this process may use: the machine's physical memory, or the
+// cgroup's limit (memory.max, a container's) where that is lower.
+int64_t AvailableMemoryBytes();
+
 // Routes SIGINT and SIGTERM to a callback on a dedicated thread: a handler
 // writes the signal to a pipe that the thread reads, so it works whichever
 // thread the kernel interrupts. One instance per process; children spawned

@@ -26,8 +26,10 @@ ABSL_FLAG(std::string, fs_fault_injection, "",
           "process: no_space:PATTERN[:ROOM_BYTES], io_error:PATTERN or crash:PATTERN:BYTES");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write the bound host:port to this file once serving");
-ABSL_FLAG(int64_t, max_memory_bytes, 0,
-          "bytes of job state this server may hold (jobs are scheduled to fit); 0: unlimited");
+ABSL_FLAG(int64_t, max_memory_bytes, -1,
+          "bytes of job state this server may hold (jobs are scheduled to fit); -1: three "
+          "quarters of the memory the process may use (the machine's, or its cgroup's limit); "
+          "0: unlimited");
 ABSL_FLAG(std::string, checkpoint_root, "/var/lib/pstrain/checkpoints",
           "a job's checkpoint.dir must lie in this directory (symbolic links resolved); empty: "
           "anywhere");
@@ -76,9 +78,12 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-server: --apply_threads must be in [1, 64]\n";
     return 2;
   }
-  if (options.store.max_memory_bytes < 0) {
-    std::cerr << "pstrain-server: --max_memory_bytes must be >= 0\n";
+  if (options.store.max_memory_bytes < -1) {
+    std::cerr << "pstrain-server: --max_memory_bytes must be -1, 0 or positive\n";
     return 2;
+  }
+  if (options.store.max_memory_bytes == -1) {
+    options.store.max_memory_bytes = pstrain::AvailableMemoryBytes() / 4 * 3;
   }
   absl::StatusOr<std::unique_ptr<pstrain::FaultInjectingFileSystem>> faulty_fs =
       pstrain::FaultInjectingFileSystem::FromSpec(absl::GetFlag(FLAGS_fs_fault_injection));
