@@ -40,6 +40,9 @@ namespace {
 
 // Watchers of one job at the same time.
 constexpr size_t kMaxWatchersPerJob = 256;
+// The most of a node's error message (a worker's failure, a server's) that
+// goes into a job's reason.
+constexpr size_t kMaxErrorBytes = 1000;
 
 int64_t WallMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -880,7 +883,7 @@ class CoordinatorImpl final : public Coordinator,
         }
         if (!held.error().empty() && held.generation() == job.generation() &&
             !record.server_errors.contains(s)) {
-          record.server_errors[s] = held.error().substr(0, 1000);
+          record.server_errors[s] = held.error().substr(0, kMaxErrorBytes);
           news = true;
         }
       }
@@ -972,7 +975,7 @@ class CoordinatorImpl final : public Coordinator,
     }
     if (!r.error().empty()) {
       SetState(txn, r.job_id(), v1::JOB_STATE_FAILED,
-               absl::StrCat("worker ", r.worker(), ": ", r.error()));
+               absl::StrCat("worker ", r.worker(), ": ", r.error().substr(0, kMaxErrorBytes)));
       Schedule(txn);
       return absl::OkStatus();
     }

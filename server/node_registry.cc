@@ -18,6 +18,9 @@ const char* RoleName(v1::NodeRole role) {
 
 // Empty, or host:port of letters, digits and . - _ [ ] : — what a scrape
 // target may be (and safe to write into the targets file as it is).
+// A host name (RFC 1035 limits one to 253 characters), with room.
+constexpr size_t kMaxHostnameBytes = 255;
+
 bool IsHostPort(const std::string& s) {
   if (s.empty()) return true;
   if (s.size() > 255 || s.rfind(':') == std::string::npos) return false;
@@ -51,6 +54,10 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   }
   if (request.max_memory_bytes() < 0) {
     return absl::InvalidArgumentError("max_memory_bytes: must be >= 0");
+  }
+  if (request.hostname().size() > kMaxHostnameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hostname: longer than ", kMaxHostnameBytes, " bytes"));
   }
   if (request.incarnation() == 0) {
     return absl::InvalidArgumentError("incarnation: must be set (a random number per process)");

@@ -50,6 +50,18 @@ TEST_F(NodeRegistryTest, IdsAreGivenKeptOrRefused) {
       << "an incarnation is required";
   EXPECT_EQ(Register("server-1", 4).status().code(), absl::StatusCode::kInvalidArgument)
       << "a server's id cannot become a worker's";
+  v1::RegisterRequest long_host;
+  long_host.set_role(v1::NODE_ROLE_WORKER);
+  long_host.set_node_id("worker-long-host");
+  long_host.set_incarnation(5);
+  long_host.set_hostname(std::string(255, 'h'));
+  PSTRAIN_EXPECT_OK(registry_.Register(long_host).status());
+  long_host.set_hostname(std::string(256, 'h'));
+  long_host.set_node_id("worker-longer-host");
+  long_host.set_incarnation(6);
+  const absl::Status too_long = registry_.Register(long_host).status();
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(too_long.message(), "hostname")) << too_long;
 }
 
 TEST_F(NodeRegistryTest, TwoLiveProcessesNeverHoldOneId) {
