@@ -289,9 +289,7 @@ int Run() {
                   {.security = credentials->security.get(),
                    .peer_roles = {PeerRole::kCoordinator}}));
   const auto authorize = [&](grpc::ClientContext& context) {
-    if (!credentials->token.empty()) {
-      context.AddMetadata("authorization", "Bearer " + credentials->token);
-    }
+    AddBearerToken(context, credentials->token);
   };
   v1::SubmitJobRequest submit;
   *submit.mutable_spec() = *spec;

@@ -310,7 +310,7 @@ class Psctl {
                std::optional<absl::Duration> timeout = std::nullopt) const {
     const absl::Duration t = timeout.value_or(cmd_.timeout);
     if (t != absl::InfiniteDuration()) SetTimeout(context, t);
-    if (!cmd_.token.empty()) context.AddMetadata("authorization", "Bearer " + cmd_.token);
+    AddBearerToken(context, cmd_.token);
   }
 
   int Submit(const std::string& path) {

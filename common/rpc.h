@@ -63,6 +63,15 @@ inline std::chrono::system_clock::time_point ToChronoTime(absl::Time t) {
   return absl::ToChronoTime(t);
 }
 
+// The metadata that carries a user's bearer token: "authorization: Bearer TOKEN".
+inline constexpr char kAuthorizationKey[] = "authorization";
+inline constexpr char kBearerPrefix[] = "Bearer ";
+
+// Adds `token` to the call as its bearer token; nothing if it is empty.
+inline void AddBearerToken(grpc::ClientContext& context, const std::string& token) {
+  if (!token.empty()) context.AddMetadata(kAuthorizationKey, kBearerPrefix + token);
+}
+
 // Sets the deadline of `context` to now + timeout.
 inline void SetTimeout(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -232,13 +232,17 @@ absl::StatusOr<std::unique_ptr<TransportSecurity>> TransportSecurity::Load(
       std::move(identity), std::move(cert_pem), std::move(key_pem), std::move(ca_pem)));
 }
 
-std::shared_ptr<grpc::ChannelCredentials> TransportSecurity::ChannelCredentials(
-    std::vector<PeerRole> peer_roles) const {
-  auto provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+std::shared_ptr<grpc::experimental::CertificateProviderInterface> TransportSecurity::Provider()
+    const {
+  return std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
       ca_pem_, std::vector<grpc::experimental::IdentityKeyCertPair>{
                    {.private_key = key_pem_, .certificate_chain = cert_pem_}});
+}
+
+std::shared_ptr<grpc::ChannelCredentials> TransportSecurity::ChannelCredentials(
+    std::vector<PeerRole> peer_roles) const {
   grpc::experimental::TlsChannelCredentialsOptions options;
-  options.set_certificate_provider(provider);
+  options.set_certificate_provider(Provider());
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
@@ -250,10 +254,7 @@ std::shared_ptr<grpc::ChannelCredentials> TransportSecurity::ChannelCredentials(
 }
 
 std::shared_ptr<grpc::ServerCredentials> TransportSecurity::ServerCredentials() const {
-  auto provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
-      ca_pem_, std::vector<grpc::experimental::IdentityKeyCertPair>{
-                   {.private_key = key_pem_, .certificate_chain = cert_pem_}});
-  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  grpc::experimental::TlsServerCredentialsOptions options(Provider());
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);

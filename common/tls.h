@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/tls_certificate_provider.h"
 
 namespace pstrain {
 
@@ -71,6 +72,9 @@ class TransportSecurity {
   std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
 
  private:
+  // The certificate, key and CA for gRPC, as one credentials object takes them.
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> Provider() const;
+
   TransportSecurity(PeerIdentity identity, std::string cert_pem, std::string key_pem,
                     std::string ca_pem)
       : identity_(std::move(identity)),

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/files.h"
+#include "common/rpc.h"
 #include "common/tls.h"
 
 namespace pstrain::server {
@@ -109,14 +110,14 @@ absl::Status AccessPolicy::CheckUser(const grpc::ServerContextBase& context, Use
     return absl::OkStatus();
   }
   const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
+  auto it = metadata.find(kAuthorizationKey);
   if (it == metadata.end()) {
     return absl::UnauthenticatedError(absl::StrCat(
         "this coordinator needs a bearer token to ", what,
         " (psctl --token_file=FILE or PSTRAIN_TOKEN)"));
   }
   const absl::string_view header(it->second.data(), it->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
+  constexpr absl::string_view kBearer = kBearerPrefix;
   if (!absl::StartsWith(header, kBearer)) {
     return absl::UnauthenticatedError("the authorization metadata is not 'Bearer TOKEN'");
   }

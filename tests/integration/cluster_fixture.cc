@@ -56,7 +56,7 @@ grpc::Status Retrying(const std::string& token, Call call) {
   while (true) {
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    AddBearerToken(context, token);
     context.set_wait_for_ready(true);  // wait for the coordinator to reconnect
     grpc::Status status = call(context);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() > give_up) {
@@ -74,7 +74,7 @@ std::string ClusterFixture::Submit(const v1::JobSpec& spec) {
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  if (!token_.empty()) context.AddMetadata("authorization", "Bearer " + token_);
+  AddBearerToken(context, token_);
   grpc::Status status = control_->SubmitJob(&context, request, &response);
   EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   return response.job_id();

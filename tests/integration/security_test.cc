@@ -63,7 +63,7 @@ absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, co
   v1::ListNodesResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(5));
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  AddBearerToken(context, token);
   PSTRAIN_RETURN_IF_ERROR(
       FromGrpcStatus(stub->ListNodes(&context, v1::ListNodesRequest(), &response)));
   return response.nodes_size();
@@ -76,7 +76,7 @@ absl::Status SubmitYaml(const std::shared_ptr<grpc::Channel>& channel, const std
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(5));
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  AddBearerToken(context, token);
   return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
 }
 
@@ -517,10 +517,7 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
     v1::Job response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(5));
-    if (!token.empty()) {
-      context.AddMetadata("authorization",
-                          "Bearer " + std::string(absl::StripAsciiWhitespace(token)));
-    }
+    AddBearerToken(context, std::string(absl::StripAsciiWhitespace(token)));
     const grpc::Status s = control->CancelJob(&context, cancel, &response);
     EXPECT_TRUE(s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
                 s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
