@@ -107,13 +107,21 @@ class PosixReadableFile final : public ReadableFile {
 class Posix final : public FileSystem {
  public:
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
-    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, OpenForRead(path));
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    // Grown as read: a small file costs no more than its size.
     std::string all;
+    char buffer[64 << 10];
     while (true) {
-      absl::StatusOr<std::string> piece = file->Read(1 << 20);
-      if (!piece.ok()) return piece.status();
-      if (piece->empty()) return all;
-      all += *piece;
+      const ssize_t r = read(fd, buffer, sizeof(buffer));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        const int error = r < 0 ? errno : 0;
+        close(fd);
+        if (error != 0) return ErrnoStatus(error, "read", path);
+        return all;
+      }
+      all.append(buffer, static_cast<size_t>(r));
     }
   }
   absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override {

@@ -140,6 +140,10 @@ class ShardStore {
   // header.pushed_steps() steps applied). Errors as for Push.
   absl::Status Pull(const v1::ChunkHeader& header, std::shared_ptr<ChunkWaiter> waiter);
 
+  // Drops the abandoned waits of a chunk now (a stream that parked there is
+  // gone) rather than when the chunk is next answered.
+  void DropAbandonedWaits(const std::string& job_id, uint32_t chunk);
+
   // Ends every open wait with UNAVAILABLE and rejects later requests.
   void Shutdown();
 
@@ -162,9 +166,10 @@ class ShardStore {
   // Loads the chunks of a restoring assignment from its checkpoint.
   absl::Status Restore(const v1::ServerAssignment& a, Job& job) const;
   // At a checkpoint step: copies the chunk, and hands the checkpoint to the
-  // writer once every chunk of the server has its copy.
-  void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // writer once every chunk of the server has its copy. Called with
+  // chunk.mu held (asserted: Chunk is incomplete here, so the lock cannot be
+  // named in an annotation).
+  void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk);
 
   const Options options_;
   FileSystem* const fs_;

@@ -259,7 +259,9 @@ class WorkerNodeImpl final : public WorkerNode {
       v1::ReportProgressRequest r;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this] { return pending_report_.has_value() || shut_down_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return pending_report_.has_value() || shut_down_;
+        };
         mu_.Await(absl::Condition(&ready));
         if (!pending_report_.has_value()) return;
         r = std::move(*pending_report_);

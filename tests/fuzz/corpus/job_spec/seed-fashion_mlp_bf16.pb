@@ -1,0 +1,2 @@
+
+fashion-mlp-bf16€€%!/usr/share/datasets/fashion-mnist"oƒ:(0@8HPX€€`p
