@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -229,19 +230,26 @@ void Frame::CopyPayloadTo(void* dst) const {
   }
 }
 
-bool Frame::AllFinite() const {
+float Frame::MaxAbs() const {
   constexpr int64_t kBlock = 1024;
   float block[kBlock];
   const int64_t n = header_.num_elements();
+  float max_abs = 0.0f;
   for (int64_t first = 0; first < n; first += kBlock) {
     const int64_t count = std::min(kBlock, n - first);
     ReadValues(first, count, block);
-    // No early exit inside a block: the loop vectorizes.
+    // No early exit inside a block: the loop vectorizes. A NaN compares
+    // false and is caught below.
     bool finite = true;
-    for (int64_t i = 0; i < count; ++i) finite &= std::isfinite(block[i]);
-    if (!finite) return false;
+    float block_max = 0.0f;
+    for (int64_t i = 0; i < count; ++i) {
+      finite &= std::isfinite(block[i]);
+      block_max = std::max(block_max, std::fabs(block[i]));
+    }
+    if (!finite) return std::numeric_limits<float>::infinity();
+    max_abs = std::max(max_abs, block_max);
   }
-  return true;
+  return max_abs;
 }
 
 }  // namespace pstrain

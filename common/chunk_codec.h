@@ -64,8 +64,9 @@ class Frame {
   void ReadValues(int64_t first, int64_t count, float* dst) const;
   void AddValues(int64_t first, int64_t count, float* dst) const;
 
-  // Whether every value of the payload is finite (no NaN, no infinity).
-  bool AllFinite() const;
+  // The largest magnitude of the payload's values (0 for none); infinity
+  // if one is NaN or infinite.
+  float MaxAbs() const;
 
   // Copies the raw payload (payload_bytes() bytes) to dst. Counted in
   // CopiedPayloadBytes: tools and tests only.

@@ -112,12 +112,12 @@ class Txn {
     events_.emplace_back(id, std::move(event));
   }
 
-  // Every job, as this change sees it, in submission order of the live ones
-  // then the added ones.
-  template <typename Fn>
-  void ForEach(const std::vector<std::string>& order, Fn fn) const {
-    for (const std::string& id : order) fn(id, Get(id));
-    for (const std::string& id : added_) fn(id, Get(id));
+  // The ids of every job this change sees (Get them): the live ones in
+  // `order`, then the added ones.
+  std::vector<std::string> Ids(const std::vector<std::string>& order) const {
+    std::vector<std::string> ids = order;
+    ids.insert(ids.end(), added_.begin(), added_.end());
+    return ids;
   }
 
   bool empty() const { return changed_.empty() && events_.empty(); }
@@ -236,8 +236,17 @@ class CoordinatorImpl final : public Coordinator,
         fs_(options_.fs != nullptr ? options_.fs : PosixFileSystem()),
         clock_(options_.clock != nullptr ? options_.clock : MonotonicClock()),
         rng_(std::random_device{}()),
-        registry_({.lease = options_.lease}, clock_,
+        registry_({.lease = options_.lease,
+                   .max_lost_nodes = options_.limits.lost_nodes,
+                   .max_registrations_per_minute = options_.limits.registrations_per_minute},
+                  clock_,
                   [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return static_cast<uint32_t>(rng_()); }),
+        // Without a state directory the numbers start again at every
+        // start: a random part keeps the ids of one process from naming
+        // the jobs of another, which nodes may still hold.
+        job_id_prefix_(options_.state_dir.empty()
+                           ? absl::StrFormat("job-%08x-", std::random_device{}())
+                           : "job-"),
         models_(fs_, options_.state_dir.empty() ? "" : options_.state_dir + "/models"),
         targets_(fs_, options_.prometheus_sd_file) {}
   ~CoordinatorImpl() override { Shutdown(absl::Seconds(1)); }
@@ -247,6 +256,7 @@ class CoordinatorImpl final : public Coordinator,
       std::vector<v1::Job> jobs;
       PSTRAIN_ASSIGN_OR_RETURN(store_, JobStore::Open(fs_, options_.state_dir, &jobs));
       PSTRAIN_RETURN_IF_ERROR(models_.Init());
+      absl::MutexLock write_lock(&write_mu_);
       absl::MutexLock lock(&mu_);
       Recover(std::move(jobs));
     }
@@ -520,7 +530,7 @@ class CoordinatorImpl final : public Coordinator,
 
   grpc::ServerReadReactor<v1::UploadModelRequest>* UploadModel(
       grpc::CallbackServerContext* ctx, v1::UploadModelResponse*) override {
-    return NewModelUpload(this, AccessPolicy::CertifiedNodeId(*ctx));
+    return NewModelUpload(ctx, this, AccessPolicy::CertifiedNodeId(*ctx));
   }
 
   grpc::ServerWriteReactor<v1::SessionEvent>* Session(grpc::CallbackServerContext* ctx,
@@ -562,8 +572,8 @@ class CoordinatorImpl final : public Coordinator,
 
   // ---- ModelUploadHandler: worker 0's model, one upload per job at a time ----
 
-  absl::StatusOr<int64_t> BeginUpload(const std::string& node_id,
-                                      const std::string& job_id) override {
+  absl::StatusOr<Upload> BeginUpload(const std::string& node_id, const std::string& job_id,
+                                     std::function<void()> cancel) override {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return UnknownJob(job_id);
@@ -575,24 +585,34 @@ class CoordinatorImpl final : public Coordinator,
       return absl::PermissionDeniedError(
           absl::StrCat("node '", node_id, "' is not worker 0 of ", job_id));
     }
-    if (!uploading_.insert(job_id).second) {
+    const Upload upload = {.id = ++last_upload_id_,
+                           .max_bytes = kernels::NumParams(ModelShapeOf(job.spec())) * 4 +
+                                        64 * 1024};
+    if (!uploading_.emplace(job_id, OpenUpload{upload.id, clock_->Now(), std::move(cancel)})
+             .second) {
       return absl::AlreadyExistsError(absl::StrCat("a model of ", job_id, " is being uploaded"));
     }
-    return kernels::NumParams(ModelShapeOf(job.spec())) * 4 + 64 * 1024;
+    return upload;
   }
 
-  void EndUpload(const std::string& job_id) override {
+  void EndUpload(const std::string& job_id, uint64_t upload) override {
     absl::MutexLock lock(&mu_);
-    uploading_.erase(job_id);
+    if (auto it = uploading_.find(job_id); it != uploading_.end() && it->second.id == upload) {
+      uploading_.erase(it);
+    }
   }
 
   // Checks the file and writes it without holding the lock, then records
   // that the job has a model.
-  absl::Status FinishUpload(const std::string& job_id, std::string bytes) override {
+  absl::Status FinishUpload(const std::string& job_id, uint64_t upload,
+                            std::string bytes) override {
     PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, DecodeModelFile(bytes));
     int64_t expected_floats;
     {
       absl::MutexLock lock(&mu_);
+      if (auto it = uploading_.find(job_id); it == uploading_.end() || it->second.id != upload) {
+        return absl::CancelledError("the upload took too long and was cancelled");
+      }
       auto it = jobs_.find(job_id);
       if (it == jobs_.end()) return UnknownJob(job_id);
       expected_floats = kernels::NumParams(ModelShapeOf(it->second.job.spec()));
@@ -815,7 +835,15 @@ class CoordinatorImpl final : public Coordinator,
         id = it->second;
         return absl::OkStatus();
       }
-      id = absl::StrFormat("job-%06d", job_counter_ + 1);
+      const int64_t queued = std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
+        return entry.second.job.state() == v1::JOB_STATE_PENDING;
+      });
+      if (queued >= options_.limits.queued_jobs) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            queued, " jobs are queued, the most this coordinator holds (--max_queued_jobs); "
+            "submit again once some have started"));
+      }
+      id = absl::StrFormat("%s%06d", job_id_prefix_, job_counter_ + 1);
       v1::Job job;
       job.set_id(id);
       job.set_request_id(request_id);
@@ -835,23 +863,29 @@ class CoordinatorImpl final : public Coordinator,
     return absl::OkStatus();
   }
 
-  // Pages are newest first; a token is the position in submission order
-  // where the next page starts (going back), which new jobs do not shift.
+  // Pages are newest first; a token is the number of the job where the next
+  // page starts (going back): new jobs do not shift it, and it still works
+  // if that job was forgotten in between.
   absl::Status List(const v1::ListJobsRequest& request, v1::ListJobsResponse* response) {
     const int page_size = request.page_size() > 0 ? std::min(request.page_size(), 1000) : 50;
     const std::set<int> states(request.states().begin(), request.states().end());
     absl::MutexLock lock(&mu_);
     int64_t next = static_cast<int64_t>(order_.size()) - 1;
-    if (!request.page_token().empty() &&
-        (!absl::SimpleAtoi(request.page_token(), &next) || next < -1 ||
-         next >= static_cast<int64_t>(order_.size()))) {
-      return absl::InvalidArgumentError("page_token: not a token from a previous response");
+    if (!request.page_token().empty()) {
+      int64_t number = 0;
+      if (!absl::SimpleAtoi(request.page_token(), &number) || number < 1) {
+        return absl::InvalidArgumentError("page_token: not a token from a previous response");
+      }
+      // Job numbers grow along order_.
+      next = std::upper_bound(order_.begin(), order_.end(), number,
+                              [](int64_t n, const std::string& id) { return n < JobNumber(id); }) -
+             order_.begin() - 1;
     }
     for (; next >= 0 && response->jobs_size() < page_size; --next) {
       const v1::Job& job = jobs_.at(order_[next]).job;
       if (states.empty() || states.contains(job.state())) *response->add_jobs() = job;
     }
-    if (next >= 0) response->set_next_page_token(absl::StrCat(next));
+    if (next >= 0) response->set_next_page_token(absl::StrCat(JobNumber(order_[next])));
     return absl::OkStatus();
   }
 
@@ -898,6 +932,17 @@ class CoordinatorImpl final : public Coordinator,
     const NodeRegistry::Node& node = *registry_.Find(request.node_id());
     std::map<std::string, int64_t> held;
     for (const v1::HeldJob& h : request.held()) held[h.job_id()] = h.generation();
+    // Specs and plans of jobs new to the node, within the reply's budget:
+    // a job left out now comes in a later heartbeat.
+    int64_t new_job_bytes = 0;
+    auto fits = [&](const v1::JobSpec& spec, const v1::PartitionPlan& plan) {
+      const int64_t bytes = static_cast<int64_t>(spec.ByteSizeLong() + plan.ByteSizeLong());
+      if (new_job_bytes > 0 && new_job_bytes + bytes > options_.limits.heartbeat_reply_bytes) {
+        return false;
+      }
+      new_job_bytes += bytes;
+      return true;
+    };
     for (const std::string& id : running_) {
       const JobRecord& record = jobs_.at(id);
       const v1::Job& job = record.job;
@@ -906,6 +951,7 @@ class CoordinatorImpl final : public Coordinator,
       if (node.info.role() == v1::NODE_ROLE_SERVER) {
         for (int s = 0; s < job.server_nodes_size(); ++s) {
           if (job.server_nodes(s) != node.info.id()) continue;
+          if (!has_it && !fits(job.spec(), record.plan)) continue;
           v1::ServerAssignment* a = response->add_server_jobs();
           a->set_job_id(id);
           a->set_server_index(s);
@@ -931,6 +977,7 @@ class CoordinatorImpl final : public Coordinator,
       } else {
         for (int w = 0; w < job.worker_nodes_size(); ++w) {
           if (job.worker_nodes(w) != node.info.id() || job.workers(w).finished()) continue;
+          if (!has_it && !fits(job.spec(), record.plan)) continue;
           v1::WorkerAssignment* a = response->add_worker_jobs();
           a->set_job_id(id);
           a->set_worker_index(w);
@@ -1033,14 +1080,15 @@ class CoordinatorImpl final : public Coordinator,
     std::set<std::string> busy;
     std::map<std::string, int64_t> reserved;
     std::vector<std::string> pending;
-    txn.ForEach(order_, [&](const std::string& id, const v1::Job& job) {
+    for (const std::string& id : txn.Ids(order_)) {
+      const v1::Job& job = txn.Get(id);
       if (job.state() == v1::JOB_STATE_PENDING) pending.push_back(id);
-      if (job.state() != v1::JOB_STATE_RUNNING) return;
+      if (job.state() != v1::JOB_STATE_RUNNING) continue;
       busy.insert(job.worker_nodes().begin(), job.worker_nodes().end());
       for (int s = 0; s < job.server_nodes_size(); ++s) {
         reserved[job.server_nodes(s)] += ShardStore::BytesNeeded(job.spec(), PlanOf(txn, id), s);
       }
-    });
+    }
     for (const std::string& id : pending) {
       const v1::JobSpec& spec = txn.Get(id).spec();
       const v1::PartitionPlan& plan = PlanOf(txn, id);
@@ -1101,11 +1149,12 @@ class CoordinatorImpl final : public Coordinator,
   // a job's server slot, its own servers too.
   std::set<std::string> BusyWorkers(Txn& txn) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::set<std::string> busy;
-    txn.ForEach(order_, [&](const std::string&, const v1::Job& job) {
+    for (const std::string& id : txn.Ids(order_)) {
+      const v1::Job& job = txn.Get(id);
       if (job.state() == v1::JOB_STATE_RUNNING) {
         busy.insert(job.worker_nodes().begin(), job.worker_nodes().end());
       }
-    });
+    }
     return busy;
   }
 
@@ -1113,13 +1162,14 @@ class CoordinatorImpl final : public Coordinator,
   const NodeRegistry::Node* SpareServer(Txn& txn, const v1::Job& job, int64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::map<std::string, int64_t> reserved;
-    txn.ForEach(order_, [&](const std::string& id, const v1::Job& other) {
-      if (other.state() != v1::JOB_STATE_RUNNING) return;
+    for (const std::string& id : txn.Ids(order_)) {
+      const v1::Job& other = txn.Get(id);
+      if (other.state() != v1::JOB_STATE_RUNNING) continue;
       for (int s = 0; s < other.server_nodes_size(); ++s) {
         reserved[other.server_nodes(s)] +=
             ShardStore::BytesNeeded(other.spec(), PlanOf(txn, id), s);
       }
-    });
+    }
     const std::set<std::string> own(job.server_nodes().begin(), job.server_nodes().end());
     const NodeRegistry::Node* best = nullptr;
     for (const auto& [id, node] : registry_.nodes()) {
@@ -1201,7 +1251,7 @@ class CoordinatorImpl final : public Coordinator,
       }
 
       const std::set<std::string> busy = BusyWorkers(txn);
-      auto idle_worker = [&]() -> const NodeRegistry::Node* {
+      auto idle_worker = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const NodeRegistry::Node* {
         for (const auto& [node_id, node] : registry_.nodes()) {
           if (node.info.role() == v1::NODE_ROLE_WORKER &&
               node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
@@ -1343,9 +1393,50 @@ class CoordinatorImpl final : public Coordinator,
         LOG_EVERY_N(WARNING, 20) << "control loop: " << s;
       }
       WriteTargets();
+      absl::MutexLock write_lock(&write_mu_);
       absl::MutexLock lock(&mu_);
+      ForgetOldFinished();
+      CancelStalledUploads();
       UpdateGauges();
     }
+  }
+
+  // Forgets the oldest finished jobs beyond limits.finished_jobs: their
+  // records, request ids and model files.
+  void ForgetOldFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, mu_) {
+    int64_t finished = std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
+      return IsTerminal(entry.second.job.state());
+    });
+    if (finished <= options_.limits.finished_jobs) return;
+    std::vector<std::string> kept;
+    for (const std::string& id : order_) {
+      auto it = jobs_.find(id);
+      if (finished <= options_.limits.finished_jobs || !IsTerminal(it->second.job.state())) {
+        kept.push_back(id);
+        continue;
+      }
+      --finished;
+      if (const std::string& request_id = it->second.job.request_id(); !request_id.empty()) {
+        request_ids_.erase(request_id);
+      }
+      if (store_ != nullptr) store_->Forget(id);
+      models_.Remove(id);
+      jobs_.erase(it);
+    }
+    order_ = std::move(kept);
+  }
+
+  // Cancels the model uploads open longer than limits.upload_timeout.
+  void CancelStalledUploads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::Time now = clock_->Now();
+    std::erase_if(uploading_, [&](auto& entry) {
+      const auto& [job_id, upload] = entry;
+      if (now - upload.began < options_.limits.upload_timeout) return false;
+      LOG(WARNING) << "job " << job_id << ": the model upload did not end within "
+                   << absl::FormatDuration(options_.limits.upload_timeout) << "; cancelled";
+      upload.cancel();  // the call ends; a new upload may begin at once
+      return true;
+    });
   }
 
   // The targets file is written without the lock: it syncs the disk.
@@ -1379,7 +1470,7 @@ class CoordinatorImpl final : public Coordinator,
 
   // Rebuilds the tables from the job store: pending jobs queue again,
   // running jobs wait for their nodes to come back (for one lease).
-  void Recover(std::vector<v1::Job> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Recover(std::vector<v1::Job> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, mu_) {
     for (v1::Job& job : jobs) {
       job_counter_ = std::max(job_counter_, JobNumber(job.id()));
       const std::string id = job.id();
@@ -1407,6 +1498,10 @@ class CoordinatorImpl final : public Coordinator,
         }
       }
     }
+    // Jobs forgotten before a crash that the log still had come back here,
+    // and are forgotten again.
+    write_mu_.AssertHeld();
+    ForgetOldFinished();
     LOG(INFO) << "recovered " << jobs_.size() << " jobs (" << pending_.size() << " pending, "
               << running_.size() << " running) from " << options_.state_dir;
   }
@@ -1426,6 +1521,7 @@ class CoordinatorImpl final : public Coordinator,
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   NodeRegistry registry_ ABSL_GUARDED_BY(mu_);
+  const std::string job_id_prefix_;  // then the job's number
   int64_t job_counter_ ABSL_GUARDED_BY(mu_) = 0;
   // SubmitJobRequest.request_id -> the job it made.
   std::map<std::string, std::string> request_ids_ ABSL_GUARDED_BY(mu_);
@@ -1433,7 +1529,13 @@ class CoordinatorImpl final : public Coordinator,
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);    // by submission
   std::vector<std::string> pending_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::vector<std::string> running_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> uploading_ ABSL_GUARDED_BY(mu_);
+  struct OpenUpload {
+    uint64_t id = 0;
+    absl::Time began;  // by clock_
+    std::function<void()> cancel;
+  };
+  std::map<std::string, OpenUpload> uploading_ ABSL_GUARDED_BY(mu_);  // by job
+  uint64_t last_upload_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, NodeSession*> sessions_ ABSL_GUARDED_BY(mu_);  // open, by node
   ModelStore models_;
   TargetsFile targets_;  // written by one thread at a time (Start, then the control loop)

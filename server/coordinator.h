@@ -74,6 +74,30 @@ class Coordinator {
     FileSystem* fs = nullptr;
     // The clock of leases; null: the machine's monotonic clock.
     const Clock* clock = nullptr;
+
+    // What peers may make the coordinator hold, each peer or all of them
+    // together. Past a limit a request is refused with RESOURCE_EXHAUSTED
+    // and a message naming the limit (and changes nothing), or the oldest
+    // records are forgotten, as each says. The daemon's --max_* flags.
+    struct Limits {
+      // Bytes of the specs and plans of jobs new to a node in one heartbeat
+      // reply; the other new jobs follow in the next heartbeats (each reply
+      // carries at least one, whatever its size).
+      int64_t heartbeat_reply_bytes = 16 << 20;
+      // Jobs waiting to start (PENDING): a submission beyond is refused.
+      int queued_jobs = 1000;
+      // Finished jobs remembered (their record and model file): beyond,
+      // the oldest finished are forgotten.
+      int finished_jobs = 10000;
+      // Registrations taken in any minute: one beyond is refused.
+      int registrations_per_minute = 600;
+      // Lost nodes listed: beyond, the longest lost are forgotten.
+      int lost_nodes = 1000;
+      // A model upload still open this long after it began is cancelled
+      // (worker 0 uploads again).
+      absl::Duration upload_timeout = absl::Minutes(5);
+    };
+    Limits limits;
   };
 
   // Recovers the state directory, then starts serving. UNAVAILABLE if the

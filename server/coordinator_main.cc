@@ -33,6 +33,22 @@ ABSL_FLAG(std::string, prometheus_sd_file, "",
           "if set, keep a Prometheus file_sd targets file of every process's /metrics here");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat interval suggested to nodes");
+ABSL_FLAG(int64_t, max_heartbeat_reply_bytes,
+          pstrain::server::Coordinator::Options::Limits().heartbeat_reply_bytes,
+          "bytes of new jobs' specs and plans in one heartbeat reply (the rest follow in the "
+          "next heartbeats)");
+ABSL_FLAG(int, max_queued_jobs, pstrain::server::Coordinator::Options::Limits().queued_jobs,
+          "jobs waiting to start; a submission beyond is refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int, max_finished_jobs, pstrain::server::Coordinator::Options::Limits().finished_jobs,
+          "finished jobs remembered, with their model files; beyond, the oldest are forgotten");
+ABSL_FLAG(int, max_registrations_per_minute,
+          pstrain::server::Coordinator::Options::Limits().registrations_per_minute,
+          "node registrations taken in any minute; beyond, refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int, max_lost_nodes, pstrain::server::Coordinator::Options::Limits().lost_nodes,
+          "lost nodes listed; beyond, the longest lost are forgotten");
+ABSL_FLAG(int, upload_timeout_s,
+          absl::ToInt64Seconds(pstrain::server::Coordinator::Options::Limits().upload_timeout),
+          "seconds a model upload may stay open; then it is cancelled (worker 0 uploads again)");
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "users of the control API, one per line: ROLE NAME SHA256 (ROLE viewer or operator, "
           "SHA256 the token's in hex); then every control call needs a bearer token. Default: "
@@ -53,6 +69,21 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   if (options.lease <= absl::ZeroDuration() || options.heartbeat_interval <= absl::ZeroDuration()) {
     std::cerr << "--lease_s and --heartbeat_interval_ms must be positive\n";
+    return 2;
+  }
+  pstrain::server::Coordinator::Options::Limits& limits = options.limits;
+  limits.heartbeat_reply_bytes = absl::GetFlag(FLAGS_max_heartbeat_reply_bytes);
+  limits.queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  limits.finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
+  limits.registrations_per_minute = absl::GetFlag(FLAGS_max_registrations_per_minute);
+  limits.lost_nodes = absl::GetFlag(FLAGS_max_lost_nodes);
+  limits.upload_timeout = absl::Seconds(absl::GetFlag(FLAGS_upload_timeout_s));
+  if (limits.heartbeat_reply_bytes < 1 || limits.queued_jobs < 1 || limits.finished_jobs < 1 ||
+      limits.registrations_per_minute < 1 || limits.lost_nodes < 0 ||
+      limits.upload_timeout <= absl::ZeroDuration()) {
+    std::cerr << "--max_heartbeat_reply_bytes, --max_queued_jobs, --max_finished_jobs, "
+                 "--max_registrations_per_minute and --upload_timeout_s must be positive, "
+                 "--max_lost_nodes at least 0\n";
     return 2;
   }
   absl::StatusOr<std::unique_ptr<pstrain::FaultInjectingFileSystem>> faulty_fs =

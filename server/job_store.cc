@@ -137,6 +137,10 @@ absl::Status JobStore::Write(const std::vector<const v1::Job*>& jobs) {
   return absl::OkStatus();
 }
 
+void JobStore::Forget(const std::string& job_id) {
+  if (latest_.erase(job_id) > 0) std::erase(order_, job_id);
+}
+
 absl::Status JobStore::Compact() {
   const std::string tmp = path() + ".compact";
   std::string bytes;

@@ -56,6 +56,10 @@ class JobStore {
   // once the log has grown).
   absl::Status Compact();
 
+  // Leaves the job out of the log from the next compaction on (until then a
+  // replay still returns it: the caller forgets it again).
+  void Forget(const std::string& job_id);
+
   // Records appended since the log was opened or compacted.
   int64_t appended() const { return appended_; }
   // Damaged records skipped when the log was opened.

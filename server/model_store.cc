@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "glog/logging.h"
 
 namespace pstrain::server {
 namespace {
@@ -13,14 +14,15 @@ constexpr size_t kModelPieceBytes = 1 << 20;
 // Receives worker 0's model file.
 class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest> {
  public:
-  ModelUpload(ModelUploadHandler* handler, std::string certified_node_id)
-      : handler_(handler), certified_node_id_(std::move(certified_node_id)) {
+  ModelUpload(grpc::CallbackServerContext* context, ModelUploadHandler* handler,
+              std::string certified_node_id)
+      : context_(context), handler_(handler), certified_node_id_(std::move(certified_node_id)) {
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending
-      Finish(ToGrpcStatus(began_ ? handler_->FinishUpload(job_id_, std::move(data_))
+      Finish(ToGrpcStatus(began_ ? handler_->FinishUpload(job_id_, upload_.id, std::move(data_))
                                  : absl::InvalidArgumentError("empty upload")));
       return;
     }
@@ -33,15 +35,16 @@ class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest>
                                          request_.node_id().substr(0, 80), "'")));
         return;
       }
-      absl::StatusOr<int64_t> limit = handler_->BeginUpload(request_.node_id(), job_id_);
-      if (!limit.ok()) {
-        Finish(ToGrpcStatus(limit.status()));
+      absl::StatusOr<ModelUploadHandler::Upload> upload = handler_->BeginUpload(
+          request_.node_id(), job_id_, [context = context_] { context->TryCancel(); });
+      if (!upload.ok()) {
+        Finish(ToGrpcStatus(upload.status()));
         return;
       }
       began_ = true;
-      limit_ = *limit;
+      upload_ = *upload;
     }
-    if (static_cast<int64_t>(data_.size() + request_.data().size()) > limit_) {
+    if (static_cast<int64_t>(data_.size() + request_.data().size()) > upload_.max_bytes) {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model file larger than the model"));
       return;
     }
@@ -50,17 +53,18 @@ class ModelUpload final : public grpc::ServerReadReactor<v1::UploadModelRequest>
   }
 
   void OnDone() override {
-    if (began_) handler_->EndUpload(job_id_);
+    if (began_) handler_->EndUpload(job_id_, upload_.id);
     delete this;
   }
 
  private:
+  grpc::CallbackServerContext* const context_;
   ModelUploadHandler* const handler_;
   const std::string certified_node_id_;
   v1::UploadModelRequest request_;
   std::string job_id_, data_;
   bool began_ = false;
-  int64_t limit_ = 0;
+  ModelUploadHandler::Upload upload_;
 };
 
 // Sends a model file in pieces, reading as it goes.
@@ -147,9 +151,23 @@ absl::StatusOr<ModelStore::Source> ModelStore::Find(const std::string& job_id) c
   return Source{"", it->second};
 }
 
+void ModelStore::Remove(const std::string& job_id) {
+  if (dir_.empty()) {
+    absl::MutexLock lock(&mu_);
+    in_memory_.erase(job_id);
+    return;
+  }
+  const std::string path = PathOf(job_id);
+  if (!fs_->Exists(path)) return;
+  if (absl::Status s = fs_->Remove(path); !s.ok()) {
+    LOG(WARNING) << "cannot delete " << path << ": " << s;
+  }
+}
+
 grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(
-    ModelUploadHandler* handler, std::string certified_node_id) {
-  return new ModelUpload(handler, std::move(certified_node_id));
+    grpc::CallbackServerContext* context, ModelUploadHandler* handler,
+    std::string certified_node_id) {
+  return new ModelUpload(context, handler, std::move(certified_node_id));
 }
 
 grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(

@@ -5,6 +5,8 @@
 #ifndef PSTRAIN_SERVER_MODEL_STORE_H_
 #define PSTRAIN_SERVER_MODEL_STORE_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +39,10 @@ class ModelStore {
   // NOT_FOUND if the job has none.
   absl::StatusOr<Source> Find(const std::string& job_id) const;
 
+  // Deletes the job's model file, if any (a file that cannot be deleted is
+  // logged and left).
+  void Remove(const std::string& job_id);
+
   FileSystem* fs() const { return fs_; }
 
  private:
@@ -52,21 +58,30 @@ class ModelStore {
 class ModelUploadHandler {
  public:
   virtual ~ModelUploadHandler() = default;
-  // Starts node_id's upload of job_id's model; returns the largest file
-  // accepted. The error ends the upload.
-  virtual absl::StatusOr<int64_t> BeginUpload(const std::string& node_id,
-                                              const std::string& job_id) = 0;
-  // The whole file arrived: check and keep it.
-  virtual absl::Status FinishUpload(const std::string& job_id, std::string bytes) = 0;
+  struct Upload {
+    uint64_t id = 0;        // names the upload in the calls below
+    int64_t max_bytes = 0;  // the largest file accepted
+  };
+  // Starts node_id's upload of job_id's model. The error ends the upload.
+  // `cancel` ends the upload's call (CANCELLED); it may be called until
+  // EndUpload.
+  virtual absl::StatusOr<Upload> BeginUpload(const std::string& node_id,
+                                             const std::string& job_id,
+                                             std::function<void()> cancel) = 0;
+  // The whole file arrived: check and keep it (unless the upload was
+  // cancelled meanwhile).
+  virtual absl::Status FinishUpload(const std::string& job_id, uint64_t upload,
+                                    std::string bytes) = 0;
   // The upload ended (after FinishUpload, or cut short).
-  virtual void EndUpload(const std::string& job_id) = 0;
+  virtual void EndUpload(const std::string& job_id, uint64_t upload) = 0;
 };
 
 // Reactors for the two streams; they delete themselves when done.
 // `certified_node_id`: the id the caller's certificate carries, which the
 // upload's node_id must equal; empty: not checked (plaintext).
-grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(ModelUploadHandler* handler,
-                                                                std::string certified_node_id);
+grpc::ServerReadReactor<v1::UploadModelRequest>* NewModelUpload(
+    grpc::CallbackServerContext* context, ModelUploadHandler* handler,
+    std::string certified_node_id);
 grpc::ServerWriteReactor<v1::ModelFileChunk>* NewModelExport(
     FileSystem* fs, absl::StatusOr<ModelStore::Source> source);
 

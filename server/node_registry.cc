@@ -67,6 +67,16 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
         "node_id: '", request.node_id().substr(0, 80),
         "' is not a node id (1-63 of a-z, 0-9, '-' and '.', starting and ending alphanumeric)"));
   }
+  const absl::Time now = clock_->Now();
+  while (!registered_at_.empty() && now - registered_at_.front() >= absl::Minutes(1)) {
+    registered_at_.pop_front();
+  }
+  if (static_cast<int>(registered_at_.size()) >= options_.max_registrations_per_minute) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "registrations: ", registered_at_.size(),
+        " in the last minute, the most this coordinator takes (--max_registrations_per_minute); "
+        "retry later"));
+  }
   std::string id = request.node_id();
   while (id.empty() || (request.node_id().empty() && nodes_.contains(id))) {
     id = absl::StrFormat("%s-%08x", RoleName(request.role()), random_());
@@ -112,8 +122,9 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
     node.info.set_session_open(false);
   }
   node.incarnation = request.incarnation();
-  node.last_heard = clock_->Now();
+  node.last_heard = now;
   node.lost_at = absl::InfiniteFuture();
+  registered_at_.push_back(now);
   LOG(INFO) << "node " << id << " registered (" << request.address() << ", pid "
             << request.pid() << ")";
   return result;
@@ -204,6 +215,13 @@ void NodeRegistry::ForgetLongLost() {
     const Node& node = entry.second;
     return node.info.state() == v1::NODE_STATE_LOST && now - node.lost_at > options_.forget_after;
   });
+  std::vector<std::pair<absl::Time, std::string>> lost;
+  for (const auto& [id, node] : nodes_) {
+    if (node.info.state() == v1::NODE_STATE_LOST) lost.emplace_back(node.lost_at, id);
+  }
+  if (static_cast<int>(lost.size()) <= options_.max_lost_nodes) return;
+  std::sort(lost.begin(), lost.end());
+  for (size_t i = 0; i < lost.size() - options_.max_lost_nodes; ++i) nodes_.erase(lost[i].second);
 }
 
 const NodeRegistry::Node* NodeRegistry::Find(const std::string& id) const {

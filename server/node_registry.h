@@ -24,6 +24,7 @@
 #define PSTRAIN_SERVER_NODE_REGISTRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -44,6 +45,12 @@ class NodeRegistry {
     absl::Duration lease = absl::Seconds(10);
     // Lost nodes stay listed this long, then are forgotten.
     absl::Duration forget_after = absl::Minutes(10);
+    // At most this many lost nodes are listed: beyond, the longest lost
+    // are forgotten sooner.
+    int max_lost_nodes = 1000;
+    // Registrations taken in any minute (by the clock): one beyond is
+    // RESOURCE_EXHAUSTED.
+    int max_registrations_per_minute = 600;
   };
 
   struct Node {
@@ -68,7 +75,8 @@ class NodeRegistry {
 
   // INVALID_ARGUMENT for a bad request (role, address, id, a zero
   // incarnation, an id of the other role); UNAVAILABLE while a live process
-  // holds the id. An empty node_id gets a new id ("worker-3f9a2c1b").
+  // holds the id; RESOURCE_EXHAUSTED past max_registrations_per_minute. An
+  // empty node_id gets a new id ("worker-3f9a2c1b").
   absl::StatusOr<Registration> Register(const v1::RegisterRequest& request);
 
   // NOT_FOUND for an unknown or awaited node (register again);
@@ -89,7 +97,8 @@ class NodeRegistry {
   // Marks the nodes whose lease ran out as lost; returns them, each with a
   // line saying why.
   std::vector<std::pair<std::string, std::string>> ExpireLeases();
-  // Forgets nodes lost more than forget_after ago.
+  // Forgets nodes lost more than forget_after ago, and the longest lost
+  // beyond max_lost_nodes.
   void ForgetLongLost();
 
   // Null if unknown.
@@ -108,6 +117,7 @@ class NodeRegistry {
   const Clock* const clock_;
   const std::function<uint32_t()> random_;
   std::map<std::string, Node> nodes_;
+  std::deque<absl::Time> registered_at_;  // registrations of the last minute
 };
 
 }  // namespace pstrain::server

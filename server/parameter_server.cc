@@ -20,7 +20,7 @@ namespace {
 class ParameterServerImpl final : public ParameterServer {
  public:
   explicit ParameterServerImpl(Options options)
-      : options_(std::move(options)), store_(options_.store), service_(&store_, &roster_) {}
+      : options_(std::move(options)), store_(options_.store), service_(&store_, &roster_, options_.client_limits) {}
 
   ~ParameterServerImpl() override { Shutdown(absl::Seconds(1)); }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/parameter_service.h"
 #include "server/shard_store.h"
 
 namespace pstrain {
@@ -34,6 +35,8 @@ class ParameterServer {
     // long; zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();
     ShardStore::Options store;
+    // What one client may hold open (parameter_service.h).
+    ClientLimits client_limits;
     // Measures the calls; null: not measured. Must outlive the server.
     RpcMetrics* rpc = nullptr;
     // Mutual TLS with the server's certificate, for the parameter service

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
@@ -27,7 +29,11 @@ class ChunkStream;
 // gone: owned jointly by the reactor and by the store's waits.
 class StreamState final : public ChunkWaiter {
  public:
-  explicit StreamState(ChunkStream* reactor) : reactor_(reactor) {}
+  StreamState(ChunkStream* reactor, ClientLoad* load, std::string client)
+      : reactor_(reactor), load_(load), client_(std::move(client)) {}
+  // The replies still owed are released once the store holds no wait of
+  // the stream any more.
+  ~StreamState() override { load_->Paid(client_, replies_owed_); }
 
   void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) override {
     v1::ChunkHeader reply;
@@ -47,10 +53,13 @@ class StreamState final : public ChunkWaiter {
     return reactor_ == nullptr || !error_.ok();
   }
 
-  // Called for every request accepted: it owes one reply.
-  void ExpectReply() {
+  // Called for every request before it is handled: it owes one reply.
+  // RESOURCE_EXHAUSTED past the client's limit.
+  absl::Status ExpectReply() {
+    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
     absl::MutexLock lock(&mu_);
     ++replies_owed_;
+    return absl::OkStatus();
   }
   void Reply(grpc::ByteBuffer frame);
   void Fail(const absl::Status& status);
@@ -94,6 +103,8 @@ class StreamState final : public ChunkWaiter {
 
   mutable absl::Mutex mu_;
   ChunkStream* reactor_ ABSL_GUARDED_BY(mu_);
+  ClientLoad* const load_;
+  const std::string client_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front is being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -109,13 +120,17 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
  public:
   // `caller`: the node id of the client's certificate, checked against
   // `roster` for every frame; nullopt: plaintext, not checked.
+  // `client`: whose budget of ClientLoad the stream counts against (it has
+  // opened the stream in it).
   ChunkStream(ShardStore* store, Method method, const WorkerRoster* roster,
-              std::optional<std::string> caller)
+              std::optional<std::string> caller, ClientLoad* load, std::string client)
       : store_(store),
         method_(method),
         roster_(roster),
         caller_(std::move(caller)),
-        state_(std::make_shared<StreamState>(this)) {
+        load_(load),
+        client_(client),
+        state_(std::make_shared<StreamState>(this, load, std::move(client))) {
     StartRead(&request_);
   }
 
@@ -139,6 +154,9 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
 
   void OnDone() override {
     state_->Detach();
+    // Its waits are abandoned now: dropped, they release the client's budget.
+    for (const auto& [job_id, chunk] : parked_) store_->DropAbandonedWaits(job_id, chunk);
+    load_->CloseStream(client_);
     delete this;
   }
 
@@ -159,7 +177,7 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
           absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
     }
     if (caller_.has_value()) PSTRAIN_RETURN_IF_ERROR(roster_->Check(*caller_, frame->header()));
-    state_->ExpectReply();
+    PSTRAIN_RETURN_IF_ERROR(state_->ExpectReply());
     absl::Status status;
     switch (method_) {
       case Method::kPush: {
@@ -173,9 +191,11 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
         break;
       }
       case Method::kPushPull:
+        parked_.emplace(frame->header().job_id(), frame->header().chunk());
         status = store_->Push(*std::move(frame), state_);
         break;
       case Method::kPull:
+        parked_.emplace(frame->header().job_id(), frame->header().chunk());
         status = store_->Pull(frame->header(), state_);
         break;
     }
@@ -186,7 +206,11 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
   const Method method_;
   const WorkerRoster* const roster_;
   const std::optional<std::string> caller_;
+  ClientLoad* const load_;
+  const std::string client_;
   const std::shared_ptr<StreamState> state_;
+  // The chunks where the stream's requests may wait, by job.
+  std::set<std::pair<std::string, uint32_t>> parked_;
   grpc::ByteBuffer request_;
   friend class StreamState;
 };
@@ -198,6 +222,7 @@ void StreamState::Reply(grpc::ByteBuffer frame) {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finishing_) return;
     --replies_owed_;
+    load_->Paid(client_, 1);
     queued_bytes_ += static_cast<int64_t>(frame.Length());
     queue_.push_back(std::move(frame));
     if (writing_) return;
@@ -282,6 +307,19 @@ void StreamState::FinishNow() {
   reactor->Finish(ToGrpcStatus(status));
 }
 
+// A stream ended at once with `status`.
+class Refused final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refused(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7" (gRPC's peer strings).
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos || colon < peer.find(':') + 1 ? peer : peer.substr(0, colon);
+}
+
 }  // namespace
 
 grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
@@ -294,19 +332,60 @@ grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
   } else if (ctx->method() == kPullMethod) {
     method = Method::kPull;
   } else {
-    class Unknown final : public grpc::ServerGenericBidiReactor {
-     public:
-      explicit Unknown(const std::string& method) {
-        Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                            absl::StrCat("unknown method ", method)));
-      }
-      void OnDone() override { delete this; }
-    };
-    return new Unknown(ctx->method());
+    return new Refused(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                    absl::StrCat("unknown method ", ctx->method())));
   }
   std::optional<std::string> caller;
   if (std::optional<PeerIdentity> identity = CallerIdentity(*ctx)) caller = identity->name;
-  return new ChunkStream(store_, method, roster_, std::move(caller));
+  std::string client = caller.has_value() ? *caller : PeerHost(ctx->peer());
+  if (absl::Status s = load_.OpenStream(client); !s.ok()) {
+    return new Refused(ToGrpcStatus(s));
+  }
+  return new ChunkStream(store_, method, roster_, std::move(caller), &load_, std::move(client));
+}
+
+absl::Status ClientLoad::OpenStream(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  Load& load = clients_[client];
+  if (load.streams >= limits_.streams) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " has ", load.streams,
+        " streams open, the most this server allows (--max_streams_per_client)"));
+  }
+  ++load.streams;
+  return absl::OkStatus();
+}
+
+void ClientLoad::CloseStream(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  --it->second.streams;
+  Forget(it);
+}
+
+absl::Status ClientLoad::Owe(const std::string& client) {
+  absl::MutexLock lock(&mu_);
+  Load& load = clients_[client];
+  if (load.owed >= limits_.owed_replies) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " is owed ", load.owed,
+        " replies (waiting pulls and pushes), the most this server allows "
+        "(--max_waits_per_client)"));
+  }
+  ++load.owed;
+  return absl::OkStatus();
+}
+
+void ClientLoad::Paid(const std::string& client, int64_t replies) {
+  if (replies == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  it->second.owed -= replies;
+  Forget(it);
+}
+
+void ClientLoad::Forget(std::map<std::string, Load>::iterator it) {
+  if (it->second.streams == 0 && it->second.owed == 0) clients_.erase(it);
 }
 
 void WorkerRoster::Set(const std::string& job_id, int64_t generation,

@@ -44,6 +44,40 @@ class WorkerRoster {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
+// What one client may hold open on a server: streams, and the replies they
+// owe it (pulls, and pushes waiting for their step's values; each parks in
+// the shard store until answered). A client is the node of its certificate,
+// or, in plaintext, its IP address: every process of one host shares a
+// budget. Past either, the stream (or the request) is refused with
+// RESOURCE_EXHAUSTED naming the limit, before anything reaches the store.
+struct ClientLimits {
+  int streams = 256;
+  int64_t owed_replies = 16384;
+};
+
+// The streams and owed replies of every client. Thread-safe.
+class ClientLoad {
+ public:
+  explicit ClientLoad(ClientLimits limits) : limits_(limits) {}
+  // RESOURCE_EXHAUSTED if the client has limits.streams open already.
+  absl::Status OpenStream(const std::string& client);
+  void CloseStream(const std::string& client);
+  // RESOURCE_EXHAUSTED if the client is owed limits.owed_replies already.
+  absl::Status Owe(const std::string& client);
+  void Paid(const std::string& client, int64_t replies);
+
+ private:
+  struct Load {
+    int streams = 0;
+    int64_t owed = 0;
+  };
+  void Forget(std::map<std::string, Load>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ClientLimits limits_;
+  absl::Mutex mu_;
+  std::map<std::string, Load> clients_ ABSL_GUARDED_BY(mu_);
+};
+
 // Register with ServerBuilder::RegisterCallbackGenericService. The store
 // and the roster must outlive the gRPC server. A stream ends OK once the
 // client has half-closed and every request has been answered; a bad frame
@@ -51,14 +85,15 @@ class WorkerRoster {
 // message. Over TLS every frame is checked against the roster first.
 class ParameterService final : public grpc::CallbackGenericService {
  public:
-  ParameterService(ShardStore* store, const WorkerRoster* roster)
-      : store_(store), roster_(roster) {}
+  ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {})
+      : store_(store), roster_(roster), load_(limits) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
  private:
   ShardStore* const store_;
   const WorkerRoster* const roster_;
+  ClientLoad load_;
 };
 
 }  // namespace pstrain::server

@@ -33,6 +33,12 @@ ABSL_FLAG(int64_t, max_memory_bytes, -1,
 ABSL_FLAG(std::string, checkpoint_root, "/var/lib/pstrain/checkpoints",
           "a job's checkpoint.dir must lie in this directory (symbolic links resolved); empty: "
           "anywhere");
+ABSL_FLAG(int, max_streams_per_client, pstrain::server::ClientLimits().streams,
+          "parameter streams one client (a certificate's node; in plaintext an IP address) may "
+          "hold open; beyond, refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_waits_per_client, pstrain::server::ClientLimits().owed_replies,
+          "pulls and pushes of one client waiting for their values; beyond, refused "
+          "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int, apply_threads, 1,
           "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
@@ -74,6 +80,13 @@ int main(int argc, char** argv) {
   }
   options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   options.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.client_limits.streams = absl::GetFlag(FLAGS_max_streams_per_client);
+  options.client_limits.owed_replies = absl::GetFlag(FLAGS_max_waits_per_client);
+  if (options.client_limits.streams < 1 || options.client_limits.owed_replies < 1) {
+    std::cerr << "pstrain-server: --max_streams_per_client and --max_waits_per_client must be "
+                 "positive\n";
+    return 2;
+  }
   if (options.store.apply_threads < 1 || options.store.apply_threads > 64) {
     std::cerr << "pstrain-server: --apply_threads must be in [1, 64]\n";
     return 2;

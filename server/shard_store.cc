@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -37,6 +38,11 @@ struct Gathering {
 
 }  // namespace
 
+// A gradient (sync: the sum over the workers) whose values could reach this
+// magnitude is not applied, as one with a NaN or an infinity: fp32 ends at
+// 3.4e38, and the margin covers the rounding of the sum.
+constexpr double kMaxGradientBound = std::numeric_limits<float>::max() / 2;
+
 struct ShardStore::Chunk {
   absl::Mutex mu;
   uint32_t id = 0;
@@ -58,9 +64,11 @@ struct ShardStore::Chunk {
   // received slices, not copies).
   std::vector<std::optional<Frame>> pushed ABSL_GUARDED_BY(mu);
   int received_count ABSL_GUARDED_BY(mu) = 0;
-  // Sync: a push of step `version` has a NaN or an infinity: the step is
+  // Sync: the sum over the pushes of step `version` of their largest
+  // magnitude, which bounds every summed value; not below kMaxGradientBound
+  // (a NaN or an infinity, or a sum that could overflow), the step is
   // skipped. Both modes: updates skipped in a row.
-  bool non_finite ABSL_GUARDED_BY(mu) = false;
+  double gradient_bound ABSL_GUARDED_BY(mu) = 0;
   int skipped_in_a_row ABSL_GUARDED_BY(mu) = 0;
   // Async: the last step applied per worker (-1: none), for retries.
   std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
@@ -385,8 +393,11 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     job->chunks[info.id()] = std::move(chunk);
   }
   job->optimizer = std::move(optimizer);
-  job->late_steps.assign(job->num_workers, 0);
-  job->straggler_gauges.assign(job->num_workers, nullptr);
+  {
+    absl::MutexLock lock(&job->straggler_mu);  // not shared yet: for the analysis
+    job->late_steps.assign(job->num_workers, 0);
+    job->straggler_gauges.assign(job->num_workers, nullptr);
+  }
   if (!job->checkpoint_dir.empty()) {
     absl::MutexLock lock(&job->checkpoint_mu);
     job->written = ListCheckpoints(fs_, job->checkpoint_dir, job->id, job->server_index,
@@ -538,6 +549,7 @@ std::vector<v1::HeldJob> ShardStore::Held() const {
 }
 
 void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
+  chunk.mu.AssertHeld();
   const int64_t step = CheckpointStepOf(*job, chunk.version);
   if (step < 0) return;
   const absl::Time start = absl::Now();
@@ -787,7 +799,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     }
     const v1::ChunkHeader request = h;
     if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
-      if (!frame.AllFinite()) chunk->non_finite = true;
+      chunk->gradient_bound += frame.MaxAbs();
       chunk->pushed[request.worker()] = std::move(frame);
       const absl::Time now = absl::Now();
       chunk->arrived[request.worker()] = now;
@@ -802,14 +814,14 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
           if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
           grads.push_back(&*chunk->pushed[w]);
         }
-        if (chunk->non_finite) {
+        if (!(chunk->gradient_bound < kMaxGradientBound)) {
           SkipUpdate(*job, *chunk);
         } else {
           PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, grads, apply_pool_.get()));
           chunk->skipped_in_a_row = 0;
           if (metrics != nullptr) metrics->updates->Increment();
         }
-        chunk->non_finite = false;
+        chunk->gradient_bound = 0;
         // The received gradients go back to gRPC.
         for (std::optional<Frame>& f : chunk->pushed) f.reset();
         chunk->received_count = 0;
@@ -839,7 +851,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
       metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
     }
     const Frame* grad = &frame;
-    if (!frame.AllFinite()) {
+    if (!(frame.MaxAbs() < kMaxGradientBound)) {
       SkipUpdate(*job, *chunk);
     } else {
       PSTRAIN_RETURN_IF_ERROR(
@@ -867,6 +879,17 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
   if (!chunk->closed.ok()) return chunk->closed;
   WaitAndAnswer(*chunk, job->wire_dtype, h, h.version(), std::move(waiter));
   return absl::OkStatus();
+}
+
+void ShardStore::DropAbandonedWaits(const std::string& job_id, uint32_t chunk_id) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(job_id);
+  if (!job.ok()) return;
+  v1::ChunkHeader h;
+  h.set_chunk(chunk_id);
+  absl::StatusOr<Chunk*> chunk = FindChunk(**job, h);
+  if (!chunk.ok()) return;
+  absl::MutexLock lock(&(*chunk)->mu);
+  std::erase_if((*chunk)->waiting, [](const Waiting& w) { return w.waiter->Abandoned(); });
 }
 
 absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::string& job_id,

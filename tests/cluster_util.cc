@@ -39,10 +39,12 @@ v1::PartitionPlan PlanFor(const v1::JobSpec& spec) {
   return *plan;
 }
 
-InProcessServers::InProcessServers(int n, server::ShardStore::Options store) {
+InProcessServers::InProcessServers(int n, server::ShardStore::Options store,
+                                   server::ClientLimits client_limits) {
   for (int i = 0; i < n; ++i) {
     server::ParameterServer::Options options;
     options.store = store;
+    options.client_limits = client_limits;
     absl::StatusOr<std::unique_ptr<server::ParameterServer>> s =
         server::ParameterServer::Create(options);
     EXPECT_TRUE(s.ok()) << s.status();

@@ -28,7 +28,8 @@ v1::PartitionPlan PlanFor(const v1::JobSpec& spec);
 
 class InProcessServers {
  public:
-  explicit InProcessServers(int n, server::ShardStore::Options store = {});
+  explicit InProcessServers(int n, server::ShardStore::Options store = {},
+                            server::ClientLimits client_limits = {});
   ~InProcessServers();
 
   // Adds the job to every server (server i holds the chunks of index i),

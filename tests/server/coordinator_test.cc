@@ -5,11 +5,14 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/file_system.h"
 #include "common/job_spec.h"
+#include "common/partition.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
+#include "kernels/model.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
 #include "tests/integration/integration_util.h"
@@ -42,6 +45,7 @@ class CoordinatorTest : public ::testing::Test {
     options.lease = lease;
     options.fs = fs;
     options.default_checkpoint_dir = default_checkpoint_dir_;
+    options.limits = limits_;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
@@ -123,6 +127,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   std::string default_checkpoint_dir_;  // for the next Start()
+  Coordinator::Options::Limits limits_;  // for the next Start()
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<v1::Membership::Stub> membership_;
@@ -292,6 +297,8 @@ TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt)
 }
 
 TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
+  testing::TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(Start(dir.path()));  // ids job-000001, ...
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Submit(kValid).ok());
   std::vector<std::string> seen;
   v1::ListJobsRequest request;
@@ -436,6 +443,176 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->reason(),
             "server 0: chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
+}
+
+// ---- Limits: each at and just past its value ----
+
+// Without a state directory the job numbers start again at every start,
+// but the ids do not repeat: nodes may still hold the old process's jobs.
+TEST_F(CoordinatorTest, JobIdsAreNotReusedAcrossRestartsWithoutAStateDir) {
+  absl::StatusOr<std::string> first = Submit(kValid);
+  ASSERT_TRUE(first.ok());
+  ASSERT_NO_FATAL_FAILURE(Start());
+  absl::StatusOr<std::string> second = Submit(kValid);
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(*first, *second);
+  EXPECT_TRUE(absl::EndsWith(*second, "-000001")) << *second;
+}
+
+TEST_F(CoordinatorTest, QueuedJobsAreLimited) {
+  limits_.queued_jobs = 3;
+  ASSERT_NO_FATAL_FAILURE(Start());
+  for (int i = 0; i < 3; ++i) PSTRAIN_ASSERT_OK(Submit(kValid).status());
+  absl::StatusOr<std::string> refused = Submit(kValid);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "--max_queued_jobs"))
+      << refused.status();
+  EXPECT_EQ(CountJobs(), 3);
+  // Once one starts, there is room again.
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  Register(v1::NODE_ROLE_WORKER, "");
+  PSTRAIN_EXPECT_OK(Submit(kValid).status());
+  EXPECT_EQ(Submit(kValid).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Past limits.finished_jobs the oldest finished jobs are forgotten, also
+// in the state directory; ids are not reused and pages still work.
+TEST_F(CoordinatorTest, OnlyTheNewestFinishedJobsAreRemembered) {
+  testing::TempDir dir;
+  limits_.finished_jobs = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(dir.path()));
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<std::string> id = Submit(kValid);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  absl::StatusOr<std::string> pending = Submit(kValid);  // stays: not finished
+  ASSERT_TRUE(pending.ok());
+  for (const std::string& id : ids) {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    ASSERT_TRUE(control_->CancelJob(&context, cancel, &job).ok());
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (CountJobs() > 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(CountJobs(), 3);
+  EXPECT_EQ(Get(ids[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
+  PSTRAIN_EXPECT_OK(Get(ids[2]).status());
+  PSTRAIN_EXPECT_OK(Get(ids[3]).status());
+  PSTRAIN_EXPECT_OK(Get(*pending).status());
+
+  ASSERT_NO_FATAL_FAILURE(Start(dir.path()));  // the forgotten stay forgotten
+  EXPECT_EQ(CountJobs(), 3);
+  EXPECT_EQ(Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::string> next = Submit(kValid);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, "job-000006");
+
+  v1::ListJobsRequest request;
+  request.set_page_size(1);
+  std::vector<std::string> seen;
+  while (true) {
+    v1::ListJobsResponse page;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    ASSERT_TRUE(control_->ListJobs(&context, request, &page).ok());
+    for (const v1::Job& job : page.jobs()) seen.push_back(job.id());
+    if (page.next_page_token().empty()) break;
+    request.set_page_token(page.next_page_token());
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"job-000006", "job-000005", "job-000004",
+                                            "job-000003"}));
+}
+
+// Five jobs on one server: the first heartbeat reply carries as many of
+// their specs and plans as its budget holds (at least one); the others
+// come with the next heartbeats, once the server holds the first ones.
+TEST_F(CoordinatorTest, HeartbeatRepliesCarryNewJobsWithinTheirBudget) {
+  const std::string spec = std::string(kValid) + "chunk_bytes: 4096\n";  // a plan of 25 chunks
+  // Returns how many jobs each heartbeat of the server brings, holding
+  // what the earlier ones brought.
+  auto new_jobs_per_heartbeat = [&](int64_t budget) {
+    limits_.heartbeat_reply_bytes = budget;
+    Start();
+    const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+    for (int i = 0; i < 5; ++i) {
+      Register(v1::NODE_ROLE_WORKER, "");
+      EXPECT_TRUE(Submit(spec).ok());
+    }
+    std::vector<int> counts;
+    v1::HeartbeatRequest heartbeat = HeartbeatOf(server);
+    while (heartbeat.held_size() < 5 && counts.size() < 10) {
+      v1::HeartbeatResponse response;
+      grpc::ClientContext context;
+      SetTimeout(context, absl::Seconds(10));
+      EXPECT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+      int fresh = 0;
+      for (const v1::ServerAssignment& a : response.server_jobs()) {
+        if (!a.has_plan()) continue;
+        ++fresh;
+        v1::HeldJob* held = heartbeat.add_held();
+        held->set_job_id(a.job_id());
+        held->set_generation(a.generation());
+      }
+      counts.push_back(fresh);
+    }
+    return counts;
+  };
+  EXPECT_EQ(new_jobs_per_heartbeat(1), (std::vector<int>{1, 1, 1, 1, 1}));
+  // One job's spec and plan, as the coordinator counts them.
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  ASSERT_TRUE(control_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  ASSERT_GT(jobs.jobs_size(), 0);
+  const v1::JobSpec& normalized = jobs.jobs(0).spec();
+  absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
+      kernels::ModelTensors(ModelShapeOf(normalized)), normalized.chunk_bytes(), 1);
+  ASSERT_TRUE(plan.ok());
+  const int64_t job_bytes = static_cast<int64_t>(normalized.ByteSizeLong() + plan->ByteSizeLong());
+  EXPECT_EQ(new_jobs_per_heartbeat(2 * job_bytes), (std::vector<int>{2, 2, 1}));
+  EXPECT_EQ(new_jobs_per_heartbeat(2 * job_bytes - 1), (std::vector<int>{1, 1, 1, 1, 1}));
+}
+
+// A model upload left open past limits.upload_timeout is cancelled, and
+// worker 0 can upload again.
+TEST_F(CoordinatorTest, AStalledUploadIsCancelledAndAnotherCanBegin) {
+  limits_.upload_timeout = absl::Seconds(1);
+  ASSERT_NO_FATAL_FAILURE(Start());
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
+  absl::StatusOr<std::string> id = Submit(kValid);
+  ASSERT_TRUE(id.ok());
+  ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  v1::UploadModelRequest first;
+  first.set_node_id(worker);
+  first.set_job_id(*id);
+  first.set_data("PSTM");
+  {
+    v1::UploadModelResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(60));
+    std::unique_ptr<grpc::ClientWriter<v1::UploadModelRequest>> stalled =
+        membership_->UploadModel(&context, &response);
+    ASSERT_TRUE(stalled->Write(first));
+    // Never half-closed: only the coordinator can end it.
+    EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  v1::UploadModelResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientWriter<v1::UploadModelRequest>> again =
+      membership_->UploadModel(&context, &response);
+  ASSERT_TRUE(again->Write(first));
+  ASSERT_TRUE(again->WritesDone());
+  const grpc::Status status = again->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "model file")) << status.error_message();
 }
 
 // A submit retried under its request id (its reply was lost) makes no

@@ -1,6 +1,7 @@
 #include "server/node_registry.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -9,7 +10,8 @@ namespace {
 
 class NodeRegistryTest : public ::testing::Test {
  protected:
-  NodeRegistryTest() : registry_({.lease = absl::Seconds(10)}, &clock_, [] { return 0xabcdu; }) {}
+  explicit NodeRegistryTest(NodeRegistry::Options options = {.lease = absl::Seconds(10)})
+      : registry_(options, &clock_, [] { return 0xabcdu; }) {}
 
   absl::StatusOr<NodeRegistry::Registration> Register(const std::string& id,
                                                       uint64_t incarnation,
@@ -142,6 +144,42 @@ TEST_F(NodeRegistryTest, LongLostNodesAreForgotten) {
   clock_.Advance(absl::Minutes(2));
   registry_.ForgetLongLost();
   EXPECT_EQ(registry_.Find("worker-1"), nullptr);
+}
+
+// The limits, at and just past their values.
+class NodeRegistryLimitsTest : public NodeRegistryTest {
+ protected:
+  NodeRegistryLimitsTest()
+      : NodeRegistryTest(
+            {.lease = absl::Seconds(10), .max_lost_nodes = 2, .max_registrations_per_minute = 3}) {}
+};
+
+TEST_F(NodeRegistryLimitsTest, RegistrationsPerMinuteAreLimited) {
+  for (int i = 1; i <= 3; ++i) {
+    PSTRAIN_ASSERT_OK(Register(absl::StrCat("worker-", i), i).status());
+    clock_.Advance(absl::Seconds(10));
+  }
+  absl::StatusOr<NodeRegistry::Registration> refused = Register("worker-4", 4);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "--max_registrations_per_minute"))
+      << refused.status();
+  EXPECT_EQ(registry_.Find("worker-4"), nullptr);  // nothing changed
+  clock_.Advance(absl::Seconds(30));  // the first registration is a minute old
+  PSTRAIN_EXPECT_OK(Register("worker-4", 4).status());
+  EXPECT_EQ(Register("worker-5", 5).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(NodeRegistryLimitsTest, OnlyTheLatestLostNodesAreKept) {
+  for (int i = 1; i <= 3; ++i) {
+    PSTRAIN_ASSERT_OK(Register(absl::StrCat("worker-", i), i).status());
+    clock_.Advance(absl::Seconds(30));  // worker-i is lost before the next registers
+    registry_.ExpireLeases();
+    registry_.ForgetLongLost();
+  }
+  EXPECT_EQ(registry_.Find("worker-1"), nullptr);  // the longest lost, past two
+  EXPECT_NE(registry_.Find("worker-2"), nullptr);
+  EXPECT_NE(registry_.Find("worker-3"), nullptr);
+  EXPECT_EQ(registry_.nodes().size(), 2u);
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ class ParameterServiceTest : public ::testing::Test {
   void SetUp() override {
     spec_ = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.1f, 2, 8, 2, 10);
     plan_ = PlanFor(spec_);
-    servers_ = std::make_unique<InProcessServers>(2);
+    servers_ = std::make_unique<InProcessServers>(2, server::ShardStore::Options(), client_limits_);
     ASSERT_TRUE(servers_->AddJob("job-1", spec_, plan_).ok());
     transport_ = *worker::CreateGrpcTransport(servers_->addresses());
     for (const v1::ChunkInfo& c : plan_.chunks()) {
@@ -71,6 +71,13 @@ class ParameterServiceTest : public ::testing::Test {
     }
     ASSERT_GE(own_chunk_, 0);
     ASSERT_GE(other_chunk_, 0);
+  }
+
+  v1::ChunkHeader Pull(int chunk, int64_t version) {
+    v1::ChunkHeader h = Push(chunk, version);
+    h.set_kind(v1::FRAME_KIND_PULL);
+    h.set_num_elements(0);
+    return h;
   }
 
   v1::ChunkHeader Push(int chunk, int64_t step = 0, int worker = 0) {
@@ -113,6 +120,7 @@ class ParameterServiceTest : public ::testing::Test {
 
   v1::JobSpec spec_;
   v1::PartitionPlan plan_;
+  server::ClientLimits client_limits_;  // for SetUp
   std::unique_ptr<InProcessServers> servers_;
   std::unique_ptr<worker::ParameterTransport> transport_;
   int own_chunk_ = -1, other_chunk_ = -1;
@@ -189,10 +197,11 @@ TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   }
 }
 
-// A gradient with a NaN or an infinity reaches no parameter: the chunk's
-// step is skipped for every worker (the sync mean is never biased), and
-// after max_skipped_steps skipped in a row the server reports that the job
-// cannot go on (the coordinator fails it).
+// A gradient with a NaN or an infinity, or workers' gradients whose sum
+// could overflow, reaches no parameter: the chunk's step is skipped for
+// every worker (the sync mean is never biased), and after
+// max_skipped_steps skipped in a row the server reports that the job cannot
+// go on (the coordinator fails it).
 TEST_F(ParameterServiceTest, NonFiniteGradientsSkipTheStepAndPersistentOnesFailTheJob) {
   v1::JobSpec spec = spec_;
   spec.set_max_skipped_steps(3);
@@ -226,12 +235,13 @@ TEST_F(ParameterServiceTest, NonFiniteGradientsSkipTheStepAndPersistentOnesFailT
   PSTRAIN_ASSERT_OK(push(1, 1, 1.0f));
   const std::vector<float> stepped = store.ReadChunk("job-nan", own_chunk_)->values;
   EXPECT_NE(stepped, initial);
-  // Steps 2 and 3 with an infinity: skipped, the job goes on; the third in
-  // a row (step 4) fails it.
+  // Step 2's gradients are finite but their sum overflows fp32, step 3 has
+  // an infinity: both skipped, the job goes on; the third in a row (step 4,
+  // -infinity) fails it.
   for (int64_t step = 2; step <= 4; ++step) {
     EXPECT_EQ(error(), "") << "before step " << step;
-    PSTRAIN_ASSERT_OK(push(step, 0, step % 2 == 0 ? INFINITY : -INFINITY));
-    PSTRAIN_ASSERT_OK(push(step, 1, 1.0f));
+    PSTRAIN_ASSERT_OK(push(step, 0, step == 2 ? 3e38f : step == 3 ? INFINITY : -INFINITY));
+    PSTRAIN_ASSERT_OK(push(step, 1, step == 2 ? 3e38f : 1.0f));
   }
   chunk = store.ReadChunk("job-nan", own_chunk_);
   EXPECT_EQ(chunk->version, 5);
@@ -314,6 +324,77 @@ TEST_F(ParameterServiceTest, ThousandsOfPullsOnOneStreamAreAllAnswered) {
   ExchangeResult r = Exchange(*transport_, 0, worker::ParameterMethod::kPull, std::move(frames));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.replies.size(), static_cast<size_t>(kPulls));
+}
+
+// A client's streams and waits, at and just past their limits: refused
+// with RESOURCE_EXHAUSTED before anything reaches the store.
+class WaitsPerClientTest : public ParameterServiceTest {
+ protected:
+  WaitsPerClientTest() { client_limits_ = {.streams = 8, .owed_replies = 3}; }
+};
+
+TEST_F(WaitsPerClientTest, AtAndPastTheLimit) {
+  // Three pulls of a version far ahead park (a stream sends two ahead of
+  // its replies); a fourth is refused.
+  auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
+                              {Frame(Pull(own_chunk_, 100)), Frame(Pull(own_chunk_, 100))});
+  auto parked_too = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
+                                  {Frame(Pull(own_chunk_, 100))});
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (servers_->server(0).store().OpenWaits() < 3 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(servers_->server(0).store().OpenWaits(), 3);
+  const ExchangeResult refused =
+      Exchange(*transport_, 0, worker::ParameterMethod::kPull, {Frame(Pull(own_chunk_, 100))});
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted) << refused.status;
+  EXPECT_TRUE(absl::StrContains(refused.status.message(), "--max_waits_per_client"))
+      << refused.status;
+  EXPECT_EQ(servers_->server(0).store().OpenWaits(), 3);
+  // Once the parked pulls are gone, the client has its budget back.
+  transport_->CancelAll();
+  EXPECT_EQ(parked->Await().status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(parked_too->Await().status.code(), absl::StatusCode::kCancelled);
+  // (A transport is done once cancelled: a new one, of the same client.)
+  std::unique_ptr<worker::ParameterTransport> again =
+      *worker::CreateGrpcTransport(servers_->addresses());
+  ExchangeResult answered;
+  while (absl::Now() < give_up) {
+    answered = Exchange(*again, 0, worker::ParameterMethod::kPull,
+                        {Frame(Pull(own_chunk_, 0)), Frame(Pull(own_chunk_, 0)),
+                         Frame(Pull(own_chunk_, 0))});
+    if (answered.status.code() != absl::StatusCode::kResourceExhausted) break;
+    absl::SleepFor(absl::Milliseconds(20));  // the cancelled waits are still being dropped
+  }
+  PSTRAIN_EXPECT_OK(answered.status);
+  EXPECT_EQ(answered.replies.size(), 3u);
+}
+
+class StreamsPerClientTest : public ParameterServiceTest {
+ protected:
+  StreamsPerClientTest() { client_limits_ = {.streams = 2, .owed_replies = 100}; }
+};
+
+TEST_F(StreamsPerClientTest, AtAndPastTheLimit) {
+  auto first = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
+                             {Frame(Pull(own_chunk_, 100))});
+  auto second = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
+                              {Frame(Pull(own_chunk_, 100))});
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (servers_->server(0).store().OpenWaits() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(servers_->server(0).store().OpenWaits(), 2);
+  const ExchangeResult refused =
+      Exchange(*transport_, 0, worker::ParameterMethod::kPull, {Frame(Pull(own_chunk_, 0))});
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted) << refused.status;
+  EXPECT_TRUE(absl::StrContains(refused.status.message(), "--max_streams_per_client"))
+      << refused.status;
+  EXPECT_EQ(servers_->server(0).store().OpenWaits(), 2);
+  // The other server counts its own streams.
+  PSTRAIN_EXPECT_OK(
+      Exchange(*transport_, 1, worker::ParameterMethod::kPull, {Frame(Pull(other_chunk_, 0))})
+          .status);
 }
 
 }  // namespace
