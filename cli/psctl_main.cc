@@ -644,5 +644,12 @@ class Psctl {
 int main(int argc, char** argv) {
   pstrain::cli::Command cmd;
   if (std::optional<int> exit = pstrain::cli::Parse(argc, argv, &cmd)) return *exit;
-  return pstrain::cli::Psctl(cmd).Run();
+  const int code = pstrain::cli::Psctl(cmd).Run();
+  // gRPC's threads may still be finishing with a connection (a TLS
+  // handshake) after the channels are gone; the exit handlers would clean
+  // OpenSSL up under them (a crash at exit, found under AddressSanitizer).
+  // The output is flushed and nothing else is left to do: end without them.
+  std::cout.flush();
+  std::cerr.flush();
+  _exit(code);
 }

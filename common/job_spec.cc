@@ -440,6 +440,16 @@ kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
 
 int64_t TrainSamplesOf(const v1::JobSpec&) { return kFashionTrainSamples; }
 
+int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  int64_t widths = shape.input_dim + shape.num_classes;
+  for (int h : shape.hidden) widths += h;
+  const int64_t model =
+      4 * (3 * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
+  const int64_t samples = kFashionTrainSamples + kFashionTestSamples;
+  return model + samples * (shape.input_dim + 4);
+}
+
 int64_t StepsPerEpoch(const v1::JobSpec& spec) {
   return TrainSamplesOf(spec) / (int64_t{spec.num_workers()} * spec.batch_size());
 }

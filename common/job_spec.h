@@ -32,6 +32,7 @@ inline constexpr int kDefaultWaitTimeoutSeconds = 600;
 inline constexpr size_t kMaxJobFileBytes = 1 << 20;
 // Fashion-MNIST sizes (the only dataset so far).
 inline constexpr int kFashionTrainSamples = 60000;
+inline constexpr int kFashionTestSamples = 10000;
 inline constexpr int kFashionInputDim = 784;
 inline constexpr int kFashionClasses = 10;
 
@@ -57,6 +58,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);
 kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
 kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec);
 int64_t TrainSamplesOf(const v1::JobSpec& spec);
+// Bytes a worker process of one device holds for the job, estimated: the
+// parameters, the gradient and the values being pulled (fp32 each), a
+// batch's activations and their gradients, and the data set (training and
+// test images as bytes, and labels). The coordinator places jobs on
+// workers with that much room (a worker of several devices holds the model
+// and a batch per device: it registers the room it has per device).
+int64_t WorkerBytesNeeded(const v1::JobSpec& spec);
 // Global batches per epoch: floor(train samples / (workers * batch)).
 int64_t StepsPerEpoch(const v1::JobSpec& spec);
 // Steps every worker runs: spec.steps, or epochs * StepsPerEpoch.

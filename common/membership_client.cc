@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 
+#include "common/clock.h"
 #include "common/rpc.h"
 #include "common/tls.h"
 #include "glog/logging.h"
@@ -165,7 +166,8 @@ absl::Status MembershipClient::Heartbeat() {
 }
 
 void MembershipClient::Loop() {
-  absl::Time last_contact = absl::Now();
+  // On the monotonic clock: a step of the wall clock is not a silence.
+  absl::Time last_contact = MonotonicClock()->Now();
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
     absl::Status status = registered_ ? Heartbeat() : Register();
@@ -176,7 +178,7 @@ void MembershipClient::Loop() {
       }
     }
     if (status.ok()) {
-      last_contact = absl::Now();
+      last_contact = MonotonicClock()->Now();
       backoff = absl::Milliseconds(100);
       KeepSessionOpen();
     } else {
@@ -193,7 +195,7 @@ void MembershipClient::Loop() {
         LOG_EVERY_N(WARNING, 10) << "no answer from the coordinator: " << status;
       }
       if (options_.coordinator_loss_timeout > absl::ZeroDuration() &&
-          absl::Now() - last_contact > options_.coordinator_loss_timeout) {
+          MonotonicClock()->Now() - last_contact > options_.coordinator_loss_timeout) {
         LOG(ERROR) << "no answer from the coordinator for "
                    << absl::FormatDuration(options_.coordinator_loss_timeout);
         registered_ = false;

@@ -32,7 +32,7 @@ class MembershipClient {
     // lost node takes its place. Empty: the node names itself at random.
     std::string node_id;
     std::string address;  // what the node serves on, if anything
-    int64_t max_memory_bytes = 0;  // servers: capacity; 0 = unlimited
+    int64_t max_memory_bytes = 0;  // capacity for jobs; 0 = unlimited
     std::string metrics_address;   // host:port of the node's /metrics, if any
     RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
     // Mutual TLS to the coordinator; null: plaintext. Must outlive the client.

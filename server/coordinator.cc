@@ -265,6 +265,7 @@ class CoordinatorImpl final : public Coordinator,
         AdvertisedAddress(options_.listen_address, options_.advertise_address, 1).status());
     grpc::ServerBuilder builder;
     ConfigureServerBuilder(builder, options_.rpc);
+    builder.SetMaxReceiveMessageSize(options_.limits.request_bytes);
     int port = 0;
     PSTRAIN_ASSIGN_OR_RETURN(
         std::shared_ptr<grpc::ServerCredentials> credentials,
@@ -1103,7 +1104,7 @@ class CoordinatorImpl final : public Coordinator,
       }
       std::vector<int64_t> need(spec.num_servers());
       for (int s = 0; s < spec.num_servers(); ++s) need[s] = ShardStore::BytesNeeded(spec, plan, s);
-      absl::StatusOr<Placement> placement = PlaceJob(spec, need, cluster);
+      absl::StatusOr<Placement> placement = PlaceJob(spec, need, cluster, WorkerBytesNeeded(spec));
       if (!placement.ok()) {
         if (txn.Get(id).reason() != placement.status().message()) {
           txn.MutableVolatile(id)->set_reason(std::string(placement.status().message()));
@@ -1255,7 +1256,7 @@ class CoordinatorImpl final : public Coordinator,
         for (const auto& [node_id, node] : registry_.nodes()) {
           if (node.info.role() == v1::NODE_ROLE_WORKER &&
               node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
-              !taken.contains(node_id)) {
+              !taken.contains(node_id) && RoomOn(node.info, {}) >= WorkerBytesNeeded(next.spec())) {
             return &node;
           }
         }

@@ -80,6 +80,11 @@ class Coordinator {
     // and a message naming the limit (and changes nothing), or the oldest
     // records are forgotten, as each says. The daemon's --max_* flags.
     struct Limits {
+      // Bytes of one request message, any method (the largest are job
+      // files of at most 1 MiB and 1 MiB pieces of a model upload); a
+      // larger one is refused by gRPC (RESOURCE_EXHAUSTED) before it is
+      // parsed.
+      int request_bytes = 4 << 20;
       // Bytes of the specs and plans of jobs new to a node in one heartbeat
       // reply; the other new jobs follow in the next heartbeats (each reply
       // carries at least one, whatever its size).

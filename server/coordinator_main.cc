@@ -6,6 +6,7 @@
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/rpc.h"
 #include "common/tls_flags.h"
 #include "glog/logging.h"
 #include "server/coordinator.h"
@@ -33,6 +34,8 @@ ABSL_FLAG(std::string, prometheus_sd_file, "",
           "if set, keep a Prometheus file_sd targets file of every process's /metrics here");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
 ABSL_FLAG(int, heartbeat_interval_ms, 500, "heartbeat interval suggested to nodes");
+ABSL_FLAG(int, max_request_bytes, pstrain::server::Coordinator::Options::Limits().request_bytes,
+          "bytes of one request message; larger ones are refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_heartbeat_reply_bytes,
           pstrain::server::Coordinator::Options::Limits().heartbeat_reply_bytes,
           "bytes of new jobs' specs and plans in one heartbeat reply (the rest follow in the "
@@ -72,12 +75,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   pstrain::server::Coordinator::Options::Limits& limits = options.limits;
+  limits.request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   limits.heartbeat_reply_bytes = absl::GetFlag(FLAGS_max_heartbeat_reply_bytes);
   limits.queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   limits.finished_jobs = absl::GetFlag(FLAGS_max_finished_jobs);
   limits.registrations_per_minute = absl::GetFlag(FLAGS_max_registrations_per_minute);
   limits.lost_nodes = absl::GetFlag(FLAGS_max_lost_nodes);
   limits.upload_timeout = absl::Seconds(absl::GetFlag(FLAGS_upload_timeout_s));
+  if (limits.request_bytes < (2 << 20) || limits.request_bytes > pstrain::kMaxMessageBytes) {
+    std::cerr << "--max_request_bytes must be in [2 MiB, " << pstrain::kMaxMessageBytes
+              << "]: job files of 1 MiB and model pieces of 1 MiB must fit\n";
+    return 2;
+  }
   if (limits.heartbeat_reply_bytes < 1 || limits.queued_jobs < 1 || limits.finished_jobs < 1 ||
       limits.registrations_per_minute < 1 || limits.lost_nodes < 0 ||
       limits.upload_timeout <= absl::ZeroDuration()) {

@@ -17,11 +17,20 @@ int64_t RoomOn(const v1::Node& node, const std::map<std::string, int64_t>& reser
 }
 
 absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<int64_t>& need,
-                                   const ClusterState& cluster) {
+                                   const ClusterState& cluster, int64_t worker_need) {
   if (static_cast<int>(cluster.free_workers.size()) < spec.num_workers()) {
     return absl::FailedPreconditionError(absl::StrCat("waiting for ", spec.num_workers(),
                                                       " free workers (",
                                                       cluster.free_workers.size(), " free)"));
+  }
+  std::vector<const v1::Node*> workers;
+  for (const v1::Node* w : cluster.free_workers) {
+    if (RoomOn(*w, {}) >= worker_need) workers.push_back(w);
+  }
+  if (static_cast<int>(workers.size()) < spec.num_workers()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "waiting for %d free workers with room for %.1f MB (%d free, %d with room)",
+        spec.num_workers(), worker_need / 1e6, cluster.free_workers.size(), workers.size()));
   }
   if (static_cast<int>(cluster.servers.size()) < spec.num_servers()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -49,8 +58,7 @@ absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<in
     placement.servers[s] = best;
     taken.insert(best);
   }
-  placement.workers.assign(cluster.free_workers.begin(),
-                           cluster.free_workers.begin() + spec.num_workers());
+  placement.workers.assign(workers.begin(), workers.begin() + spec.num_workers());
   return placement;
 }
 

@@ -1,8 +1,9 @@
 // Where jobs run: choosing the nodes of a pending job. Pure functions of
 // the cluster's state, so that the policy is tested on its own.
 //
-// A worker runs one job at a time; a server holds several jobs as long as
-// their state fits in its max_memory_bytes (0: unlimited). A job takes
+// A worker runs one job at a time, if the job fits in its max_memory_bytes;
+// a server holds several jobs as long as their state fits in its
+// max_memory_bytes (0: unlimited). A job takes
 // spec.num_workers free workers, in id order, and spec.num_servers distinct
 // servers: the largest shard first, each on the server with the most room
 // left.
@@ -35,11 +36,12 @@ struct ClusterState {
 // The bytes a server with `node`'s capacity has left.
 int64_t RoomOn(const v1::Node& node, const std::map<std::string, int64_t>& reserved);
 
-// Chooses the nodes for a job whose servers need need[s] bytes each.
-// FAILED_PRECONDITION with the reason shown in the job ("waiting for 2 free
-// workers (1 free)") when it cannot run yet.
+// Chooses the nodes for a job whose servers need need[s] bytes each and
+// whose workers need worker_need bytes (a worker's max_memory_bytes, 0:
+// unlimited). FAILED_PRECONDITION with the reason shown in the job
+// ("waiting for 2 free workers (1 free)") when it cannot run yet.
 absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<int64_t>& need,
-                                   const ClusterState& cluster);
+                                   const ClusterState& cluster, int64_t worker_need = 0);
 
 }  // namespace pstrain::server
 

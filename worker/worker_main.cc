@@ -1,4 +1,5 @@
 // pstrain-worker: trains the jobs the coordinator assigns, one at a time.
+#include <algorithm>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -33,6 +34,10 @@ ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().chan
 ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
           "chunks a stream sends ahead of their replies, in [1, 1024]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
+ABSL_FLAG(int64_t, max_memory_bytes, -1,
+          "bytes a job may take in this process per device (the coordinator places only jobs "
+          "that fit); -1: 3/4 of the memory the process may use (the machine's, or the "
+          "cgroup's memory.max) over the devices; 0: unlimited");
 ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
           "a job's data.dir must lie in this directory (symbolic links resolved); empty: "
           "anywhere");
@@ -110,6 +115,15 @@ int main(int argc, char** argv) {
   }
   options.devices = *devices;
   LOG(INFO) << "training on " << absl::GetFlag(FLAGS_devices);
+  options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  if (options.max_memory_bytes < -1) {
+    std::cerr << "pstrain-worker: --max_memory_bytes must be -1, 0 or positive\n";
+    return 2;
+  }
+  if (options.max_memory_bytes == -1) {
+    options.max_memory_bytes =
+        pstrain::AvailableMemoryBytes() / 4 * 3 / std::max<int64_t>(devices->indices.size(), 1);
+  }
   pstrain::StopOnSignal signals;
   std::unique_ptr<pstrain::MetricsServer> metrics =
       pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));

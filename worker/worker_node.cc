@@ -31,6 +31,7 @@ class WorkerNodeImpl final : public WorkerNode {
     m.node_id = options_.node_id;
     m.coordinator_loss_timeout = options_.coordinator_loss_timeout;
     m.metrics_address = options_.metrics_address;
+    m.max_memory_bytes = options_.max_memory_bytes;
     m.rpc = options_.rpc;
     m.security = options_.security;
     MembershipClient::Callbacks callbacks;

@@ -43,6 +43,9 @@ class WorkerNode {
     // A job's data.dir must lie in this directory (symbolic links
     // resolved); empty: anywhere.
     std::string data_root;
+    // The bytes a job may take in this process (WorkerBytesNeeded), told
+    // to the coordinator, which places only jobs that fit; 0: unlimited.
+    int64_t max_memory_bytes = 0;
   };
 
   // INVALID_ARGUMENT without a coordinator address.

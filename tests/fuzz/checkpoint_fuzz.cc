@@ -32,11 +32,6 @@ class OneFileSystem final : public FileSystemWrapper {
 }  // namespace
 }  // namespace pstrain
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  pstrain::fuzz::QuietLogs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pstrain;
   static v1::ServerAssignment* const kRestore = [] {

@@ -35,11 +35,6 @@ constexpr size_t kNumMethods = sizeof(kMethods) / sizeof(kMethods[0]);
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  pstrain::fuzz::QuietLogs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static pstrain::server::Coordinator* const coordinator = [] {
     absl::StatusOr<std::unique_ptr<pstrain::server::Coordinator>> c =

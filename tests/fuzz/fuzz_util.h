@@ -1,4 +1,5 @@
-// What the fuzz targets share.
+// What the fuzz targets share (fuzz_init.cc, linked into each, quiets the
+// logs: errors logged for bad input would flood the run).
 #ifndef PSTRAIN_TESTS_FUZZ_FUZZ_UTIL_H_
 #define PSTRAIN_TESTS_FUZZ_FUZZ_UTIL_H_
 
@@ -10,17 +11,11 @@
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "glog/logging.h"
-#include "google/protobuf/stubs/logging.h"
 #include "kernels/model.h"
 #include "pstrain/v1/membership.pb.h"
 
 namespace pstrain::fuzz {
 
-// Errors the code under test logs for bad input would flood the run.
-inline void QuietLogs() {
-  FLAGS_minloglevel = google::GLOG_FATAL;
-  google::protobuf::SetLogHandler(nullptr);
-}
 
 // `bytes` with its trailing CRC-32 (over everything before it) made right,
 // so that mutations reach the parser behind the checksum.

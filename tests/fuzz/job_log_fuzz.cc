@@ -54,11 +54,6 @@ std::string ScratchDir() {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  pstrain::fuzz::QuietLogs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using pstrain::server::JobStore;
   static const std::string& dir = *new std::string(ScratchDir());

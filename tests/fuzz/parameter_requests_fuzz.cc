@@ -36,11 +36,6 @@ class Waiter final : public server::ChunkWaiter {
 }  // namespace
 }  // namespace pstrain
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  pstrain::fuzz::QuietLogs();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pstrain;
   static const v1::ServerAssignment* const kJobs[] = {

@@ -64,8 +64,8 @@ TEST_F(PsctlTest, EveryVerbInTableAndJson) {
   ProcessResult json_submit = Psctl({"-o", "json", "submit", job_file});
   ASSERT_EQ(json_submit.exit_code(), 0);
   EXPECT_TRUE(absl::StrContains(json_submit.out, "\"job_id\":\"job-")) << json_submit.out;
-  const std::string second(absl::StripAsciiWhitespace(
-      json_submit.out.substr(json_submit.out.find("job-"), 10)));
+  const size_t id_at = json_submit.out.find("job-");
+  const std::string second = json_submit.out.substr(id_at, json_submit.out.find('"', id_at) - id_at);
 
   // watch: follows to the end, exit 0 for a succeeded job.
   ProcessResult watched = Psctl({"watch", id});

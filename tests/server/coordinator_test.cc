@@ -1,5 +1,6 @@
 #include "server/coordinator.h"
 
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -115,6 +116,24 @@ class CoordinatorTest : public ::testing::Test {
       text += n.id() + (n.session_open() ? " session\n" : "\n");
     }
     return text;
+  }
+
+  // The ids of every job, newest first, listed in pages of `page_size`;
+  // `between` runs after each page.
+  std::vector<std::string> ListAllIds(int page_size, const std::function<void()>& between = {}) {
+    std::vector<std::string> ids;
+    v1::ListJobsRequest request;
+    request.set_page_size(page_size);
+    while (true) {
+      v1::ListJobsResponse page;
+      grpc::ClientContext context;
+      SetTimeout(context, absl::Seconds(10));
+      EXPECT_TRUE(control_->ListJobs(&context, request, &page).ok());
+      for (const v1::Job& job : page.jobs()) ids.push_back(job.id());
+      if (between) between();
+      if (page.next_page_token().empty()) return ids;
+      request.set_page_token(page.next_page_token());
+    }
   }
 
   int CountJobs() {
@@ -300,21 +319,11 @@ TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
   testing::TempDir dir;
   ASSERT_NO_FATAL_FAILURE(Start(dir.path()));  // ids job-000001, ...
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Submit(kValid).ok());
-  std::vector<std::string> seen;
-  v1::ListJobsRequest request;
-  request.set_page_size(2);
-  while (true) {
-    v1::ListJobsResponse page;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    ASSERT_TRUE(control_->ListJobs(&context, request, &page).ok());
-    for (const v1::Job& job : page.jobs()) seen.push_back(job.id());
-    ASSERT_TRUE(Submit(kValid).ok());  // newer jobs arrive between pages
-    if (page.next_page_token().empty()) break;
-    request.set_page_token(page.next_page_token());
-  }
+  // Newer jobs arrive between pages.
+  const std::vector<std::string> seen = ListAllIds(2, [&] { EXPECT_TRUE(Submit(kValid).ok()); });
   EXPECT_EQ(seen, (std::vector<std::string>{"job-000005", "job-000004", "job-000003",
                                             "job-000002", "job-000001"}));
+  v1::ListJobsRequest request;
   request.set_page_token("garbage");
   v1::ListJobsResponse page;
   grpc::ClientContext context;
@@ -513,20 +522,8 @@ TEST_F(CoordinatorTest, OnlyTheNewestFinishedJobsAreRemembered) {
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(*next, "job-000006");
 
-  v1::ListJobsRequest request;
-  request.set_page_size(1);
-  std::vector<std::string> seen;
-  while (true) {
-    v1::ListJobsResponse page;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    ASSERT_TRUE(control_->ListJobs(&context, request, &page).ok());
-    for (const v1::Job& job : page.jobs()) seen.push_back(job.id());
-    if (page.next_page_token().empty()) break;
-    request.set_page_token(page.next_page_token());
-  }
-  EXPECT_EQ(seen, (std::vector<std::string>{"job-000006", "job-000005", "job-000004",
-                                            "job-000003"}));
+  EXPECT_EQ(ListAllIds(1), (std::vector<std::string>{"job-000006", "job-000005", "job-000004",
+                                                      "job-000003"}));
 }
 
 // Five jobs on one server: the first heartbeat reply carries as many of
@@ -879,20 +876,37 @@ TEST_F(CoordinatorTest, AFullDiskRefusesWritesAndLosesNothingAcknowledged) {
 
 // A job file of 64 MiB (a long data.dir, which gRPC's message limit lets
 // through) is refused, and the coordinator restarts with every other job.
+// A request larger than limits.request_bytes is refused before it is
+// parsed; one of exactly that size is read (and refused for its content).
+// The job file that once made the job log unreadable (64 MiB) cannot even
+// be sent now; one just under the request limit is refused by the job
+// file's own limit, and every other job survives a restart.
 TEST_F(CoordinatorTest, AHugeJobFileIsRefusedAndEveryOtherJobSurvivesARestart) {
   testing::TempDir dir;
   Start(dir.path());
   absl::StatusOr<std::string> kept = Submit(kValid);
   PSTRAIN_ASSERT_OK(kept.status());
-  const std::string long_dir = "/" + std::string((64 << 20) - 4096, 'd');
-  absl::StatusOr<std::string> refused =
-      Submit(std::string(kValid) + "data: {dir: " + long_dir + "}\n");
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  EXPECT_TRUE(absl::StartsWith(refused.status().message(), "job spec:")) << refused.status();
-  // The same spec as a message: refused by its field.
+  const int limit = Coordinator::Options::Limits().request_bytes;
+  auto submit_of_size = [&](size_t bytes) {
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(std::string(kValid) + "# " + std::string(bytes, 'x') + "\n");
+    request.set_spec_yaml(std::string(kValid) + "# " +
+                          std::string(bytes - (request.ByteSizeLong() - bytes), 'x') + "\n");
+    EXPECT_EQ(request.ByteSizeLong(), bytes);
+    v1::SubmitJobResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(30));
+    return control_->SubmitJob(&context, request, &response);
+  };
+  const grpc::Status at = submit_of_size(limit);
+  EXPECT_EQ(at.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << at.error_message();
+  EXPECT_TRUE(absl::StartsWith(at.error_message(), "job spec:")) << at.error_message();
+  EXPECT_EQ(submit_of_size(limit + 1).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(submit_of_size(64 << 20).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A spec as a message with a path longer than any: refused by its field.
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *ParseJobSpecYaml(kValid);
-  request.mutable_spec()->mutable_data()->set_dir(long_dir);
+  request.mutable_spec()->mutable_data()->set_dir("/" + std::string(limit / 2, 'd'));
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(30));

@@ -98,10 +98,10 @@ class ParameterServiceTest : public ::testing::Test {
     return EncodeFrame(h, payload.data());
   }
 
-  // Waits until server 0 has a push or pull parked.
-  void WaitUntilParked() {
+  // Waits until server 0 has `waits` pushes or pulls parked.
+  void WaitUntilParked(int64_t waits = 1) {
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    while (servers_->server(0).store().OpenWaits() == 0) {
+    while (servers_->server(0).store().OpenWaits() < waits) {
       ASSERT_LT(absl::Now(), give_up) << "nothing reached the barrier";
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -340,10 +340,7 @@ TEST_F(WaitsPerClientTest, AtAndPastTheLimit) {
                               {Frame(Pull(own_chunk_, 100)), Frame(Pull(own_chunk_, 100))});
   auto parked_too = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
                                   {Frame(Pull(own_chunk_, 100))});
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (servers_->server(0).store().OpenWaits() < 3 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked(3));
   ASSERT_EQ(servers_->server(0).store().OpenWaits(), 3);
   const ExchangeResult refused =
       Exchange(*transport_, 0, worker::ParameterMethod::kPull, {Frame(Pull(own_chunk_, 100))});
@@ -359,6 +356,7 @@ TEST_F(WaitsPerClientTest, AtAndPastTheLimit) {
   std::unique_ptr<worker::ParameterTransport> again =
       *worker::CreateGrpcTransport(servers_->addresses());
   ExchangeResult answered;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (absl::Now() < give_up) {
     answered = Exchange(*again, 0, worker::ParameterMethod::kPull,
                         {Frame(Pull(own_chunk_, 0)), Frame(Pull(own_chunk_, 0)),
@@ -380,10 +378,7 @@ TEST_F(StreamsPerClientTest, AtAndPastTheLimit) {
                              {Frame(Pull(own_chunk_, 100))});
   auto second = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
                               {Frame(Pull(own_chunk_, 100))});
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (servers_->server(0).store().OpenWaits() < 2 && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitUntilParked(2));
   ASSERT_EQ(servers_->server(0).store().OpenWaits(), 2);
   const ExchangeResult refused =
       Exchange(*transport_, 0, worker::ParameterMethod::kPull, {Frame(Pull(own_chunk_, 0))});

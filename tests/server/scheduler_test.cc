@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include "absl/strings/match.h"
+#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -55,6 +56,37 @@ TEST(SchedulerTest, TheLargestShardGoesToTheServerWithTheMostRoom) {
   PSTRAIN_ASSERT_OK(p.status());
   EXPECT_EQ(p->servers[0]->id(), "server-c") << "no limit: the most room";
   EXPECT_EQ(RoomOn(big, {{"server-b", 300}}), 700);
+}
+
+// Workers take a job only if it fits in their max_memory_bytes (0:
+// unlimited): at and just past the limit.
+TEST(SchedulerTest, WorkersTakeOnlyJobsThatFit) {
+  const v1::Node small = Node("worker-0", 999), exact = Node("worker-1", 1000),
+                 unlimited = Node("worker-2", 0), s0 = Node("server-0");
+  ClusterState cluster;
+  cluster.servers = {&s0};
+  cluster.free_workers = {&small, &exact};
+  absl::StatusOr<Placement> p = PlaceJob(Spec(1, 2), {10}, cluster, 1000);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "2 free workers with room for"))
+      << p.status();
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "(2 free, 1 with room)")) << p.status();
+  cluster.free_workers = {&small, &exact, &unlimited};
+  p = PlaceJob(Spec(1, 2), {10}, cluster, 1000);
+  PSTRAIN_ASSERT_OK(p.status());
+  EXPECT_EQ(p->workers[0]->id(), "worker-1");
+  EXPECT_EQ(p->workers[1]->id(), "worker-2");
+}
+
+// What a worker needs for the quick-start job: the data set dominates.
+TEST(SchedulerTest, AWorkerNeedsItsModelActivationsAndData) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_type(v1::MODEL_TYPE_MLP);
+  spec.mutable_model()->add_hidden(256);
+  spec.mutable_model()->add_hidden(128);
+  spec.set_batch_size(64);
+  const int64_t params = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10;
+  EXPECT_EQ(WorkerBytesNeeded(spec),
+            4 * (3 * params + 2 * 64 * (784 + 256 + 128 + 10)) + 70000 * (784 + 4));
 }
 
 }  // namespace
