@@ -88,7 +88,7 @@ export ASAN_SYMBOLIZER_PATH=/usr/bin/llvm-symbolizer-14
 # Executions per target in CI: about 30 seconds each on one core of a
 # 2-core machine (3.5 minutes for the seven).
 declare -A runs=(
-  [checkpoint]=25000 [chunk_frame]=1200000 [control_requests]=4500 [job_log]=80000
+  [checkpoint]=25000 [chunk_frame]=1200000 [control_requests]=8000 [job_log]=80000
   [job_spec]=170000 [model_file]=800000 [parameter_requests]=28000
 )
 stats=()

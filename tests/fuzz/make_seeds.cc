@@ -165,6 +165,19 @@ void SpecSeeds(const std::string& dir, const std::string& examples) {
     Write(dir, "control_requests", absl::StrCat("job-request-", int{method}),
           method + get.SerializeAsString());
   }
+  for (char method : {9, 10}) {  // WatchJob, ExportModel
+    Write(dir, "control_requests", absl::StrCat("job-stream-", int{method}),
+          method + get.SerializeAsString());
+  }
+  v1::SessionRequest session;
+  session.set_node_id("server-0");
+  session.set_incarnation(1);
+  Write(dir, "control_requests", "session", '\13' + session.SerializeAsString());
+  v1::UploadModelRequest upload;
+  upload.set_node_id("worker-0");
+  upload.set_job_id("job-1");
+  upload.set_data("PSTM");
+  Write(dir, "control_requests", "upload", '\14' + upload.SerializeAsString());
   v1::ListJobsRequest list;
   list.add_states(v1::JOB_STATE_PENDING);
   list.set_page_size(2);
