@@ -38,6 +38,14 @@ bool ParseName(absl::string_view name, v1::CheckpointRecord* record) {
   return true;
 }
 
+// n floats stored at bytes[at...] (not aligned). No copy at all for none
+// (an empty vector's data() may be null, which memcpy must not get).
+std::vector<float> FloatsAt(const std::string& bytes, size_t at, int64_t n) {
+  std::vector<float> floats(n);
+  if (n > 0) std::memcpy(floats.data(), bytes.data() + at, n * sizeof(float));
+  return floats;
+}
+
 }  // namespace
 
 std::string CheckpointDirOf(const std::string& dir, const std::string& job_id, uint32_t server) {
@@ -150,11 +158,9 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
     ChunkCheckpoint& chunk = c.chunks.emplace_back();
     chunk.id = h.id();
     chunk.version = h.version();
-    chunk.values.resize(h.size());
-    chunk.state.resize(h.state_floats());
-    std::memcpy(chunk.values.data(), bytes.data() + at, h.size() * sizeof(float));
+    chunk.values = FloatsAt(bytes, at, h.size());
     at += h.size() * sizeof(float);
-    std::memcpy(chunk.state.data(), bytes.data() + at, h.state_floats() * sizeof(float));
+    chunk.state = FloatsAt(bytes, at, h.state_floats());
     at += h.state_floats() * sizeof(float);
   }
   if (at != end) return damaged(absl::StrCat(end - at, " bytes beyond the last chunk"));
