@@ -836,13 +836,10 @@ class CoordinatorImpl final : public Coordinator,
         id = it->second;
         return absl::OkStatus();
       }
-      const int64_t queued = std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
-        return entry.second.job.state() == v1::JOB_STATE_PENDING;
-      });
-      if (queued >= options_.limits.queued_jobs) {
+      if (static_cast<int64_t>(pending_.size()) >= options_.limits.queued_jobs) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            queued, " jobs are queued, the most this coordinator holds (--max_queued_jobs); "
-            "submit again once some have started"));
+            pending_.size(), " jobs are queued, the most this coordinator holds "
+            "(--max_queued_jobs); submit again once some have started"));
       }
       id = absl::StrFormat("%s%06d", job_id_prefix_, job_counter_ + 1);
       v1::Job job;
@@ -1252,11 +1249,12 @@ class CoordinatorImpl final : public Coordinator,
       }
 
       const std::set<std::string> busy = BusyWorkers(txn);
+      const int64_t worker_need = WorkerBytesNeeded(next.spec());
       auto idle_worker = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const NodeRegistry::Node* {
         for (const auto& [node_id, node] : registry_.nodes()) {
           if (node.info.role() == v1::NODE_ROLE_WORKER &&
               node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
-              !taken.contains(node_id) && RoomOn(node.info, {}) >= WorkerBytesNeeded(next.spec())) {
+              !taken.contains(node_id) && RoomOn(node.info, {}) >= worker_need) {
             return &node;
           }
         }
@@ -1405,6 +1403,7 @@ class CoordinatorImpl final : public Coordinator,
   // Forgets the oldest finished jobs beyond limits.finished_jobs: their
   // records, request ids and model files.
   void ForgetOldFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, mu_) {
+    if (static_cast<int64_t>(jobs_.size()) <= options_.limits.finished_jobs) return;
     int64_t finished = std::count_if(jobs_.begin(), jobs_.end(), [](const auto& entry) {
       return IsTerminal(entry.second.job.state());
     });
