@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 
@@ -137,7 +138,7 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
       }
       break;
     case v1::JobEvent::kProgress: {
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       if (now - last_ < (terminal_ ? absl::Milliseconds(100) : interval_)) break;
       last_ = now;
       const v1::Progress& p = event.progress();

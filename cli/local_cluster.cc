@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/process.h"
 #include "common/status.h"
@@ -100,7 +101,7 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
     argv.push_back(absl::StrCat("--prometheus_sd_file=", options_.prometheus_sd_file));
   }
   PSTRAIN_RETURN_IF_ERROR(SpawnNew("coordinator", std::move(argv), options_.coordinator_flags));
-  const absl::Time deadline = absl::Now() + options_.startup_timeout;
+  const absl::Time deadline = MonotonicNow() + options_.startup_timeout;
   while (true) {
     if (absl::StatusOr<std::string> text = ReadFile(address_file); text.ok()) {
       coordinator_address_ = std::string(absl::StripAsciiWhitespace(*text));
@@ -116,7 +117,7 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
                                                 "; it ends:\n", LastLines(log, 20)));
       }
     }
-    if (absl::Now() > deadline) {
+    if (MonotonicNow() > deadline) {
       return absl::DeadlineExceededError("the coordinator did not publish its address in time");
     }
     absl::SleepFor(absl::Milliseconds(20));
@@ -151,7 +152,7 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
 void LocalCluster::KillCoordinator() {
   if (Child* c = Find("coordinator"); c != nullptr && !c->exited) {
     kill(c->pid, SIGKILL);
-    c->status = WaitOrKill(c->pid, absl::Now() + absl::Seconds(10));
+    c->status = WaitOrKill(c->pid, MonotonicNow() + absl::Seconds(10));
     c->exited = true;
   }
 }
@@ -182,14 +183,14 @@ absl::Status LocalCluster::RestartChild(const std::string& name,
 absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name, absl::Duration patience) {
   Child* c = Find(name);
   if (c == nullptr) return absl::NotFoundError(absl::StrCat("no child ", name));
-  const absl::Time give_up = absl::Now() + patience;
+  const absl::Time give_up = MonotonicNow() + patience;
   while (!c->exited) {
     if (std::optional<int> status = TryReap(c->pid)) {
       c->exited = true;
       c->status = *status;
       break;
     }
-    if (absl::Now() > give_up) {
+    if (MonotonicNow() > give_up) {
       return absl::DeadlineExceededError(absl::StrCat(name, " did not exit"));
     }
     absl::SleepFor(absl::Milliseconds(10));
@@ -199,7 +200,7 @@ absl::StatusOr<int> LocalCluster::WaitForExit(const std::string& name, absl::Dur
 
 std::vector<std::string> LocalCluster::Supervise() {
   std::vector<std::string> lines;
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   for (size_t i = 0; i < children_.size(); ++i) {
     Child& c = children_[i];
     if (!c.exited) {
@@ -296,7 +297,7 @@ void LocalCluster::Stop(absl::Duration grace) {
       c->restart = false;
       kill(c->pid, SIGTERM);
     }
-    const absl::Time deadline = absl::Now() + grace;
+    const absl::Time deadline = MonotonicNow() + grace;
     for (Child* c : group) {
       c->status = WaitOrKill(c->pid, deadline);
       c->exited = true;

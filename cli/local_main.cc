@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cli/job_output.h"
 #include "cli/local_cluster.h"
+#include "common/clock.h"
 #include "common/dataset.h"
 #include "common/files.h"
 #include "common/model_file.h"
@@ -109,7 +110,7 @@ absl::Status MakeDevCertificates(const std::string& bin_dir, const std::string& 
   make.log_path = run_dir + "/make-dev-certs.log";
   make.die_with_parent = true;
   PSTRAIN_ASSIGN_OR_RETURN(pid_t pid, Spawn(make));
-  const int status = WaitOrKill(pid, absl::Now() + absl::Minutes(5));
+  const int status = WaitOrKill(pid, MonotonicNow() + absl::Minutes(5));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return absl::InternalError(absl::StrCat(make.argv[0], " ", DescribeWaitStatus(status),
                                             "; see ", make.log_path));
@@ -338,7 +339,7 @@ int Run() {
     }
     if (signo != 0 || !dead.empty()) break;
     if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     if (job.ok() || job.status().code() == absl::StatusCode::kUnavailable) {
       unreachable_since = std::min(unreachable_since, now);
       if (now - unreachable_since < absl::Minutes(2)) {

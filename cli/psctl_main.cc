@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/job_output.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/http_client.h"
 #include "common/job_spec.h"
@@ -326,13 +327,13 @@ class Psctl {
     std::random_device random;
     request.set_request_id(absl::StrFormat("psctl-%08x%08x%08x", random(), random(), random()));
     v1::SubmitJobResponse response;
-    const absl::Time give_up = absl::Now() + cmd_.timeout;
+    const absl::Time give_up = MonotonicNow() + cmd_.timeout;
     grpc::Status status;
     while (true) {
       grpc::ClientContext context;
-      Prepare(context, std::max(give_up - absl::Now(), absl::Milliseconds(1)));
+      Prepare(context, std::max(give_up - MonotonicNow(), absl::Milliseconds(1)));
       status = stub_->SubmitJob(&context, request, &response);
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= give_up) break;
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || MonotonicNow() >= give_up) break;
       absl::SleepFor(absl::Milliseconds(200));
     }
     if (!status.ok()) {
@@ -534,7 +535,7 @@ class Psctl {
       }
     }
     if (!cmd_.json) std::cout << id << ": checkpoint at step " << response.step() << " asked for\n";
-    const absl::Time give_up = absl::Now() + cmd_.timeout;
+    const absl::Time give_up = MonotonicNow() + cmd_.timeout;
     while (true) {
       v1::GetJobRequest get;
       get.set_job_id(id);
@@ -558,7 +559,7 @@ class Psctl {
                   << ": the checkpoint of step " << response.step() << " was not taken\n";
         return kExitJobFailed;
       }
-      if (absl::Now() > give_up) {
+      if (MonotonicNow() > give_up) {
         std::cerr << "psctl: the checkpoint of step " << response.step()
                   << " is not complete yet (--timeout)\n";
         return kExitUnavailable;

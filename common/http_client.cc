@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace pstrain {
 namespace {
@@ -27,7 +28,7 @@ struct Fd {
 // Waits until `fd` is ready for `events` or the deadline passes.
 bool WaitFor(int fd, short events, absl::Time deadline) {
   while (true) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - MonotonicNow());
     if (ms <= 0) return false;
     pollfd p = {fd, events, 0};
     const int n = poll(&p, 1, static_cast<int>(ms));
@@ -40,7 +41,7 @@ bool WaitFor(int fd, short events, absl::Time deadline) {
 
 absl::StatusOr<HttpResponse> HttpGet(const std::string& host_port, const std::string& path,
                                      absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicNow() + timeout;
   const size_t colon = host_port.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
     return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not host:port"));

@@ -74,8 +74,11 @@ class MembershipClient::SessionReader final
 MembershipClient::~MembershipClient() { Stop(); }
 
 void MembershipClient::Nudge() {
-  absl::MutexLock lock(&mu_);
-  nudged_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    nudged_ = true;
+  }
+  wake_.NotifyAll();
 }
 
 void MembershipClient::SessionEnded() {
@@ -114,6 +117,7 @@ void MembershipClient::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  wake_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -210,12 +214,8 @@ void MembershipClient::Loop() {
       const absl::Duration wait = status.ok() ? interval_ : backoff;
       if (!status.ok()) backoff = std::min(backoff * 2, interval_);
       // A nudge from the coordinator cuts the wait short.
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](MembershipClient* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return c->stopping_ || c->nudged_;
-                               },
-                               this),
-                           wait);
+      wake_.AwaitWithTimeout(
+          mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || nudged_; }, wait);
       nudged_ = false;
       stop = stopping_;
     }
@@ -231,7 +231,8 @@ absl::Status MembershipClient::Retry(const RetryPolicy& policy,
                                      absl::FunctionRef<absl::Status()> call) {
   return pstrain::Retry(policy, call, [this](absl::Duration pause) {
     absl::MutexLock lock(&mu_);
-    return !mu_.AwaitWithTimeout(absl::Condition(&stopping_), pause);
+    return !wake_.AwaitWithTimeout(
+        mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }, pause);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/retry.h"
 #include "pstrain/v1/membership.grpc.pb.h"
 
@@ -111,6 +112,7 @@ class MembershipClient {
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;  // the coordinator asked for a heartbeat
+  MonotonicCondVar wake_;                        // stopping_ or nudged_ set
   // The session stream (the loop's thread opens and destroys it).
   std::unique_ptr<SessionReader> session_;
   bool session_ended_ ABSL_GUARDED_BY(mu_) = true;

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "glog/logging.h"
 #include "google/protobuf/descriptor.h"
 #include "prometheus/collectable.h"
@@ -107,7 +108,7 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
       : metrics_(metrics),
         server_(server),
         method_(method != nullptr ? method : ""),
-        start_(absl::Now()) {}
+        start_(MonotonicNow()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using grpc::experimental::InterceptionHookPoints;
@@ -119,7 +120,7 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
       } else if (const grpc::Status* status = methods->GetRecvStatus(); status != nullptr) {
         code = status->error_code();
       }
-      metrics_->Observe(server_, method_, code, absl::ToDoubleSeconds(absl::Now() - start_));
+      metrics_->Observe(server_, method_, code, absl::ToDoubleSeconds(MonotonicNow() - start_));
     }
     methods->Proceed();
   }
@@ -371,9 +372,9 @@ void MetricsServer::Serve() {
 void MetricsServer::HandleConnection(int fd) {
   // The whole exchange has one deadline, so that a slow client cannot hold
   // the only serving thread.
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(2);
   auto wait = [&](short events) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - MonotonicNow());
     pollfd p = {fd, events, 0};
     return ms > 0 && poll(&p, 1, static_cast<int>(ms)) == 1;
   };
@@ -445,14 +446,14 @@ void ExpiringSeries::JobEnded(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.bindings == 0) return;
-  if (--it->second.bindings == 0) it->second.due = absl::Now() + grace_;
+  if (--it->second.bindings == 0) it->second.due = MonotonicNow() + grace_;
 }
 
 void ExpiringSeries::Sweep() {
   std::vector<std::function<void()>> run;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       if (it->second.bindings > 0 || it->second.due > now) {
         ++it;

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "glog/logging.h"
 
 namespace pstrain {
@@ -92,7 +93,7 @@ std::optional<int> TryReap(pid_t pid) {
 }
 
 int WaitOrKill(pid_t pid, absl::Time deadline) {
-  while (absl::Now() < deadline) {
+  while (MonotonicNow() < deadline) {
     if (std::optional<int> status = TryReap(pid)) return *status;
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -106,7 +107,7 @@ int WaitOrKill(pid_t pid, absl::Time deadline) {
 int StopProcess(pid_t pid, absl::Duration grace) {
   if (std::optional<int> status = TryReap(pid)) return *status;
   kill(pid, SIGTERM);
-  return WaitOrKill(pid, absl::Now() + grace);
+  return WaitOrKill(pid, MonotonicNow() + grace);
 }
 
 std::string DescribeWaitStatus(int status) {

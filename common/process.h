@@ -41,7 +41,7 @@ inline constexpr int kUnknownWaitStatus = -1;
 // If `pid` has exited, reaps it and returns its wait status; otherwise nullopt.
 std::optional<int> TryReap(pid_t pid);
 
-// Waits for the child to exit until `deadline`, then SIGKILLs it; reaps it
+// Waits for the child to exit until `deadline` (on MonotonicNow()), then SIGKILLs it; reaps it
 // and returns its wait status.
 int WaitOrKill(pid_t pid, absl::Time deadline);
 

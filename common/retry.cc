@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
+
 namespace pstrain {
 namespace {
 
@@ -52,13 +54,13 @@ absl::Duration Backoff::Next() {
 
 absl::Status Retry(const RetryPolicy& policy, absl::FunctionRef<absl::Status()> call,
                    absl::FunctionRef<bool(absl::Duration)> sleep) {
-  const absl::Time give_up = absl::Now() + policy.patience();
+  const absl::Time give_up = MonotonicNow() + policy.patience();
   Backoff backoff(policy);
   while (true) {
     absl::Status status = call();
     if (status.ok() || !policy.Retryable(status)) return status;
     const absl::Duration pause = backoff.Next();
-    if (absl::Now() + pause > give_up || !sleep(pause)) return status;
+    if (MonotonicNow() + pause > give_up || !sleep(pause)) return status;
   }
 }
 

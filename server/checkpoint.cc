@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/clock.h"
 #include "common/file_format.h"
 #include "common/status.h"
 #include "glog/logging.h"
@@ -242,9 +243,9 @@ void CheckpointWriter::Loop() {
       queue_.pop_front();
       ++writing_;
     }
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicNow();
     absl::StatusOr<int64_t> bytes = WriteCheckpoint(fs_, task.dir, task.checkpoint);
-    if (task.done) task.done(bytes, absl::ToDoubleSeconds(absl::Now() - start));
+    if (task.done) task.done(bytes, absl::ToDoubleSeconds(MonotonicNow() - start));
     absl::MutexLock lock(&mu_);
     --writing_;
   }

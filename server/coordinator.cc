@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/model_file.h"
 #include "common/partition.h"
@@ -675,10 +676,10 @@ class CoordinatorImpl final : public Coordinator,
     if (txn.empty()) return absl::OkStatus();
     const std::vector<const v1::Job*> durable = txn.Durable();
     if (store_ != nullptr && !durable.empty()) {
-      const absl::Time start = absl::Now();
+      const absl::Time start = MonotonicNow();
       absl::Status s = store_->Write(durable);
       if (options_.metrics != nullptr) {
-        options_.metrics->log_append_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+        options_.metrics->log_append_seconds->Observe(absl::ToDoubleSeconds(MonotonicNow() - start));
       }
       if (!s.ok()) {
         LOG(ERROR) << "cannot record a change of job " << durable.front()->id() << ": " << s;
@@ -1364,8 +1365,11 @@ class CoordinatorImpl final : public Coordinator,
   // ---- The control loop: leases, scheduling, the targets file ----
 
   void WakeControlLoop() ABSL_LOCKS_EXCLUDED(wake_mu_) {
-    absl::MutexLock lock(&wake_mu_);
-    wake_ = true;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      wake_ = true;
+    }
+    wake_cv_.NotifyAll();
   }
 
   void ControlLoop() {
@@ -1373,7 +1377,8 @@ class CoordinatorImpl final : public Coordinator,
     while (true) {
       {
         absl::MutexLock lock(&wake_mu_);
-        wake_mu_.AwaitWithTimeout(absl::Condition(&wake_), tick);
+        wake_cv_.AwaitWithTimeout(
+            wake_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_; }, tick);
         wake_ = false;
       }
       {
@@ -1542,6 +1547,7 @@ class CoordinatorImpl final : public Coordinator,
 
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  MonotonicCondVar wake_cv_;  // wake_ set
 };
 
 void NodeSession::OnCancel() {

@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/files.h"
@@ -386,7 +387,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     if (job->mode == v1::MODE_SYNC) {
       chunk->pushed.resize(job->num_workers);
       chunk->arrived.resize(job->num_workers);
-      chunk->opened = absl::Now();
+      chunk->opened = MonotonicNow();
     } else {
       chunk->last_step.assign(job->num_workers, -1);
     }
@@ -552,13 +553,13 @@ void ShardStore::Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk) {
   chunk.mu.AssertHeld();
   const int64_t step = CheckpointStepOf(*job, chunk.version);
   if (step < 0) return;
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   ChunkCheckpoint copy;
   copy.id = chunk.id;
   copy.version = chunk.version;
   copy.values = *chunk.values;
   copy.state = chunk.optimizer_state;
-  const double copy_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
   if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
   std::optional<ServerCheckpoint> complete;
   double copies = 0;
@@ -801,12 +802,12 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
       chunk->gradient_bound += frame.MaxAbs();
       chunk->pushed[request.worker()] = std::move(frame);
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       chunk->arrived[request.worker()] = now;
       if (chunk->received_count == 0) chunk->step_started = now;
       if (++chunk->received_count == static_cast<int>(job->num_workers)) {
         if (chunk->id == job->first_chunk) WatchStragglers(*job, *chunk);
-        const absl::Time apply_start = absl::Now();
+        const absl::Time apply_start = MonotonicNow();
         // Summed in worker order, so that every run adds the same floats the
         // same way.
         absl::InlinedVector<const Frame*, 16> grads;
@@ -825,7 +826,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
         // The received gradients go back to gRPC.
         for (std::optional<Frame>& f : chunk->pushed) f.reset();
         chunk->received_count = 0;
-        const absl::Time applied = absl::Now();
+        const absl::Time applied = MonotonicNow();
         chunk->opened = applied;
         if (metrics != nullptr) {
           metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk->step_started));
@@ -846,7 +847,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
                                                    chunk->version));
   }
   if (h.step() > chunk->last_step[h.worker()]) {
-    const absl::Time apply_start = absl::Now();
+    const absl::Time apply_start = MonotonicNow();
     if (metrics != nullptr) {
       metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
     }
@@ -861,7 +862,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     }
     chunk->last_step[h.worker()] = h.step();
     if (metrics != nullptr) {
-      metrics->apply->Observe(absl::ToDoubleSeconds(absl::Now() - apply_start));
+      metrics->apply->Observe(absl::ToDoubleSeconds(MonotonicNow() - apply_start));
     }
     Snapshot(job, *chunk);
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/chunk_codec.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "glog/logging.h"
@@ -73,6 +74,7 @@ void ParameterClient::Cancel() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
   }
+  cancelled_cv_.NotifyAll();
   transport_->CancelAll();
 }
 
@@ -83,7 +85,8 @@ bool ParameterClient::cancelled() const {
 
 bool ParameterClient::SleepUnlessCancelled(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
-  return !mu_.AwaitWithTimeout(absl::Condition(&cancelled_), duration);
+  return !cancelled_cv_.AwaitWithTimeout(
+      mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_; }, duration);
 }
 
 v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) const {
@@ -167,7 +170,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
   exchange->make_request = std::move(make_request);
   exchange->min_version = min_version;
   exchange->params = params;
-  exchange->start = absl::Now();
+  exchange->start = MonotonicNow();
   {
     absl::MutexLock lock(&exchange->mu);
     exchange->answered.assign(options_.plan.chunks_size(), 1);
@@ -223,7 +226,7 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
     }
     {
       absl::MutexLock lock(&exchange->mu);
-      const absl::Time now = absl::Now();
+      const absl::Time now = MonotonicNow();
       exchange->first_reply = std::min(exchange->first_reply, now);
       if (exchange->answered[h.chunk()]) return;  // a duplicate, or not asked for
       exchange->answered[h.chunk()] = 1;
@@ -237,6 +240,7 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
     absl::MutexLock lock(&exchange->mu);
     --exchange->unanswered;
   };
+  // A wall-clock time: the streams' gRPC deadline.
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
   for (int s = 0; s < num_servers; ++s) {
     for (int channel = 0; channel < channels_; ++channel) {
@@ -248,7 +252,7 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
       }
       auto on_sent = [exchange] {
         absl::MutexLock lock(&exchange->mu);
-        if (--exchange->streams_sending == 0) exchange->all_sent = absl::Now();
+        if (--exchange->streams_sending == 0) exchange->all_sent = MonotonicNow();
       };
       auto on_done = [this, exchange, s, carried = std::move(stream_chunks[stream])](
                          absl::Status status) {
@@ -282,7 +286,7 @@ absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
   const std::shared_ptr<Exchange> exchange = std::move(pending->exchange);
   if (exchange == nullptr) return absl::CancelledError("parameter client cancelled");
   Backoff backoff(options_.retry);
-  absl::Time give_up = absl::Now() + options_.retry.patience();
+  absl::Time give_up = MonotonicNow() + options_.retry.patience();
   absl::Time last_reply_seen = absl::InfinitePast();
   while (true) {
     std::vector<uint32_t> again;
@@ -296,7 +300,7 @@ absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
           },
           exchange.get()));
       if (exchange->unanswered == 0) {
-        const absl::Time end = absl::Now();
+        const absl::Time end = MonotonicNow();
         const absl::Time sent = std::clamp(exchange->all_sent, exchange->start, end);
         const absl::Time first = std::clamp(exchange->first_reply, sent, end);
         absl::MutexLock stats_lock(&stats_mu_);
@@ -317,10 +321,10 @@ absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
     if (cancelled()) return absl::CancelledError("parameter client cancelled");
     if (!permanent.ok()) return permanent;
     if (progress) {
-      give_up = absl::Now() + options_.retry.patience();
+      give_up = MonotonicNow() + options_.retry.patience();
       backoff.Reset();
     }
-    if (absl::Now() > give_up) {
+    if (MonotonicNow() > give_up) {
       return absl::DeadlineExceededError(
           absl::StrCat("no reply for ", again.size(), " chunks within ",
                        absl::FormatDuration(options_.retry.patience()), "; last error: ",

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/retry.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/parameters.pb.h"
@@ -133,6 +134,7 @@ class ParameterClient {
   std::vector<int64_t> chunk_versions_;
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  MonotonicCondVar cancelled_cv_;  // cancelled_ set
   int streams_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
 #include "common/status.h"
@@ -248,7 +249,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
   DeviceState& d = *devices_[k];
   kernels::Device& dev = *d.device;
   const int k_devices = static_cast<int>(devices_.size());
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
 
   // This device's samples of the node batch.
   if (dev.host_memory()) {
@@ -297,7 +298,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
     }
     if (options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
     if (!push_status.ok()) return;
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = MonotonicNow();
     float* push_at = d.push_grad->data() + slice.flat_offset;
     if (k_devices == 1) {
       if (d.grad_ptr != d.push_grad->data()) {
@@ -314,7 +315,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
         push_status = dev.CopyToHost(push_at, d.recv.as<float>(), slice.floats * sizeof(float));
       }
     }
-    reduce_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    reduce_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
     if (push_status.ok()) push(layer, first_unpushed[layer], slice.last_chunk);
   };
   // Sync: the servers sum the workers' gradients, so each is scaled to its
@@ -325,7 +326,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
   absl::Status status =
       d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
                                grad_scale, d.grad_ptr, &result->stats, on_ready);
-  result->compute_seconds = absl::ToDoubleSeconds(absl::Now() - start) - reduce_seconds;
+  result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds;
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
   d.pending.clear();
   PSTRAIN_RETURN_IF_ERROR(status);
@@ -334,7 +335,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
 
   // The new parameters onto the device: each device holds the servers'
   // answer for its slice; the all-gather gives every device all of them.
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   if (k_devices == 1) {
     if (d.params_ptr != host_params_.data()) {
       PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.params_ptr, host_params_.data(),
@@ -356,7 +357,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
       }
     }
   }
-  result->reduce_seconds = reduce_seconds + absl::ToDoubleSeconds(absl::Now() - t0);
+  result->reduce_seconds = reduce_seconds + absl::ToDoubleSeconds(MonotonicNow() - t0);
   d.samples += d.share;
   return absl::OkStatus();
 }
@@ -393,7 +394,7 @@ absl::Status Trainer::Run() {
     if (step >= 0) recent_losses[step % recent_losses.size()] = resume.recent_losses(i);
   }
   double loss_ema = resume.loss_ema();
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   const double seconds_before = resume.train_seconds();
   absl::Time window_start = start;
   // Seconds spent in each StepPhase over the whole job, device 0's view.
@@ -404,7 +405,7 @@ absl::Status Trainer::Run() {
 
   for (int64_t step = first_step; step < total_steps; ++step) {
     if (cancelled_) return absl::CancelledError("training cancelled");
-    const absl::Time step_start = absl::Now();
+    const absl::Time step_start = MonotonicNow();
     if (step / steps_per_epoch != epoch) {
       epoch = step / steps_per_epoch;
       order = EpochOrder(spec_.seed(), epoch, train_->num_samples);
@@ -418,7 +419,7 @@ absl::Status Trainer::Run() {
       if (cancelled_) return absl::CancelledError("training cancelled");
       return status;
     }
-    const absl::Time step_end = absl::Now();
+    const absl::Time step_end = MonotonicNow();
     steps_done_ = step + 1;
     double loss_sum = 0;
     for (const StepResult& r : results) loss_sum += r.stats.loss_sum;
@@ -522,7 +523,7 @@ absl::Status Trainer::Run() {
   report.set_samples(0);
   report.set_seconds(0);
   report.set_finished(true);
-  report.set_train_seconds(seconds_before + absl::ToDoubleSeconds(absl::Now() - start));
+  report.set_train_seconds(seconds_before + absl::ToDoubleSeconds(MonotonicNow() - start));
 
   if (a.worker_index() == 0) {
     // The final model: every worker's last push applied on every chunk.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/dataset.h"
 #include "common/membership_client.h"
 #include "common/model_file.h"
@@ -92,6 +93,7 @@ class WorkerNodeImpl final : public WorkerNode {
       if (running_trainer_ != nullptr) running_trainer_->Cancel();
       job_thread = std::move(job_thread_);
     }
+    shut_down_cv_.NotifyAll();
     // Stopping membership first also cuts short a report being retried.
     if (membership_ != nullptr) membership_->Stop();
     if (job_thread.joinable()) job_thread.join();
@@ -235,7 +237,9 @@ class WorkerNodeImpl final : public WorkerNode {
         LOG(WARNING) << "giving up reporting the end of " << job;
         return;
       }
-      mu_.AwaitWithTimeout(absl::Condition(&shut_down_), absl::Seconds(1));
+      shut_down_cv_.AwaitWithTimeout(
+          mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; },
+          absl::Seconds(1));
     }
   }
 
@@ -295,6 +299,7 @@ class WorkerNodeImpl final : public WorkerNode {
   mutable absl::Mutex mu_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  MonotonicCondVar shut_down_cv_;  // shut_down_ set
   std::string current_job_ ABSL_GUARDED_BY(mu_);
   int64_t current_generation_ ABSL_GUARDED_BY(mu_) = 0;
   // The job (and generation) this worker last finished: not run again.
