@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/file_format.h"
 #include "common/file_system.h"
+#include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/job_store.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -65,8 +66,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!JobStore::Open(fs, dir, &first).ok()) abort();
     if (!JobStore::Open(fs, dir, &second).ok()) abort();
     if (first.size() != second.size()) abort();
+    // Field by field, a NaN equal to itself (a record may hold any float).
+    google::protobuf::util::DefaultFieldComparator floats;
+    floats.set_treat_nan_as_equal(true);
+    google::protobuf::util::MessageDifferencer differencer;
+    differencer.set_field_comparator(&floats);
     for (size_t i = 0; i < first.size(); ++i) {
-      if (!google::protobuf::util::MessageDifferencer::Equals(first[i], second[i])) abort();
+      if (!differencer.Compare(first[i], second[i])) abort();
     }
   }
   return 0;
