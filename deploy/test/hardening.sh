@@ -120,13 +120,14 @@ fuzz() {
   args+=(-seed_inputs=@$build/fuzz-$target.seeds)
   log "fuzz $target: ${args[*]}"
   t0=$(date +%s)
-  if ! $build/bin/pstrain_fuzz_$target "${args[@]}" "$scratch" > $build/fuzz-$target.log 2>&1; then
-    rm -rf "$scratch"
+  local status=0
+  $build/bin/pstrain_fuzz_$target "${args[@]}" "$scratch" > $build/fuzz-$target.log 2>&1 || status=$?
+  rm -rf "$scratch"
+  if [ $status -ne 0 ]; then
     tail -50 $build/fuzz-$target.log
     echo "hardening.sh: FAILED: fuzz target $target (log: $build/fuzz-$target.log)" >&2
     return 1
   fi
-  rm -rf "$scratch"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' $build/fuzz-$target.log)
   cov=$(grep -o 'cov: [0-9]*' $build/fuzz-$target.log | tail -1 | cut -d' ' -f2)
   printf '%-20s %9s execs %6s edges %4ss\n' "$target" "$execs" "$cov" $(($(date +%s) - t0)) \
