@@ -230,19 +230,23 @@ void Frame::CopyPayloadTo(void* dst) const {
   }
 }
 
-float Frame::MaxAbs() const {
+namespace {
+
+// The largest magnitude of `count` values, read in blocks of floats by
+// read(first, count, block); infinity if one is NaN or infinite.
+template <typename ReadBlock>
+float MaxAbsOfBlocks(int64_t count, ReadBlock&& read) {
   constexpr int64_t kBlock = 1024;
   float block[kBlock];
-  const int64_t n = header_.num_elements();
   float max_abs = 0.0f;
-  for (int64_t first = 0; first < n; first += kBlock) {
-    const int64_t count = std::min(kBlock, n - first);
-    ReadValues(first, count, block);
+  for (int64_t first = 0; first < count; first += kBlock) {
+    const int64_t n = std::min(kBlock, count - first);
+    read(first, n, block);
     // No early exit inside a block: the loop vectorizes. A NaN compares
     // false and is caught below.
     bool finite = true;
     float block_max = 0.0f;
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       finite &= std::isfinite(block[i]);
       block_max = std::max(block_max, std::fabs(block[i]));
     }
@@ -250,6 +254,22 @@ float Frame::MaxAbs() const {
     max_abs = std::max(max_abs, block_max);
   }
   return max_abs;
+}
+
+}  // namespace
+
+float Frame::MaxAbs() const {
+  return MaxAbsOfBlocks(header_.num_elements(), [this](int64_t first, int64_t n, float* block) {
+    ReadValues(first, n, block);
+  });
+}
+
+float MaxAbsOf(v1::DType dtype, const void* values, int64_t count) {
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const size_t value_bytes = DTypeBytes(dtype);
+  return MaxAbsOfBlocks(count, [&](int64_t first, int64_t n, float* block) {
+    DecodeRun(dtype, bytes + first * value_bytes, n, block, /*add=*/false);
+  });
 }
 
 }  // namespace pstrain

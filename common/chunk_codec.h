@@ -84,6 +84,10 @@ class Frame {
   size_t payload_bytes_ = 0;
 };
 
+// The largest magnitude of `count` values of `dtype` at `values` (0 for
+// none); infinity if one is NaN or infinite. Frame::MaxAbs for memory.
+float MaxAbsOf(v1::DType dtype, const void* values, int64_t count);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_CHUNK_CODEC_H_

@@ -26,10 +26,10 @@ class WorkerRoster {
   void Set(const std::string& job_id, int64_t generation, std::vector<std::string> workers);
   void Remove(const std::string& job_id);
 
-  // OK if node `caller` may send `header`: a PUSH only as the worker it is,
-  // a PULL as any worker of the job. PERMISSION_DENIED otherwise; NOT_FOUND
-  // for a job not held; UNAVAILABLE for a generation not known yet (the
-  // client retries), ABORTED for one that is over.
+  // OK if node `caller` may send `header`: a PUSH or STEP_END only as the
+  // worker it is, a PULL as any worker of the job. PERMISSION_DENIED
+  // otherwise; NOT_FOUND for a job not held; UNAVAILABLE for a generation
+  // not known yet (the client retries), ABORTED for one that is over.
   absl::Status Check(const std::string& caller, const v1::ChunkHeader& header) const;
 
  private:

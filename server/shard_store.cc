@@ -28,6 +28,7 @@ struct Waiting {
   int64_t min_version = 0;
   int64_t min_pushed_steps = 0;  // async: steps applied of every worker
   std::shared_ptr<ChunkWaiter> waiter;
+  int64_t own_step = -1;  // async push: answered once its step is applied
 };
 
 // A checkpoint being gathered: a copy of each chunk as it passes the step.
@@ -61,14 +62,14 @@ struct ShardStore::Chunk {
   std::shared_ptr<std::vector<uint16_t>> wire_values ABSL_GUARDED_BY(mu);
   std::shared_ptr<std::vector<uint16_t>> wire_spare ABSL_GUARDED_BY(mu);
   std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
-  // Sync: the pushes of step `version` as they arrived, by worker (their
-  // received slices, not copies).
+  // The received pushes not applied yet, by worker (their received slices,
+  // not copies). Sync: those of step `version`. Async: each worker's push
+  // of a step whose step end has not arrived.
   std::vector<std::optional<Frame>> pushed ABSL_GUARDED_BY(mu);
-  int received_count ABSL_GUARDED_BY(mu) = 0;
+  int received_count ABSL_GUARDED_BY(mu) = 0;  // sync
   // Sync: the sum over the pushes of step `version` of their largest
-  // magnitude, which bounds every summed value; not below kMaxGradientBound
-  // (a NaN or an infinity, or a sum that could overflow), the step is
-  // skipped. Both modes: updates skipped in a row.
+  // magnitude, which bounds every summed value: a second check beside the
+  // workers' step ends. Both modes: updates skipped in a row.
   double gradient_bound ABSL_GUARDED_BY(mu) = 0;
   int skipped_in_a_row ABSL_GUARDED_BY(mu) = 0;
   // Async: the last step applied per worker (-1: none), for retries.
@@ -110,7 +111,15 @@ struct ShardStore::Job {
   std::vector<v1::CheckpointRecord> written ABSL_GUARDED_BY(checkpoint_mu);  // oldest first
   std::vector<v1::CheckpointRecord> retained ABSL_GUARDED_BY(checkpoint_mu);
 
-  // A chunk that skips this many updates in a row fails the job, with
+  // Each worker's last step end (-1: none) and the bound it gave for its
+  // gradient (STEP_END). Sync: a step end is accepted only once every chunk
+  // here has applied the step before, so while a chunk waits at version v
+  // the entries are those of step v.
+  absl::Mutex step_end_mu;
+  std::vector<int64_t> ended_step ABSL_GUARDED_BY(step_end_mu);
+  std::vector<float> ended_max_abs ABSL_GUARDED_BY(step_end_mu);
+
+  // A chunk that skips this many steps in a row fails the job, with
   // `error` (reported to the coordinator).
   int max_skipped = 10;
   absl::Mutex error_mu;
@@ -146,7 +155,9 @@ void AnswerWaits(ShardStore::Chunk& chunk, v1::DType wire_dtype)
         w.min_pushed_steps == 0 ||
         std::all_of(chunk.last_step.begin(), chunk.last_step.end(),
                     [&](int64_t last) { return last + 1 >= w.min_pushed_steps; });
-    if (chunk.version >= w.min_version && pushed) {
+    const bool own_step_applied =
+        w.own_step < 0 || chunk.last_step[w.request.worker()] >= w.own_step;
+    if (chunk.version >= w.min_version && pushed && own_step_applied) {
       w.waiter->OnValues(w.request, values);
       if (chunk.metrics != nullptr) {
         chunk.metrics->sent_bytes->Increment(static_cast<double>(chunk.size) *
@@ -190,19 +201,44 @@ void CastForTheWire(ShardStore::Chunk& chunk, v1::DType wire_dtype)
 }
 
 // Publishes version+1 with the values of version: the update whose
-// gradients had a NaN or an infinity, which none of them reaches. Fails the
-// job once the chunk has skipped max_skipped updates in a row.
-void SkipUpdate(ShardStore::Job& job, ShardStore::Chunk& chunk)
+// gradients had a NaN or an infinity (`why`), which none of them reaches.
+// Fails the job once the chunk has skipped max_skipped steps in a row.
+void SkipUpdate(ShardStore::Job& job, ShardStore::Chunk& chunk, absl::string_view why)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   ++chunk.version;
   if (chunk.metrics != nullptr) chunk.metrics->skipped->Increment();
   if (++chunk.skipped_in_a_row < job.max_skipped) return;
   absl::MutexLock lock(&job.error_mu);
   if (job.error.empty()) {
-    job.error = absl::StrCat("chunk ", chunk.id, " had a NaN or an infinity in a gradient ",
-                             chunk.skipped_in_a_row, " updates in a row (max_skipped_steps), ",
-                             "the last at version ", chunk.version - 1);
+    job.error = absl::StrCat(chunk.skipped_in_a_row, " steps in a row were skipped ",
+                             "(max_skipped_steps) because a gradient had a NaN or an infinity; ",
+                             "the last, at version ", chunk.version - 1, ": ", why);
   }
+}
+
+// Sync: why the update of the chunk's open step must be skipped, or empty
+// if it may be applied; the workers' step ends of that step are all in.
+// Every server decides the same from the same step ends; the chunk's own
+// pushes are checked too, in case a worker's step end understated them.
+std::string SyncSkipReason(const ShardStore::Job& job, const ShardStore::Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu, job.step_end_mu) {
+  double bound = 0;
+  for (uint32_t w = 0; w < job.num_workers; ++w) {
+    if (!(job.ended_max_abs[w] < kMaxGradientBound)) {
+      return absl::StrCat("worker ", w, "'s gradient of step ", chunk.version,
+                          " had a NaN or an infinity");
+    }
+    bound += job.ended_max_abs[w];
+  }
+  if (!(bound < kMaxGradientBound)) {
+    return absl::StrCat("the workers' gradients of step ", chunk.version,
+                        " could overflow fp32 when summed");
+  }
+  if (!(chunk.gradient_bound < kMaxGradientBound)) {
+    return absl::StrCat("a push of step ", chunk.version, " to chunk ", chunk.id,
+                        " exceeds its worker's step end");
+  }
+  return "";
 }
 
 // Applies the sum of `grads` as update version+1 and publishes it: in place
@@ -236,12 +272,14 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
 }
 
 // Adds a wait (if any) and answers every wait the version now satisfies.
+// own_step >= 0 (an async push): the wait also needs that step of the
+// request's worker applied.
 void WaitAndAnswer(ShardStore::Chunk& chunk, v1::DType wire_dtype, const v1::ChunkHeader& request,
-                   int64_t min_version, std::shared_ptr<ChunkWaiter> waiter)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+                   int64_t min_version, std::shared_ptr<ChunkWaiter> waiter,
+                   int64_t own_step = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   if (waiter != nullptr) {
     chunk.waiting.push_back(
-        Waiting{request, min_version, request.pushed_steps(), std::move(waiter)});
+        Waiting{request, min_version, request.pushed_steps(), std::move(waiter), own_step});
   }
   AnswerWaits(chunk, wire_dtype);
 }
@@ -292,13 +330,12 @@ int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan
       kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer()));
   const int64_t state = optimizer.ok() ? (*optimizer)->StateFloatsPerParam() : 2;
   // fp32 values (two buffers for an fp32 wire; one, and two 16-bit casts,
-  // for a 16-bit one) and the optimizer state; sync keeps each worker's
-  // gradient of the open step too, as received.
+  // for a 16-bit one), the optimizer state, and a push of each worker as
+  // received (sync: of the open step; async: waiting for its step end).
   const bool wire16 = DTypeBytes(spec.wire_dtype()) == 2;  // unspecified: fp32
   const int64_t value_bytes = wire16 ? 2 : 4;
   const int64_t bytes_per_param =
-      4 * ((wire16 ? 1 : 2) + state) + (wire16 ? 2 * 2 : 0) +
-      (spec.mode() == v1::MODE_SYNC ? spec.num_workers() * value_bytes : 0);
+      4 * ((wire16 ? 1 : 2) + state) + (wire16 ? 2 * 2 : 0) + spec.num_workers() * value_bytes;
   int64_t floats = 0;
   for (const v1::ChunkInfo& c : plan.chunks()) {
     if (c.server() == server) floats += c.size();
@@ -384,8 +421,8 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
                         chunk->values->data());
     chunk->optimizer_state.assign(
         static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
+    chunk->pushed.resize(job->num_workers);
     if (job->mode == v1::MODE_SYNC) {
-      chunk->pushed.resize(job->num_workers);
       chunk->arrived.resize(job->num_workers);
       chunk->opened = MonotonicNow();
     } else {
@@ -395,7 +432,12 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   }
   job->optimizer = std::move(optimizer);
   {
-    absl::MutexLock lock(&job->straggler_mu);  // not shared yet: for the analysis
+    absl::MutexLock lock(&job->step_end_mu);  // not shared yet: for the analysis
+    job->ended_step.assign(job->num_workers, -1);
+    job->ended_max_abs.assign(job->num_workers, 0);
+  }
+  {
+    absl::MutexLock lock(&job->straggler_mu);
     job->late_steps.assign(job->num_workers, 0);
     job->straggler_gauges.assign(job->num_workers, nullptr);
   }
@@ -515,7 +557,10 @@ absl::Status ShardStore::KeepAtGeneration(const std::string& job_id, int64_t gen
     absl::MutexLock lock(&chunk->mu);
     AbortWaits(*chunk, over);
     std::fill(chunk->last_step.begin(), chunk->last_step.end(), -1);
+    for (std::optional<Frame>& held : chunk->pushed) held.reset();
   }
+  absl::MutexLock lock(&job->step_end_mu);
+  std::fill(job->ended_step.begin(), job->ended_step.end(), -1);
   return absl::OkStatus();
 }
 
@@ -804,69 +849,158 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
       chunk->pushed[request.worker()] = std::move(frame);
       const absl::Time now = MonotonicNow();
       chunk->arrived[request.worker()] = now;
-      if (chunk->received_count == 0) chunk->step_started = now;
-      if (++chunk->received_count == static_cast<int>(job->num_workers)) {
-        if (chunk->id == job->first_chunk) WatchStragglers(*job, *chunk);
-        const absl::Time apply_start = MonotonicNow();
-        // Summed in worker order, so that every run adds the same floats the
-        // same way.
-        absl::InlinedVector<const Frame*, 16> grads;
-        for (uint32_t w = 0; w < job->num_workers; ++w) {
-          if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
-          grads.push_back(&*chunk->pushed[w]);
-        }
-        if (!(chunk->gradient_bound < kMaxGradientBound)) {
-          SkipUpdate(*job, *chunk);
-        } else {
-          PSTRAIN_RETURN_IF_ERROR(Update(*job, *chunk, grads, apply_pool_.get()));
-          chunk->skipped_in_a_row = 0;
-          if (metrics != nullptr) metrics->updates->Increment();
-        }
-        chunk->gradient_bound = 0;
-        // The received gradients go back to gRPC.
-        for (std::optional<Frame>& f : chunk->pushed) f.reset();
-        chunk->received_count = 0;
-        const absl::Time applied = MonotonicNow();
-        chunk->opened = applied;
-        if (metrics != nullptr) {
-          metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk->step_started));
-          metrics->apply->Observe(absl::ToDoubleSeconds(applied - apply_start));
-        }
-        Snapshot(job, *chunk);
-      }
+      if (chunk->received_count++ == 0) chunk->step_started = now;
+      PSTRAIN_RETURN_IF_ERROR(CompleteSyncStep(job, *chunk));
     }
     // Older steps are retries of pushes already applied: answered, not summed.
     WaitAndAnswer(*chunk, job->wire_dtype, request, request.step() + 1, std::move(waiter));
     return absl::OkStatus();
   }
 
-  // Async.
+  // Async: a worker's push waits for its step end (held), unless that is in.
   if (h.version() > chunk->version) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push based on version ",
                                                    h.version(), " is ahead of version ",
                                                    chunk->version));
   }
-  if (h.step() > chunk->last_step[h.worker()]) {
-    const absl::Time apply_start = MonotonicNow();
-    if (metrics != nullptr) {
-      metrics->staleness->Observe(static_cast<double>(chunk->version - h.version()));
+  const v1::ChunkHeader request = h;
+  if (request.step() > chunk->last_step[request.worker()]) {
+    std::optional<Frame>& held = chunk->pushed[request.worker()];
+    if (held.has_value() && held->header().step() != request.step()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", request.chunk(), ": push for step ", request.step(),
+                       " while worker ", request.worker(), "'s push of step ",
+                       held->header().step(), " waits for its step end"));
     }
-    const Frame* grad = &frame;
-    if (!(frame.MaxAbs() < kMaxGradientBound)) {
-      SkipUpdate(*job, *chunk);
-    } else {
-      PSTRAIN_RETURN_IF_ERROR(
-          Update(*job, *chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
-      chunk->skipped_in_a_row = 0;
-      if (metrics != nullptr) metrics->updates->Increment();
-    }
-    chunk->last_step[h.worker()] = h.step();
-    if (metrics != nullptr) {
-      metrics->apply->Observe(absl::ToDoubleSeconds(MonotonicNow() - apply_start));
-    }
-    Snapshot(job, *chunk);
+    if (!held.has_value()) held = std::move(frame);  // else a retry of the held push
+    PSTRAIN_RETURN_IF_ERROR(ApplyHeldAsync(job, *chunk, request.worker()));
   }
-  WaitAndAnswer(*chunk, job->wire_dtype, h, /*min_version=*/0, std::move(waiter));
+  WaitAndAnswer(*chunk, job->wire_dtype, request, /*min_version=*/0, std::move(waiter),
+                request.step());
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk) {
+  chunk.mu.AssertHeld();
+  if (chunk.received_count < static_cast<int>(job->num_workers)) return absl::OkStatus();
+  std::string skip_reason;
+  {
+    absl::MutexLock lock(&job->step_end_mu);
+    for (int64_t ended : job->ended_step) {
+      if (ended < chunk.version) return absl::OkStatus();  // a step end still to come
+    }
+    skip_reason = SyncSkipReason(*job, chunk);
+  }
+  const ServerMetrics::Job* metrics = chunk.metrics;
+  if (chunk.id == job->first_chunk) WatchStragglers(*job, chunk);
+  const absl::Time apply_start = MonotonicNow();
+  if (!skip_reason.empty()) {
+    SkipUpdate(*job, chunk, skip_reason);
+  } else {
+    // Summed in worker order, so that every run adds the same floats the
+    // same way.
+    absl::InlinedVector<const Frame*, 16> grads;
+    for (uint32_t w = 0; w < job->num_workers; ++w) {
+      if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
+      grads.push_back(&*chunk.pushed[w]);
+    }
+    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, grads, apply_pool_.get()));
+    chunk.skipped_in_a_row = 0;
+    if (metrics != nullptr) metrics->updates->Increment();
+  }
+  chunk.gradient_bound = 0;
+  // The received gradients go back to gRPC.
+  for (std::optional<Frame>& f : chunk.pushed) f.reset();
+  chunk.received_count = 0;
+  const absl::Time applied = MonotonicNow();
+  chunk.opened = applied;
+  if (metrics != nullptr) {
+    metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk.step_started));
+    metrics->apply->Observe(absl::ToDoubleSeconds(applied - apply_start));
+  }
+  Snapshot(job, chunk);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& chunk,
+                                        uint32_t worker) {
+  chunk.mu.AssertHeld();
+  std::optional<Frame>& held = chunk.pushed[worker];
+  if (!held.has_value()) return absl::OkStatus();
+  const int64_t step = held->header().step();
+  float ended_max_abs;
+  {
+    absl::MutexLock lock(&job->step_end_mu);
+    if (job->ended_step[worker] < step) return absl::OkStatus();  // its step end is to come
+    ended_max_abs = job->ended_max_abs[worker];
+  }
+  const ServerMetrics::Job* metrics = chunk.metrics;
+  const absl::Time apply_start = MonotonicNow();
+  if (metrics != nullptr) {
+    metrics->staleness->Observe(static_cast<double>(chunk.version - held->header().version()));
+  }
+  if (!(ended_max_abs < kMaxGradientBound) || !(held->MaxAbs() < kMaxGradientBound)) {
+    SkipUpdate(*job, chunk,
+               absl::StrCat("worker ", worker, "'s gradient of step ", step,
+                            " had a NaN or an infinity"));
+  } else {
+    const Frame* grad = &*held;
+    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
+    chunk.skipped_in_a_row = 0;
+    if (metrics != nullptr) metrics->updates->Increment();
+  }
+  held.reset();
+  chunk.last_step[worker] = step;
+  if (metrics != nullptr) {
+    metrics->apply->Observe(absl::ToDoubleSeconds(MonotonicNow() - apply_start));
+  }
+  Snapshot(job, chunk);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  PSTRAIN_RETURN_IF_ERROR(FindChunk(*job, h).status());
+  if (h.worker() >= job->num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", h.worker(), " outside [0, ", job->num_workers, ")"));
+  }
+  if (h.step() < 0) return absl::InvalidArgumentError("negative step");
+  if (h.num_elements() != 0) return absl::InvalidArgumentError("a step end carries no values");
+  const bool sync = job->mode == v1::MODE_SYNC;
+  if (sync) {
+    // Every chunk here must have applied the step before: else the step
+    // ends of the step they wait for would be overwritten.
+    for (const auto& chunk : job->chunks) {
+      if (chunk == nullptr) continue;
+      absl::MutexLock lock(&chunk->mu);
+      if (!chunk->closed.ok()) return chunk->closed;
+      if (h.step() > chunk->version) {
+        return absl::InvalidArgumentError(absl::StrCat("step end of step ", h.step(),
+                                                       " is ahead of chunk ", chunk->id,
+                                                       " at version ", chunk->version));
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&job->step_end_mu);
+    if (h.step() <= job->ended_step[h.worker()]) return absl::OkStatus();  // a retry
+    job->ended_step[h.worker()] = h.step();
+    job->ended_max_abs[h.worker()] = h.gradient_max_abs();
+  }
+  for (const auto& chunk : job->chunks) {
+    if (chunk == nullptr) continue;
+    absl::MutexLock lock(&chunk->mu);
+    if (!chunk->closed.ok()) return chunk->closed;
+    if (sync) {
+      if (chunk->version != h.step()) continue;
+      PSTRAIN_RETURN_IF_ERROR(CompleteSyncStep(job, *chunk));
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(ApplyHeldAsync(job, *chunk, h.worker()));
+    }
+    AnswerWaits(*chunk, job->wire_dtype);
+  }
   return absl::OkStatus();
 }
 

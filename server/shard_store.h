@@ -119,21 +119,33 @@ class ShardStore {
   // Pushes and pulls waiting for a version, over every job.
   int64_t OpenWaits() const;
 
-  // A PUSH frame (fp32, bf16 or fp16 values). Sync: the frame joins step
-  // `step` of the chunk, held as received (a repeated push of the same
-  // worker and step is not summed again); when all workers have pushed,
-  // their gradients are summed in worker order straight from the received
-  // slices and the optimizer runs once. Async: the gradient is applied at
-  // once (a repeated push is applied once). If waiter is set it gets the
-  // values of version step+1 (sync) or the values right after this push
-  // (async), in the job's wire dtype. At the job's checkpoint steps the
-  // chunk's values and optimizer state are copied, and once every chunk
-  // has its copy the checkpoint is written in the background.
+  // A PUSH frame (fp32, bf16 or fp16 values), held as received; a worker's
+  // push of a step is applied only once its STEP_END of that step is in
+  // (EndStep). Sync: the frame joins step `step` of the chunk (a repeated
+  // push of the same worker and step is not summed again); when all
+  // workers have pushed and ended the step, their gradients are summed in
+  // worker order straight from the received slices and the optimizer runs
+  // once, or, if a worker's step end bounds its gradient at a NaN or an
+  // infinity, the update is skipped (on every chunk of every server: the
+  // same step ends reach each). Async: each worker's push is applied (or
+  // skipped) alone, once its step end is in (a repeated push is applied
+  // once). If waiter is set it gets the values of version step+1 (sync) or
+  // the values right after this push (async), in the job's wire dtype. At
+  // the job's checkpoint steps the chunk's values and optimizer state are
+  // copied, and once every chunk has its copy the checkpoint is written in
+  // the background.
   // Errors, with nothing changed: NOT_FOUND for a job not held; ABORTED for
   // a generation that is over; UNAVAILABLE for a generation not loaded yet;
   // INVALID_ARGUMENT for a chunk not held, a wrong size or dtype, a worker
-  // out of range, or a step (version) ahead of the chunk.
+  // out of range, a step (version) ahead of the chunk, or (async) a step
+  // other than the one the worker's held push waits with.
   absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter);
+
+  // A STEP_END: worker `worker` has pushed all of `step`, with values of
+  // magnitude at most gradient_max_abs. Applies what waited for it. A
+  // repeated step end is ignored. Errors as for Push, and (sync)
+  // INVALID_ARGUMENT for a step some chunk here has not reached.
+  absl::Status EndStep(const v1::ChunkHeader& header);
 
   // A PULL: the waiter gets the chunk's values once its version reaches
   // header.version() (and, async, once every worker has had
@@ -170,6 +182,11 @@ class ShardStore {
   // chunk.mu held (asserted: Chunk is incomplete here, so the lock cannot be
   // named in an annotation).
   void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk);
+  // Sync: applies (or skips) the chunk's open step if every worker has
+  // pushed it and ended it. Async: the worker's held push, if its step end
+  // is in. Called with chunk.mu held.
+  absl::Status CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk);
+  absl::Status ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& chunk, uint32_t worker);
 
   const Options options_;
   FileSystem* const fs_;

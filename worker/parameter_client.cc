@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/chunk_codec.h"
+#include "common/status.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "glog/logging.h"
 
@@ -45,10 +46,13 @@ ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
   CHECK_EQ(static_cast<uint32_t>(transport_->num_servers()), options_.plan.num_servers())
       << "the transport does not reach the plan's servers";
   std::vector<int> next_channel(transport_->num_servers(), 0);
+  std::vector<bool> has_chunk(transport_->num_servers(), false);
   for (const v1::ChunkInfo& info : options_.plan.chunks()) {
     int& next = next_channel[info.server()];
     channel_of_chunk_.push_back(next);
     next = (next + 1) % channels_;
+    if (!has_chunk[info.server()]) step_end_chunks_.push_back(info.id());
+    has_chunk[info.server()] = true;
   }
   if (DTypeBytes(options_.wire_dtype) == 2) {
     wire_grad_ = std::make_shared<std::vector<uint16_t>>(options_.plan.total_floats());
@@ -139,6 +143,18 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     base = reinterpret_cast<const char*>(wire_grad_->data());
   }
   const size_t value_bytes = DTypeBytes(options_.wire_dtype);
+  float max_abs = 0;
+  for (uint32_t c : chunks) {
+    const v1::ChunkInfo& info = options_.plan.chunks(c);
+    max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, base + info.offset() * value_bytes,
+                                         info.size()));
+  }
+  {
+    absl::MutexLock lock(&pushed_mu_);
+    if (pushed_step_ != step) pushed_max_abs_ = 0;
+    pushed_step_ = step;
+    pushed_max_abs_ = std::max(pushed_max_abs_, max_abs);
+  }
   auto make_request = [this, step, payload, base, value_bytes, sync](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
@@ -152,10 +168,29 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
                params);
 }
 
+std::unique_ptr<ParameterClient::Pending> ParameterClient::StartEndStep(int64_t step,
+                                                                        float gradient_max_abs) {
+  auto make_request = [this, step, gradient_max_abs](uint32_t c) {
+    v1::ChunkHeader h = Header(v1::FRAME_KIND_STEP_END, c);
+    h.set_step(step);
+    h.set_gradient_max_abs(gradient_max_abs);
+    return EncodeFrame(h, nullptr);
+  };
+  return Start(ParameterMethod::kPush, step_end_chunks_, make_request, 0, nullptr);
+}
+
+float ParameterClient::PushedMaxAbs(int64_t step) const {
+  absl::MutexLock lock(&pushed_mu_);
+  return pushed_step_ == step ? pushed_max_abs_ : 0;
+}
+
 absl::Status ParameterClient::PushPull(int64_t step,
                                        const std::shared_ptr<std::vector<float>>& grad,
                                        float* params) {
-  return Finish(StartPushPull(step, grad, params));
+  std::unique_ptr<Pending> pushed = StartPushPull(step, grad, params);
+  // The step end first: the pushes' replies wait for it (see Trainer::Run).
+  PSTRAIN_RETURN_IF_ERROR(Finish(StartEndStep(step, PushedMaxAbs(step))));
+  return Finish(std::move(pushed));
 }
 
 std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod method,
@@ -218,9 +253,13 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
       return;
     }
     const v1::ChunkHeader& h = frame->header();
-    if (h.kind() != v1::FRAME_KIND_VALUES || h.job_id() != job_id ||
-        h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
-        h.num_elements() != plan.chunks(h.chunk()).size() || h.version() < exchange->min_version) {
+    // A Push is answered with ACKs, the others with values.
+    const bool acks = exchange->method == ParameterMethod::kPush;
+    if (h.job_id() != job_id || h.chunk() >= static_cast<uint32_t>(plan.chunks_size()) ||
+        (acks ? h.kind() != v1::FRAME_KIND_ACK
+              : h.kind() != v1::FRAME_KIND_VALUES ||
+                    h.num_elements() != plan.chunks(h.chunk()).size() ||
+                    h.version() < exchange->min_version)) {
       LOG(WARNING) << "dropping an unexpected reply for chunk " << h.chunk();
       return;
     }
@@ -235,8 +274,10 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
     }
     // Each chunk is claimed once above, so copies never overlap. The count
     // goes down after the copy: Finish returns only once the values are in.
-    frame->ReadValues(0, h.num_elements(), exchange->params + plan.chunks(h.chunk()).offset());
-    chunk_versions_[h.chunk()] = h.version();
+    if (!acks) {
+      frame->ReadValues(0, h.num_elements(), exchange->params + plan.chunks(h.chunk()).offset());
+      chunk_versions_[h.chunk()] = h.version();
+    }
     absl::MutexLock lock(&exchange->mu);
     --exchange->unanswered;
   };

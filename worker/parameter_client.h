@@ -90,7 +90,23 @@ class ParameterClient {
   // Waits for the replies of an exchange, retrying what was lost.
   absl::Status Finish(std::unique_ptr<Pending> pending);
 
-  // StartPushPull + Finish.
+  // Tells every server that this worker has pushed all of `step` and that
+  // no value it pushed exceeds `gradient_max_abs` (infinity: one was a NaN
+  // or an infinity). The servers apply a worker's pushes of a step only
+  // once they have its step end: sync, the step's updates wait for every
+  // worker's, and are skipped on every server if one is not finite. A node
+  // with several devices sends one, for all of them, once each device has
+  // started its pushes. The servers acknowledge it at once: Finish it
+  // before the step's pushes, whose replies wait for it (a lost step end is
+  // sent again only by its own Finish).
+  std::unique_ptr<Pending> StartEndStep(int64_t step, float gradient_max_abs);
+
+  // The largest magnitude among the values this client has pushed for
+  // `step` (as they went on the wire); infinity if one was a NaN or an
+  // infinity. 0 if it pushed nothing of `step`.
+  float PushedMaxAbs(int64_t step) const;
+
+  // StartPushPull of every chunk + StartEndStep + Finish.
   absl::Status PushPull(int64_t step, const std::shared_ptr<std::vector<float>>& grad,
                         float* params);
 
@@ -128,6 +144,8 @@ class ParameterClient {
   // The channel of each chunk: chunks round-robin over their server's
   // channels in plan order.
   std::vector<int> channel_of_chunk_;
+  // Where step ends go: the lowest chunk of each server that has any.
+  std::vector<uint32_t> step_end_chunks_;
   // 16-bit wire dtype: the pushed gradient, cast; null for fp32.
   std::shared_ptr<std::vector<uint16_t>> wire_grad_;
   // Written from transport threads, each chunk by the one reply that claims it.
@@ -136,6 +154,9 @@ class ParameterClient {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   MonotonicCondVar cancelled_cv_;  // cancelled_ set
   int streams_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex pushed_mu_;
+  int64_t pushed_step_ ABSL_GUARDED_BY(pushed_mu_) = -1;
+  float pushed_max_abs_ ABSL_GUARDED_BY(pushed_mu_) = 0;  // of pushed_step_
   mutable absl::Mutex stats_mu_;
   Stats stats_ ABSL_GUARDED_BY(stats_mu_);
 };

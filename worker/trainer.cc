@@ -244,8 +244,8 @@ absl::Status Trainer::LoadParams() {
   });
 }
 
-absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_samples,
-                                 StepResult* result) {
+absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
+                                     StepResult* result) {
   DeviceState& d = *devices_[k];
   kernels::Device& dev = *d.device;
   const int k_devices = static_cast<int>(devices_.size());
@@ -327,10 +327,17 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
       d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
                                grad_scale, d.grad_ptr, &result->stats, on_ready);
   result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds;
+  result->reduce_seconds = reduce_seconds;
+  PSTRAIN_RETURN_IF_ERROR(status);
+  return push_status;
+}
+
+absl::Status Trainer::ReceiveValues(int k, StepResult* result) {
+  DeviceState& d = *devices_[k];
+  kernels::Device& dev = *d.device;
+  const int k_devices = static_cast<int>(devices_.size());
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
   d.pending.clear();
-  PSTRAIN_RETURN_IF_ERROR(status);
-  PSTRAIN_RETURN_IF_ERROR(push_status);
   for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(d.client->Finish(std::move(p)));
 
   // The new parameters onto the device: each device holds the servers'
@@ -357,7 +364,7 @@ absl::Status Trainer::DeviceStep(int k, int64_t step, const int64_t* node_sample
       }
     }
   }
-  result->reduce_seconds = reduce_seconds + absl::ToDoubleSeconds(MonotonicNow() - t0);
+  result->reduce_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
   d.samples += d.share;
   return absl::OkStatus();
 }
@@ -414,7 +421,19 @@ absl::Status Trainer::Run() {
         order.data() + (step % steps_per_epoch) * global_batch + batch_offset_;
     std::fill(results.begin(), results.end(), StepResult{});
     absl::Status status = OnAllDevices(
-        [&](int k) { return DeviceStep(k, step, node_samples, &results[k]); });
+        [&](int k) { return ComputeAndPush(k, step, node_samples, &results[k]); });
+    if (status.ok()) {
+      // The node's step end, once every device has started its pushes: the
+      // servers apply none of the step before it. Acknowledged at once, and
+      // finished first: the pushes' replies wait for it, so a lost step end
+      // must be sent again before anything waits for them.
+      float max_abs = 0;
+      for (const auto& d : devices_) max_abs = std::max(max_abs, d->client->PushedMaxAbs(step));
+      status = client0.Finish(client0.StartEndStep(step, max_abs));
+      if (status.ok()) {
+        status = OnAllDevices([&](int k) { return ReceiveValues(k, &results[k]); });
+      }
+    }
     if (!status.ok()) {
       if (cancelled_) return absl::CancelledError("training cancelled");
       return status;

@@ -112,9 +112,12 @@ class Trainer {
 
   explicit Trainer(TrainerOptions options);
   absl::Status CreateDevices();
-  // Device k's part of one step.
-  absl::Status DeviceStep(int k, int64_t step, const int64_t* node_samples,
-                          StepResult* result);
+  // Device k's part of one step: its forward and backward pass, starting
+  // each layer's pushes as the layer's gradient is final...
+  absl::Status ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
+                              StepResult* result);
+  // ... and, after the node's step end, the new values onto the device.
+  absl::Status ReceiveValues(int k, StepResult* result);
   // Runs fn(k) for every device, on the devices' threads; the first error.
   absl::Status OnAllDevices(const std::function<absl::Status(int)>& fn);
   // Copies the node's host parameters to every device.

@@ -58,23 +58,32 @@ v1::ChunkHeader Header(v1::FrameKind kind, const std::string& job, uint32_t work
 
 void ParameterSeeds(const std::string& dir) {
   // Both workers' pushes of steps 0 and 1 of every chunk of server 0, with
-  // pulls between, for the sync and the async job.
+  // pulls between and both workers' step ends after, for the sync and the
+  // async job.
   for (const char* job : {"s", "a"}) {
     const v1::ServerAssignment a = fuzz::SmallJobAssignment(job, job[0] == 's' ? "sync" : "async");
+    uint32_t first_chunk = 0;  // of server 0: where its step ends go
+    while (a.plan().chunks(first_chunk).server() != 0) ++first_chunk;
     std::string input;
+    const auto add = [&input](const std::string& frame) {
+      input.push_back(static_cast<char>(frame.size() & 0xff));
+      input.push_back(static_cast<char>(frame.size() >> 8));
+      input += frame;
+    };
     for (int64_t step = 0; step < 2; ++step) {
       for (const v1::ChunkInfo& c : a.plan().chunks()) {
         if (c.server() != 0) continue;
         for (uint32_t w = 0; w < 2; ++w) {
           const std::vector<float> grad(c.size(), 0.01f * (w + 1));
           for (v1::FrameKind kind : {v1::FRAME_KIND_PUSH, v1::FRAME_KIND_PULL}) {
-            const std::string frame =
-                FrameBytes(Header(kind, job, w, step, c.id(), c.size()), grad);
-            input.push_back(static_cast<char>(frame.size() & 0xff));
-            input.push_back(static_cast<char>(frame.size() >> 8));
-            input += frame;
+            add(FrameBytes(Header(kind, job, w, step, c.id(), c.size()), grad));
           }
         }
+      }
+      for (uint32_t w = 0; w < 2; ++w) {
+        v1::ChunkHeader h = Header(v1::FRAME_KIND_STEP_END, job, w, step, first_chunk, 0);
+        h.set_gradient_max_abs(0.01f * (w + 1));
+        add(FrameBytes(h, {}));
       }
     }
     Write(dir, "parameter_requests", job, input);

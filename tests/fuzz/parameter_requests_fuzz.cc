@@ -60,6 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     roster.Check("worker-0", frame->header()).IgnoreError();
     if (frame->header().kind() == v1::FRAME_KIND_PULL) {
       store.Pull(frame->header(), waiter).IgnoreError();
+    } else if (frame->header().kind() == v1::FRAME_KIND_STEP_END) {
+      store.EndStep(frame->header()).IgnoreError();
     } else {
       store.Push(*std::move(frame), waiter).IgnoreError();
     }

@@ -441,8 +441,8 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
   const std::unique_ptr<TransportSecurity> insider = load("worker-1");
 
   // Data plane: a well-formed push of garbage as worker 0, for the next
-  // step and for step INT64_MAX (async would silence worker 0 with it), and
-  // a pull of the values.
+  // step and for step INT64_MAX (async would silence worker 0 with it), its
+  // step end, and a pull of the values.
   const v1::PartitionPlan plan = PlanFor(spec);
   v1::ChunkHeader push;
   push.set_kind(v1::FRAME_KIND_PUSH);
@@ -463,6 +463,17 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
         EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
       }
     }
+  }
+  // A step end in worker 0's name that calls its gradient infinite would
+  // skip the step on every server.
+  v1::ChunkHeader step_end = push;
+  step_end.set_kind(v1::FRAME_KIND_STEP_END);
+  step_end.set_num_elements(0);
+  step_end.set_step(running.progress().step() + 1);
+  step_end.set_gradient_max_abs(std::numeric_limits<float>::infinity());
+  for (const TransportSecurity* who : {rogue.get(), insider.get()}) {
+    const absl::Status s = SendFrame(who, server, worker::ParameterMethod::kPush, step_end, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   }
   v1::ChunkHeader pull = push;
   pull.set_kind(v1::FRAME_KIND_PULL);
@@ -567,7 +578,7 @@ TEST_F(ConfinementTest, ADivergingJobFails) {
   spec.set_max_skipped_steps(4);
   const v1::Job job = WaitForEnd(Submit(spec));
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(absl::StrContains(job.reason(), "4 updates in a row (max_skipped_steps)"))
+  EXPECT_TRUE(absl::StrContains(job.reason(), "4 steps in a row were skipped (max_skipped_steps)"))
       << job.reason();
 }
 

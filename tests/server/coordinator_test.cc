@@ -438,7 +438,7 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
   v1::HeldJob* held = heartbeat.add_held();
   held->set_job_id(*id);
   held->set_generation(job->generation());
-  held->set_error("chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
+  held->set_error("10 steps in a row were skipped (max_skipped_steps)");
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
@@ -451,7 +451,7 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->reason(),
-            "server 0: chunk 3 had a NaN or an infinity in a gradient 10 updates in a row");
+            "server 0: 10 steps in a row were skipped (max_skipped_steps)");
 }
 
 // ---- Limits: each at and just past its value ----

@@ -1,5 +1,8 @@
 // Bad pushes over real gRPC: a clear INVALID_ARGUMENT, and nothing changes.
+#include <array>
 #include <cmath>
+#include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
@@ -93,6 +96,28 @@ class ParameterServiceTest : public ::testing::Test {
     return h;
   }
 
+  // Worker `worker` has pushed all of `step`, none of it above max_abs.
+  v1::ChunkHeader StepEnd(int chunk, int64_t step, int worker, float max_abs = 1.0f) {
+    v1::ChunkHeader h = Push(chunk, step, worker);
+    h.set_kind(v1::FRAME_KIND_STEP_END);
+    h.set_num_elements(0);
+    h.set_gradient_max_abs(max_abs);
+    return h;
+  }
+
+  // Both workers' step ends of `step`, to every server.
+  void EndStep(worker::ParameterTransport& transport, int64_t step) {
+    for (int server = 0; server < 2; ++server) {
+      const int chunk = server == 0 ? own_chunk_ : other_chunk_;
+      const ExchangeResult r =
+          Exchange(transport, server, worker::ParameterMethod::kPush,
+                   {Frame(StepEnd(chunk, step, 0)), Frame(StepEnd(chunk, step, 1))});
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ASSERT_EQ(r.replies.size(), 2u);
+      EXPECT_EQ(r.replies[0].kind(), v1::FRAME_KIND_ACK);
+    }
+  }
+
   grpc::ByteBuffer Frame(const v1::ChunkHeader& h) {
     std::vector<float> payload(h.num_elements(), 1.0f);
     return EncodeFrame(h, payload.data());
@@ -178,6 +203,10 @@ TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
                   .status.ok());
   EXPECT_EQ(servers_->server(0).store().ReadChunk("job-1", own_chunk_)->version, 0);
 
+  // Both workers' step ends may come before their pushes: applied nothing
+  // yet, but the step waits for worker 1's push alone.
+  ASSERT_NO_FATAL_FAILURE(EndStep(*transport_, 0));
+  EXPECT_EQ(servers_->server(0).store().ReadChunk("job-1", own_chunk_)->version, 0);
   // Worker 1's push-and-wait completes the step: version 1 comes back.
   ExchangeResult waited = Exchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                                    {Frame(Push(own_chunk_, 0, 1))});
@@ -197,56 +226,140 @@ TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   }
 }
 
-// A gradient with a NaN or an infinity, or workers' gradients whose sum
-// could overflow, reaches no parameter: the chunk's step is skipped for
-// every worker (the sync mean is never biased), and after
-// max_skipped_steps skipped in a row the server reports that the job cannot
-// go on (the coordinator fails it).
-TEST_F(ParameterServiceTest, NonFiniteGradientsSkipTheStepAndPersistentOnesFailTheJob) {
+// The servers' errors for a job (empty where none), by server.
+std::vector<std::string> JobErrors(InProcessServers& servers, const std::string& job_id) {
+  std::vector<std::string> errors;
+  for (int i = 0; i < 2; ++i) {
+    errors.emplace_back("not held");
+    for (const v1::HeldJob& held : servers.server(i).store().Held()) {
+      if (held.job_id() == job_id) errors.back() = held.error();
+    }
+  }
+  return errors;
+}
+
+// A step in which any worker's gradient has a NaN or an infinity anywhere,
+// or whose gradients could overflow fp32 when summed, is skipped as a
+// whole: no chunk of any server applies any worker's gradient of it (the
+// sync mean is never biased), and after max_skipped_steps skipped in a row
+// every server reports that the job cannot go on (the coordinator fails it).
+TEST_F(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_max_skipped_steps(3);
   ASSERT_TRUE(servers_->AddJob("job-nan", spec, plan_).ok());
-  server::ShardStore& store = servers_->server(0).store();
-  const auto push = [&](int64_t step, int worker, float odd_value) {
-    v1::ChunkHeader h = Push(own_chunk_, step, worker);
-    h.set_job_id("job-nan");
-    std::vector<float> payload(h.num_elements(), 1.0f);
-    payload[payload.size() / 2] = odd_value;
-    return Exchange(*transport_, 0, worker::ParameterMethod::kPush,
-                    {EncodeFrame(h, payload.data())})
-        .status;
-  };
-  const auto error = [&] {
-    for (const v1::HeldJob& held : store.Held()) {
-      if (held.job_id() == "job-nan") return held.error();
-    }
-    return std::string("not held");
-  };
-  const std::vector<float> initial = store.ReadChunk("job-nan", own_chunk_)->values;
-
-  // Step 0: worker 1's gradient has a NaN; neither worker's is applied.
-  PSTRAIN_ASSERT_OK(push(0, 0, 1.0f));
-  PSTRAIN_ASSERT_OK(push(0, 1, std::nanf("")));
-  auto chunk = store.ReadChunk("job-nan", own_chunk_);
-  EXPECT_EQ(chunk->version, 1);
-  EXPECT_EQ(chunk->values, initial);
-  // Step 1 is finite: applied.
-  PSTRAIN_ASSERT_OK(push(1, 0, 1.0f));
-  PSTRAIN_ASSERT_OK(push(1, 1, 1.0f));
-  const std::vector<float> stepped = store.ReadChunk("job-nan", own_chunk_)->values;
-  EXPECT_NE(stepped, initial);
-  // Step 2's gradients are finite but their sum overflows fp32, step 3 has
-  // an infinity: both skipped, the job goes on; the third in a row (step 4,
-  // -infinity) fails it.
-  for (int64_t step = 2; step <= 4; ++step) {
-    EXPECT_EQ(error(), "") << "before step " << step;
-    PSTRAIN_ASSERT_OK(push(step, 0, step == 2 ? 3e38f : step == 3 ? INFINITY : -INFINITY));
-    PSTRAIN_ASSERT_OK(push(step, 1, step == 2 ? 3e38f : 1.0f));
+  std::vector<std::unique_ptr<worker::ParameterTransport>> transports;
+  std::vector<std::unique_ptr<worker::ParameterClient>> clients;
+  for (uint32_t w = 0; w < 2; ++w) {
+    worker::ParameterClient::Options options;
+    options.job_id = "job-nan";
+    options.worker = w;
+    options.plan = plan_;
+    transports.push_back(*worker::CreateGrpcTransport(servers_->addresses()));
+    clients.push_back(std::make_unique<worker::ParameterClient>(options, transports[w].get()));
   }
-  chunk = store.ReadChunk("job-nan", own_chunk_);
-  EXPECT_EQ(chunk->version, 5);
-  EXPECT_EQ(chunk->values, stepped);
-  EXPECT_TRUE(absl::StrContains(error(), "3 updates in a row (max_skipped_steps)")) << error();
+  // Both workers push a step of small gradients, each with `odd[w]` at the
+  // first value of chunk `odd_chunk`.
+  const auto step = [&](int64_t step, int odd_chunk, std::array<float, 2> odd) {
+    std::array<absl::Status, 2> status;
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back([&, w] {
+        auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), 0.01f);
+        (*grad)[plan_.chunks(odd_chunk).offset()] = odd[w];
+        std::vector<float> params(plan_.total_floats());
+        status[w] = clients[w]->PushPull(step, grad, params.data());
+      });
+    }
+    for (std::thread& t : workers) t.join();
+    PSTRAIN_EXPECT_OK(status[0]);
+    PSTRAIN_EXPECT_OK(status[1]);
+  };
+  const auto versions = [&] {
+    std::set<int64_t> v;
+    for (const v1::ChunkInfo& c : plan_.chunks()) {
+      v.insert(servers_->server(c.server()).store().ReadChunk("job-nan", c.id())->version);
+    }
+    return v;
+  };
+  const std::vector<float> initial = servers_->Gather("job-nan", plan_);
+
+  // Step 0: worker 1's gradient has a NaN in one chunk of server 0; neither
+  // worker's gradient is applied anywhere, server 1's chunks included.
+  step(0, own_chunk_, {0.01f, std::nanf("")});
+  EXPECT_EQ(versions(), std::set<int64_t>{1});
+  EXPECT_EQ(servers_->Gather("job-nan", plan_), initial);
+  // Step 1 is finite: applied on both servers.
+  step(1, own_chunk_, {0.01f, 0.01f});
+  const std::vector<float> stepped = servers_->Gather("job-nan", plan_);
+  for (const v1::ChunkInfo& c : plan_.chunks()) {
+    EXPECT_NE(stepped[c.offset()], initial[c.offset()]) << "chunk " << c.id();
+  }
+  // Step 2's gradients are finite but could overflow when summed, step 3
+  // has an infinity (in a chunk of server 1): both skipped, the job goes on;
+  // the third in a row (step 4, -infinity) fails it on both servers.
+  for (int64_t s = 2; s <= 4; ++s) {
+    EXPECT_EQ(JobErrors(*servers_, "job-nan"), std::vector<std::string>(2, "")) << "step " << s;
+    step(s, other_chunk_,
+         {s == 2 ? 3e38f : s == 3 ? INFINITY : -INFINITY, s == 2 ? 3e38f : 0.01f});
+  }
+  EXPECT_EQ(versions(), std::set<int64_t>{5});
+  EXPECT_EQ(servers_->Gather("job-nan", plan_), stepped);
+  for (const std::string& error : JobErrors(*servers_, "job-nan")) {
+    EXPECT_TRUE(absl::StrContains(error, "3 steps in a row were skipped (max_skipped_steps)"))
+        << error;
+    EXPECT_TRUE(absl::StrContains(error, "worker 0's gradient of step 4")) << error;
+  }
+}
+
+// A push whose values exceed what its worker's step end said is not
+// applied either: no value that is not finite reaches a parameter.
+TEST_F(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
+  const auto before = servers_->server(0).store().ReadChunk("job-1", own_chunk_)->values;
+  for (int w = 0; w < 2; ++w) {
+    v1::ChunkHeader h = Push(own_chunk_, 0, w);
+    std::vector<float> payload(h.num_elements(), 1.0f);
+    if (w == 1) payload[0] = INFINITY;
+    PSTRAIN_ASSERT_OK(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
+                               {EncodeFrame(h, payload.data()), Frame(StepEnd(own_chunk_, 0, w))})
+                          .status);
+  }
+  const auto after = servers_->server(0).store().ReadChunk("job-1", own_chunk_);
+  EXPECT_EQ(after->version, 1);
+  EXPECT_EQ(after->values, before);
+}
+
+// Async: a worker's step with a NaN is skipped on every server; the other
+// worker's steps are applied.
+TEST_F(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer) {
+  v1::JobSpec spec = spec_;
+  spec.set_mode(v1::MODE_ASYNC);
+  ASSERT_TRUE(servers_->AddJob("job-async", spec, plan_).ok());
+  std::vector<float> params(plan_.total_floats());
+  const auto push = [&](uint32_t w, float odd) {
+    worker::ParameterClient::Options options;
+    options.job_id = "job-async";
+    options.worker = w;
+    options.mode = v1::MODE_ASYNC;
+    options.plan = plan_;
+    // (A client cancels its transport when it goes: one each.)
+    std::unique_ptr<worker::ParameterTransport> transport =
+        *worker::CreateGrpcTransport(servers_->addresses());
+    worker::ParameterClient client(options, transport.get());
+    auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), 0.01f);
+    (*grad)[plan_.chunks(own_chunk_).offset()] = odd;
+    PSTRAIN_EXPECT_OK(client.PushPull(0, grad, params.data()));
+  };
+  const std::vector<float> initial = servers_->Gather("job-async", plan_);
+  push(0, 0.01f);
+  const std::vector<float> stepped = servers_->Gather("job-async", plan_);
+  for (const v1::ChunkInfo& c : plan_.chunks()) {
+    EXPECT_NE(stepped[c.offset()], initial[c.offset()]) << "chunk " << c.id();
+  }
+  push(1, std::nanf(""));
+  EXPECT_EQ(servers_->Gather("job-async", plan_), stepped);
+  for (const v1::ChunkInfo& c : plan_.chunks()) {
+    EXPECT_EQ(servers_->server(c.server()).store().ReadChunk("job-async", c.id())->version, 2);
+  }
 }
 
 TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
@@ -282,12 +395,13 @@ TEST_F(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
                          {Frame(Push(c.id(), 0, 1))})
                     .status.ok());
   }
+  ASSERT_NO_FATAL_FAILURE(EndStep(*other, 0));
   absl::SleepFor(absl::Milliseconds(200));
   for (float v : params) ASSERT_EQ(v, -7.0f);
 }
 
-// A plain Push that completes the barrier must wake the push-and-wait
-// already parked there.
+// A plain Push, and then the step ends, that complete the barrier must
+// wake the push-and-wait already parked there.
 TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                               {Frame(Push(own_chunk_, 0, 0))});
@@ -295,6 +409,8 @@ TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
   ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
                        {Frame(Push(own_chunk_, 0, 1))})
                   .status.ok());
+  EXPECT_EQ(servers_->server(0).store().OpenWaits(), 1);  // the step ends are to come
+  ASSERT_NO_FATAL_FAILURE(EndStep(*transport_, 0));
   const ExchangeResult result = parked->Await();
   EXPECT_TRUE(result.status.ok()) << result.status;
   ASSERT_EQ(result.replies.size(), 1u);
