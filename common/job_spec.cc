@@ -208,6 +208,45 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   return ParseJobSpecYaml(text.str());
 }
 
+namespace {
+
+// optimizer.schedule: each field only where its type uses it, in range.
+absl::Status CheckSchedule(v1::OptimizerSpec& opt, int64_t total_steps) {
+  v1::LearningRateSchedule& s = *opt.mutable_schedule();
+  if (s.type() == v1::SCHEDULE_TYPE_UNSPECIFIED) s.set_type(v1::SCHEDULE_TYPE_CONSTANT);
+  if (!v1::ScheduleType_IsValid(s.type())) {
+    return FieldError("optimizer.schedule.type", absl::StrCat("unknown value ", s.type()));
+  }
+  if (s.warmup_steps() < 0 || s.warmup_steps() >= total_steps) {
+    return FieldError("optimizer.schedule.warmup_steps",
+                      absl::StrCat("must be in [0, ", total_steps, ") (the job's steps)"));
+  }
+  const bool step = s.type() == v1::SCHEDULE_TYPE_STEP;
+  if (step) {
+    if (s.decay_every_steps() <= 0) {
+      return FieldError("optimizer.schedule.decay_every_steps", "must be > 0");
+    }
+    if (!(s.decay_factor() > 0 && s.decay_factor() <= 1)) {
+      return FieldError("optimizer.schedule.decay_factor", "must be in (0, 1]");
+    }
+  } else if (s.decay_every_steps() != 0 || s.decay_factor() != 0) {
+    return FieldError(s.decay_every_steps() != 0 ? "optimizer.schedule.decay_every_steps"
+                                                 : "optimizer.schedule.decay_factor",
+                      "applies to type step only");
+  }
+  if (s.type() == v1::SCHEDULE_TYPE_COSINE) {
+    if (!(s.min_learning_rate() >= 0 && s.min_learning_rate() < opt.learning_rate())) {
+      return FieldError("optimizer.schedule.min_learning_rate",
+                        "must be in [0, optimizer.learning_rate)");
+    }
+  } else if (s.min_learning_rate() != 0) {
+    return FieldError("optimizer.schedule.min_learning_rate", "applies to type cosine only");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   auto range = [](const std::string& field, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) {
@@ -336,6 +375,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (spec.epochs() == 0 && spec.steps() == 0) {
     return FieldError("epochs", "set epochs or steps to a positive number");
   }
+  PSTRAIN_RETURN_IF_ERROR(CheckSchedule(opt, TotalSteps(spec)));
   // Checkpoints and recovery.
   v1::CheckpointSpec& checkpoint = *spec.mutable_checkpoint();
   if (checkpoint.dir().empty()) {
@@ -476,6 +516,27 @@ absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool
 
 int64_t TotalSteps(const v1::JobSpec& spec) {
   return spec.steps() > 0 ? spec.steps() : int64_t{spec.epochs()} * StepsPerEpoch(spec);
+}
+
+double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps) {
+  const v1::LearningRateSchedule& s = opt.schedule();
+  const double rate = opt.learning_rate();
+  if (step < s.warmup_steps()) {
+    return rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps());
+  }
+  const int64_t t = step - s.warmup_steps();
+  switch (s.type()) {
+    case v1::SCHEDULE_TYPE_STEP:
+      return rate * std::pow(static_cast<double>(s.decay_factor()),
+                             static_cast<double>(t / s.decay_every_steps()));
+    case v1::SCHEDULE_TYPE_COSINE: {
+      const double span = static_cast<double>(std::max<int64_t>(total_steps - s.warmup_steps(), 1));
+      const double min = s.min_learning_rate();
+      return min + (rate - min) * (1 + std::cos(M_PI * static_cast<double>(t) / span)) / 2;
+    }
+    default:
+      return rate;
+  }
 }
 
 namespace {

@@ -70,6 +70,10 @@ int64_t StepsPerEpoch(const v1::JobSpec& spec);
 // Steps every worker runs: spec.steps, or epochs * StepsPerEpoch.
 int64_t TotalSteps(const v1::JobSpec& spec);
 
+// The learning rate of the update of `step` (0-based) of a job of
+// `total_steps` steps, by opt.schedule (see job.proto).
+double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps);
+
 // Whether the data read from the job's data.dir fits the job: images of
 // the model's input size, labels of its classes, and for the training set
 // (`train`) at least the samples its epochs are planned for (the plan does

@@ -108,7 +108,14 @@ struct OptimizerSpan {
   float* state = nullptr;
   int64_t state_stride = 0;
   int64_t n = 0;
+  // This update's learning rate (a schedule's); 0: the config's.
+  float learning_rate = 0;
 };
+
+// The learning rate of an update: the span's, else the config's.
+inline float RateOf(const OptimizerConfig& c, const OptimizerSpan& s) {
+  return s.learning_rate > 0 ? s.learning_rate : c.learning_rate;
+}
 
 // An optimizer update rule applied to any range of parameters. Element-wise,
 // so applying it chunk by chunk, or tile by tile, equals applying it to the

@@ -96,6 +96,8 @@ struct ShardStore::Job {
   int64_t total_floats = 0;
   std::atomic<int64_t> generation{0};
   std::unique_ptr<kernels::Optimizer> optimizer;
+  v1::OptimizerSpec optimizer_spec;  // its rate by step: LearningRateAt
+  int64_t total_steps = 0;
   // By chunk id; null for chunks owned by other servers.
   std::vector<std::unique_ptr<Chunk>> chunks;
   int owned_chunks = 0;
@@ -241,10 +243,11 @@ std::string SyncSkipReason(const ShardStore::Job& job, const ShardStore::Chunk& 
   return "";
 }
 
-// Applies the sum of `grads` as update version+1 and publishes it: in place
+// Applies the sum of `grads`, the gradient of `step`, as update version+1
+// at the rate the job's schedule gives `step`, and publishes it: in place
 // when no reply holds the current values, else into the spare buffer.
 absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
-                    absl::Span<const Frame* const> grads, ApplyPool* pool)
+                    absl::Span<const Frame* const> grads, int64_t step, ApplyPool* pool)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   std::shared_ptr<std::vector<float>> next =
       Unshared(chunk.values) ? chunk.values : TakeSpare(chunk.spare, chunk.size);
@@ -254,6 +257,8 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
   span.state = chunk.optimizer_state.data();
   span.state_stride = chunk.size;
   span.n = chunk.size;
+  span.learning_rate =
+      static_cast<float>(LearningRateAt(job.optimizer_spec, step, job.total_steps));
   PSTRAIN_RETURN_IF_ERROR(SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool));
   if (next != chunk.values) {
     chunk.spare = std::move(chunk.values);
@@ -431,6 +436,8 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     job->chunks[info.id()] = std::move(chunk);
   }
   job->optimizer = std::move(optimizer);
+  job->optimizer_spec = spec.optimizer();
+  job->total_steps = TotalSteps(spec);
   {
     absl::MutexLock lock(&job->step_end_mu);  // not shared yet: for the analysis
     job->ended_step.assign(job->num_workers, -1);
@@ -904,7 +911,7 @@ absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk
       if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
       grads.push_back(&*chunk.pushed[w]);
     }
-    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, grads, apply_pool_.get()));
+    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, grads, chunk.version, apply_pool_.get()));
     chunk.skipped_in_a_row = 0;
     if (metrics != nullptr) metrics->updates->Increment();
   }
@@ -945,7 +952,8 @@ absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& 
                             " had a NaN or an infinity"));
   } else {
     const Frame* grad = &*held;
-    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, absl::MakeConstSpan(&grad, 1), apply_pool_.get()));
+    PSTRAIN_RETURN_IF_ERROR(
+        Update(*job, chunk, absl::MakeConstSpan(&grad, 1), step, apply_pool_.get()));
     chunk.skipped_in_a_row = 0;
     if (metrics != nullptr) metrics->updates->Increment();
   }

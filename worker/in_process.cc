@@ -13,6 +13,7 @@ absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, i
   const kernels::ModelShape shape = ModelShapeOf(spec);
   const int batch = spec.num_workers() * spec.batch_size();
   const int64_t steps_per_epoch = StepsPerEpoch(spec);
+  const int64_t total_steps = TotalSteps(spec);
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ModelKernels> model,
                            kernels::CreateCpuModelKernels(shape, batch));
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Optimizer> optimizer,
@@ -34,7 +35,10 @@ absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, i
     kernels::BatchStats stats;
     PSTRAIN_RETURN_IF_ERROR(model->ForwardBackward(params.data(), x.data(), y.data(), batch,
                                                    1.0f / batch, grad.data(), &stats));
-    PSTRAIN_RETURN_IF_ERROR(optimizer->ApplyInPlace(params.data(), grad.data(), state.data(), n, step + 1));
+    kernels::OptimizerSpan span{params.data(), params.data(), grad.data(), state.data(), n, n};
+    span.learning_rate =
+        static_cast<float>(LearningRateAt(spec.optimizer(), step, total_steps));
+    PSTRAIN_RETURN_IF_ERROR(optimizer->Apply(span, step + 1));
   }
   return params;
 }

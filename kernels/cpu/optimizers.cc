@@ -94,7 +94,7 @@ class Sgd final : public Optimizer {
   explicit Sgd(const OptimizerConfig& c) : c_(c) {}
   int StateFloatsPerParam() const override { return c_.momentum > 0 ? 1 : 0; }
   absl::Status Apply(const OptimizerSpan& s, int64_t) const override {
-    const SgdArgs a{c_.learning_rate, c_.weight_decay, c_.momentum};
+    const SgdArgs a{RateOf(c_, s), c_.weight_decay, c_.momentum};
     if (s.new_params == s.params) {
       SgdInPlace(s.new_params, s.grad, s.state, s.n, a);
     } else {
@@ -118,7 +118,7 @@ class Adam final : public Optimizer {
     a.b1 = c_.beta1;
     a.b2 = c_.beta2;
     a.wd = c_.weight_decay;
-    a.step = static_cast<float>(c_.learning_rate * std::sqrt(1.0 - std::pow(c_.beta2, t)) /
+    a.step = static_cast<float>(RateOf(c_, s) * std::sqrt(1.0 - std::pow(c_.beta2, t)) /
                                 (1.0 - std::pow(c_.beta1, t)));
     a.eps_hat = static_cast<float>(c_.epsilon * std::sqrt(1.0 - std::pow(c_.beta2, t)));
     float* m = s.state;
@@ -140,7 +140,7 @@ class Adagrad final : public Optimizer {
   explicit Adagrad(const OptimizerConfig& c) : c_(c) {}
   int StateFloatsPerParam() const override { return 1; }
   absl::Status Apply(const OptimizerSpan& s, int64_t) const override {
-    const AdagradArgs a{c_.learning_rate, c_.weight_decay, c_.epsilon};
+    const AdagradArgs a{RateOf(c_, s), c_.weight_decay, c_.epsilon};
     if (s.new_params == s.params) {
       AdagradInPlace(s.new_params, s.grad, s.state, s.n, a);
     } else {

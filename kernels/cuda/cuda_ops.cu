@@ -151,11 +151,11 @@ class CudaOptimizer final : public Optimizer {
     switch (c_.type) {
       case OptimizerConfig::Type::kSgd:
         SgdKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state, n,
-                                           c_.learning_rate, c_.weight_decay, c_.momentum);
+                                           RateOf(c_, s), c_.weight_decay, c_.momentum);
         break;
       case OptimizerConfig::Type::kAdam: {
         const double t = static_cast<double>(update_count);
-        const float step = static_cast<float>(c_.learning_rate * std::sqrt(1.0 - std::pow(c_.beta2, t)) /
+        const float step = static_cast<float>(RateOf(c_, s) * std::sqrt(1.0 - std::pow(c_.beta2, t)) /
                                               (1.0 - std::pow(c_.beta1, t)));
         const float eps_hat = static_cast<float>(c_.epsilon * std::sqrt(1.0 - std::pow(c_.beta2, t)));
         AdamKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state,
@@ -165,7 +165,7 @@ class CudaOptimizer final : public Optimizer {
       }
       case OptimizerConfig::Type::kAdagrad:
         AdagradKernel<<<Blocks(n), kThreads>>>(s.params, s.new_params, s.grad, s.state, n,
-                                               c_.learning_rate, c_.weight_decay, c_.epsilon);
+                                               RateOf(c_, s), c_.weight_decay, c_.epsilon);
         break;
     }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());

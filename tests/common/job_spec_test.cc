@@ -124,6 +124,49 @@ std::string With(const std::string& line_to_replace, const std::string& replacem
   return yaml;
 }
 
+// Each schedule's rate at chosen steps, worked out by hand: a job of 100
+// steps at 0.1.
+TEST(LearningRateTest, EachScheduleGivesItsRateAtChosenSteps) {
+  v1::OptimizerSpec opt;
+  opt.set_learning_rate(0.1f);
+  const double lr = opt.learning_rate();
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 0, 100), lr);  // no schedule: constant
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 99, 100), lr);
+  v1::LearningRateSchedule& s = *opt.mutable_schedule();
+  s.set_warmup_steps(10);  // linear warm-up, then constant
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 0, 100), lr / 10);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 4, 100), lr / 2);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 9, 100), lr);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 50, 100), lr);
+  s.set_type(v1::SCHEDULE_TYPE_STEP);  // after 10 warm-up steps, halved every 20
+  s.set_decay_every_steps(20);
+  s.set_decay_factor(0.5f);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 29, 100), lr);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 30, 100), lr / 2);
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 99, 100), lr / 16);
+  s.Clear();  // cosine over 100 steps, from 0.1 to 0.02
+  s.set_type(v1::SCHEDULE_TYPE_COSINE);
+  s.set_min_learning_rate(0.02f);
+  const double min = s.min_learning_rate();
+  EXPECT_DOUBLE_EQ(LearningRateAt(opt, 0, 100), lr);
+  EXPECT_NEAR(LearningRateAt(opt, 50, 100), (lr + min) / 2, 1e-12);
+  EXPECT_NEAR(LearningRateAt(opt, 100, 100), min, 1e-12);
+  EXPECT_LT(LearningRateAt(opt, 75, 100), LearningRateAt(opt, 74, 100));
+}
+
+TEST(LearningRateTest, ScheduleFieldsParseFromYaml) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(With(
+      "learning_rate: 0.001}",
+      "learning_rate: 0.001, schedule: {type: cosine, warmup_steps: 50, "
+      "min_learning_rate: 0.0001}}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->optimizer().schedule().type(), v1::SCHEDULE_TYPE_COSINE);
+  EXPECT_EQ(spec->optimizer().schedule().warmup_steps(), 50);
+  EXPECT_FLOAT_EQ(spec->optimizer().schedule().min_learning_rate(), 0.0001f);
+}
+
 TEST_P(BadSpecTest, RejectedNamingTheField) {
   const BadSpec& bad = GetParam();
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(bad.yaml);
@@ -168,6 +211,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "learning_rate: 1}\nbatch_size: 8\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n"
                 "chunk_bytes: 4\n",
                 "chunk_bytes"},
+        BadSpec{"unknown schedule", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: linear}}"),
+                "optimizer.schedule.type"},
+        BadSpec{"warm-up past the end", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {warmup_steps: 100000}}"),
+                "optimizer.schedule.warmup_steps"},
+        BadSpec{"step without a period", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: step, decay_factor: 0.5}}"),
+                "optimizer.schedule.decay_every_steps"},
+        BadSpec{"step growing", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: step, decay_every_steps: 10, decay_factor: 2}}"),
+                "optimizer.schedule.decay_factor"},
+        BadSpec{"cosine below zero", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: cosine, min_learning_rate: -1}}"),
+                "optimizer.schedule.min_learning_rate"},
+        BadSpec{"decay for cosine", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: cosine, decay_factor: 0.5}}"),
+                "optimizer.schedule.decay_factor"},
         BadSpec{"absurd activations",
                 "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",

@@ -1,6 +1,7 @@
 // Bad pushes over real gRPC: a clear INVALID_ARGUMENT, and nothing changes.
 #include <array>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -116,6 +117,45 @@ class ParameterServiceTest : public ::testing::Test {
       ASSERT_EQ(r.replies.size(), 2u);
       EXPECT_EQ(r.replies[0].kind(), v1::FRAME_KIND_ACK);
     }
+  }
+
+  // Workers 0 and 1 of a sync job, each with its own transport (a client
+  // cancels its transport when it goes).
+  struct Workers {
+    std::vector<std::unique_ptr<worker::ParameterTransport>> transports;
+    std::vector<std::unique_ptr<worker::ParameterClient>> clients;
+  };
+  Workers Connect(const std::string& job_id) {
+    Workers workers;
+    for (uint32_t w = 0; w < 2; ++w) {
+      worker::ParameterClient::Options options;
+      options.job_id = job_id;
+      options.worker = w;
+      options.plan = plan_;
+      workers.transports.push_back(*worker::CreateGrpcTransport(servers_->addresses()));
+      workers.clients.push_back(
+          std::make_unique<worker::ParameterClient>(options, workers.transports[w].get()));
+    }
+    return workers;
+  }
+
+  // Both workers push `step`: `value` everywhere, except odd[w] at the first
+  // value of chunk `odd_chunk` in worker w's gradient.
+  void PushStep(Workers& workers, int64_t step, float value, int odd_chunk = 0,
+                std::optional<std::array<float, 2>> odd = std::nullopt) {
+    std::array<absl::Status, 2> status;
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([&, w] {
+        auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), value);
+        if (odd.has_value()) (*grad)[plan_.chunks(odd_chunk).offset()] = (*odd)[w];
+        std::vector<float> params(plan_.total_floats());
+        status[w] = workers.clients[w]->PushPull(step, grad, params.data());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    PSTRAIN_EXPECT_OK(status[0]);
+    PSTRAIN_EXPECT_OK(status[1]);
   }
 
   grpc::ByteBuffer Frame(const v1::ChunkHeader& h) {
@@ -247,32 +287,9 @@ TEST_F(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_max_skipped_steps(3);
   ASSERT_TRUE(servers_->AddJob("job-nan", spec, plan_).ok());
-  std::vector<std::unique_ptr<worker::ParameterTransport>> transports;
-  std::vector<std::unique_ptr<worker::ParameterClient>> clients;
-  for (uint32_t w = 0; w < 2; ++w) {
-    worker::ParameterClient::Options options;
-    options.job_id = "job-nan";
-    options.worker = w;
-    options.plan = plan_;
-    transports.push_back(*worker::CreateGrpcTransport(servers_->addresses()));
-    clients.push_back(std::make_unique<worker::ParameterClient>(options, transports[w].get()));
-  }
-  // Both workers push a step of small gradients, each with `odd[w]` at the
-  // first value of chunk `odd_chunk`.
+  Workers workers = Connect("job-nan");
   const auto step = [&](int64_t step, int odd_chunk, std::array<float, 2> odd) {
-    std::array<absl::Status, 2> status;
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 2; ++w) {
-      workers.emplace_back([&, w] {
-        auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), 0.01f);
-        (*grad)[plan_.chunks(odd_chunk).offset()] = odd[w];
-        std::vector<float> params(plan_.total_floats());
-        status[w] = clients[w]->PushPull(step, grad, params.data());
-      });
-    }
-    for (std::thread& t : workers) t.join();
-    PSTRAIN_EXPECT_OK(status[0]);
-    PSTRAIN_EXPECT_OK(status[1]);
+    PushStep(workers, step, 0.01f, odd_chunk, odd);
   };
   const auto versions = [&] {
     std::set<int64_t> v;
@@ -359,6 +376,30 @@ TEST_F(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer)
   EXPECT_EQ(servers_->Gather("job-async", plan_), stepped);
   for (const v1::ChunkInfo& c : plan_.chunks()) {
     EXPECT_EQ(servers_->server(c.server()).store().ReadChunk("job-async", c.id())->version, 2);
+  }
+}
+
+// The servers apply the rate the job's schedule gives each step: with SGD
+// and both workers pushing 1.0, every value moves by 2 * rate.
+TEST_F(ParameterServiceTest, TheServersApplyTheScheduledRateOfEachStep) {
+  v1::JobSpec spec = spec_;  // sgd at 0.1, 10 steps
+  v1::LearningRateSchedule& schedule = *spec.mutable_optimizer()->mutable_schedule();
+  schedule.set_type(v1::SCHEDULE_TYPE_STEP);
+  schedule.set_warmup_steps(2);
+  schedule.set_decay_every_steps(3);
+  schedule.set_decay_factor(0.5f);
+  ASSERT_TRUE(servers_->AddJob("job-lr", spec, plan_).ok());
+  Workers workers = Connect("job-lr");
+  // Warm-up 0.05, 0.1; then 0.1 for three steps, 0.05 for three, 0.025.
+  const double expected[] = {0.05, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025};
+  for (int64_t step = 0; step < 9; ++step) {
+    const std::vector<float> before = servers_->Gather("job-lr", plan_);
+    PushStep(workers, step, 1.0f);
+    const std::vector<float> after = servers_->Gather("job-lr", plan_);
+    for (const v1::ChunkInfo& c : plan_.chunks()) {
+      EXPECT_NEAR((before[c.offset()] - after[c.offset()]) / 2, expected[step], 1e-6)
+          << "step " << step << ", chunk " << c.id();
+    }
   }
 }
 

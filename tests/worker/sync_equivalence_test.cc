@@ -19,6 +19,9 @@ struct Case {
   int servers;
   double max_relative_l2;
   double max_abs;
+  // Cosine from learning_rate to a tenth of it after a warm-up of a
+  // quarter of the steps: the servers' rate by step equals the reference's.
+  bool scheduled = false;
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
@@ -37,8 +40,14 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
   // Trains distributed (2 workers x 32) and in-process (1 x 64); returns the
   // per-tensor differences.
   std::vector<TensorDiff> Run(const Case& c, server::ShardStore::Options store) {
-    const v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2, /*batch=*/32,
-                                     c.servers, kSteps);
+    v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2, /*batch=*/32,
+                               c.servers, kSteps);
+    if (c.scheduled) {
+      v1::LearningRateSchedule& s = *spec.mutable_optimizer()->mutable_schedule();
+      s.set_type(v1::SCHEDULE_TYPE_COSINE);
+      s.set_warmup_steps(kSteps / 4);
+      s.set_min_learning_rate(c.learning_rate / 10);
+    }
     const v1::PartitionPlan plan = PlanFor(spec);
     absl::StatusOr<std::vector<float>> reference = worker::TrainInProcess(spec, kSteps, *train_);
     EXPECT_TRUE(reference.ok()) << reference.status();
@@ -87,7 +96,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"sgd_2_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 2, 1e-5, 1e-4},
                       Case{"sgd_3_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 3, 1e-5, 1e-4},
                       Case{"adam_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4},
-                      Case{"adam_3_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 3, 1e-5, 5e-4}),
+                      Case{"adam_3_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 3, 1e-5, 5e-4},
+                      Case{"adam_cosine_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4,
+                           /*scheduled=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
