@@ -24,9 +24,15 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
                       .Register(r);
     m->skipped = &prometheus::BuildCounter()
                       .Name("pstrain_server_skipped_updates_total")
-                      .Help("Updates of a chunk skipped because a gradient had a NaN or an "
-                            "infinity (sync: a step of the chunk; async: a push).")
+                      .Help("Updates of a chunk skipped because a worker's gradient of the step "
+                            "had a NaN or an infinity somewhere (sync: the step, on every chunk; "
+                            "async: that worker's push).")
                       .Register(r);
+    m->learning_rate = &prometheus::BuildGauge()
+                            .Name("pstrain_server_learning_rate")
+                            .Help("The learning rate of the last update applied (the job's "
+                                  "schedule at its step).")
+                            .Register(r);
     m->barrier_wait = &prometheus::BuildHistogram()
                            .Name("pstrain_server_barrier_wait_seconds")
                            .Help("Sync mode: from a chunk's first push of a step to its last.")
@@ -90,6 +96,7 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
   j.sent_bytes = &sent_bytes->Add(labels);
   j.updates = &updates->Add(labels);
   j.skipped = &skipped->Add(labels);
+  j.learning_rate = &learning_rate->Add(labels);
   j.barrier_wait = &barrier_wait->Add(labels, LatencyBuckets());
   j.apply = &apply->Add(labels, LatencyBuckets());
   j.staleness = &staleness->Add(
@@ -108,6 +115,7 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
     sent_bytes->Remove(j.sent_bytes);
     updates->Remove(j.updates);
     skipped->Remove(j.skipped);
+    learning_rate->Remove(j.learning_rate);
     barrier_wait->Remove(j.barrier_wait);
     apply->Remove(j.apply);
     staleness->Remove(j.staleness);

@@ -21,6 +21,7 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Counter>* sent_bytes;      // job_id  pstrain_server_sent_bytes_total
   prometheus::Family<prometheus::Counter>* updates;         // job_id  pstrain_server_updates_total
   prometheus::Family<prometheus::Counter>* skipped;         // job_id  pstrain_server_skipped_updates_total
+  prometheus::Family<prometheus::Gauge>* learning_rate;     // job_id  pstrain_server_learning_rate
   prometheus::Family<prometheus::Histogram>* barrier_wait;  // job_id  pstrain_server_barrier_wait_seconds
   prometheus::Family<prometheus::Histogram>* apply;         // job_id  pstrain_server_apply_seconds
   prometheus::Family<prometheus::Histogram>* staleness;     // job_id  pstrain_server_gradient_staleness
@@ -40,6 +41,7 @@ struct ServerMetrics {
     prometheus::Counter* sent_bytes;
     prometheus::Counter* updates;
     prometheus::Counter* skipped;
+    prometheus::Gauge* learning_rate;
     prometheus::Histogram* barrier_wait;
     prometheus::Histogram* apply;
     prometheus::Histogram* staleness;

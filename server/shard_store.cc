@@ -259,6 +259,7 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
   span.n = chunk.size;
   span.learning_rate =
       static_cast<float>(LearningRateAt(job.optimizer_spec, step, job.total_steps));
+  if (chunk.metrics != nullptr) chunk.metrics->learning_rate->Set(span.learning_rate);
   PSTRAIN_RETURN_IF_ERROR(SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool));
   if (next != chunk.values) {
     chunk.spare = std::move(chunk.values);

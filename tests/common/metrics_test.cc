@@ -40,6 +40,7 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_server_sent_bytes_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_updates_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_skipped_updates_total", {T::Counter, {"job_id"}}},
+      {"pstrain_server_learning_rate", {T::Gauge, {"job_id"}}},
       {"pstrain_server_barrier_wait_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_apply_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_gradient_staleness", {T::Histogram, {"job_id"}}},
