@@ -150,6 +150,7 @@ TEST(CudaTest, BadLabelsAreAnErrorOnTheGpuToo) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// At the config's learning rate and at a schedule's (the span's).
 TEST(CudaTest, OptimizersMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<Device> gpu = *CreateCudaDevice(0);
@@ -170,8 +171,13 @@ TEST(CudaTest, OptimizersMatchTheCpu) {
     for (int t = 1; t <= 5; ++t) {
       const std::vector<float> g = Random(n, 10 + t);
       DeviceBuffer dg = Upload(*gpu, g);
-      ASSERT_TRUE(cpu->ApplyInPlace(p.data(), g.data(), state.data(), n, t).ok());
-      ASSERT_TRUE(cuda->ApplyInPlace(dp.as<float>(), dg.as<float>(), ds.as<float>(), n, t).ok());
+      // Odd updates at the config's rate, even ones at a schedule's.
+      const float rate = t % 2 == 1 ? 0.0f : 0.002f * t;
+      OptimizerSpan on_cpu{p.data(), p.data(), g.data(), state.data(), n, n, rate};
+      OptimizerSpan on_gpu{dp.as<float>(), dp.as<float>(), dg.as<float>(), ds.as<float>(),
+                           n, n, rate};
+      ASSERT_TRUE(cpu->Apply(on_cpu, t).ok());
+      ASSERT_TRUE(cuda->Apply(on_gpu, t).ok());
     }
     const std::vector<float> gp = Download<float>(*gpu, dp, n);
     EXPECT_LE(RelativeL2(gp.data(), p.data(), n), 1e-6) << static_cast<int>(type);
