@@ -124,6 +124,11 @@ std::string With(const std::string& line_to_replace, const std::string& replacem
   return yaml;
 }
 
+// The valid spec with optimizer.schedule set to `fields`.
+std::string WithSchedule(const std::string& fields) {
+  return With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {" + fields + "}}");
+}
+
 // Each schedule's rate at chosen steps, worked out by hand: a job of 100
 // steps at 0.1.
 TEST(LearningRateTest, EachScheduleGivesItsRateAtChosenSteps) {
@@ -211,18 +216,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "learning_rate: 1}\nbatch_size: 8\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n"
                 "chunk_bytes: 4\n",
                 "chunk_bytes"},
-        BadSpec{"unknown schedule", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: linear}}"),
-                "optimizer.schedule.type"},
-        BadSpec{"warm-up past the end", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {warmup_steps: 100000}}"),
-                "optimizer.schedule.warmup_steps"},
-        BadSpec{"step without a period", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: step, decay_factor: 0.5}}"),
-                "optimizer.schedule.decay_every_steps"},
-        BadSpec{"step growing", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: step, decay_every_steps: 10, decay_factor: 2}}"),
-                "optimizer.schedule.decay_factor"},
-        BadSpec{"cosine below zero", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: cosine, min_learning_rate: -1}}"),
-                "optimizer.schedule.min_learning_rate"},
-        BadSpec{"decay for cosine", With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {type: cosine, decay_factor: 0.5}}"),
-                "optimizer.schedule.decay_factor"},
+        BadSpec{"unknown schedule", WithSchedule("type: linear"), "optimizer.schedule.type"},
+        BadSpec{"warm-up past the end", WithSchedule("warmup_steps: 100000"), "optimizer.schedule.warmup_steps"},
+        BadSpec{"step without a period", WithSchedule("type: step, decay_factor: 0.5"), "optimizer.schedule.decay_every_steps"},
+        BadSpec{"step growing", WithSchedule("type: step, decay_every_steps: 10, decay_factor: 2"), "optimizer.schedule.decay_factor"},
+        BadSpec{"cosine below zero", WithSchedule("type: cosine, min_learning_rate: -1"), "optimizer.schedule.min_learning_rate"},
+        BadSpec{"decay for cosine", WithSchedule("type: cosine, decay_factor: 0.5"), "optimizer.schedule.decay_factor"},
         BadSpec{"absurd activations",
                 "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",
