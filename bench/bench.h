@@ -68,6 +68,15 @@ struct RecoveryBenchOptions {
 };
 int RunRecoveryBench(const RecoveryBenchOptions& options);
 
+struct ConvBenchOptions {
+  std::vector<int> conv = {32, 64};  // the shape of examples/fashion_cnn.yaml
+  std::vector<int> hidden = {128};
+  int batch = 64;
+  double seconds = 8;  // per layer, both passes and both sides
+  int rounds = 4;      // alternations of the two sides
+};
+int RunConvBench(const ConvBenchOptions& options);
+
 }  // namespace pstrain::bench
 
 #endif  // PSTRAIN_BENCH_BENCH_H_

@@ -1,6 +1,6 @@
 // pstrain-gpu-bench: the figures of the GPU check (bench/gpu_check.sh).
-// cuBLAS GEMM throughput; one training step of a wide MLP on the GPU
-// against the CPU twin (time and agreement); a few hundred training steps on
+// cuBLAS GEMM throughput; one training step of a wide MLP and of the
+// example CNN on the GPU against the CPU twin (time and agreement); a few hundred training steps on
 // synthetic data, showing the loss fall. A table, and one JSON line a row.
 #include <chrono>
 #include <cmath>
@@ -36,43 +36,19 @@ void Row(const std::string& name, const std::string& text, const std::string& js
     }                                                                               \
   } while (0)
 
-int Run() {
-  absl::StatusOr<int> gpus = CudaDeviceCount();
-  if (!gpus.ok()) {
-    std::fprintf(stderr, "no GPU: %s\n", gpus.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<std::string> name = CudaDeviceName(0);
-  Row("device", name.ok() ? *name : "?", "\"gpus\":" + std::to_string(*gpus));
-
-  // GEMM throughput at 4096^3.
-  const int n = 4096;
-  for (auto [precision, label] : {std::pair{Precision::kFp32, "fp32"},
-                                  std::pair{Precision::kTf32, "tf32"},
-                                  std::pair{Precision::kBf16, "bf16"}}) {
-    absl::StatusOr<double> seconds = CudaGemmSeconds(0, n, n, n, precision, 20);
-    CHECK_OK(seconds.status());
-    const double tflops = 2.0 * n * n * n / *seconds / 1e12;
-    char text[128];
-    std::snprintf(text, sizeof(text), "%.1f TFLOP/s (%.3f ms)", tflops, *seconds * 1e3);
-    Row(std::string("gemm_4096_") + label, text,
-        "\"tflops\":" + std::to_string(tflops) + ",\"ms\":" + std::to_string(*seconds * 1e3));
-  }
-
-  // One step of 784-4096-4096-10 at batch 1024: GPU against the CPU twin.
-  const ModelShape wide{784, {4096, 4096}, 10};
-  const int batch = 1024;
-  const int64_t params_n = NumParams(wide);
-  std::vector<float> params(params_n), x(static_cast<size_t>(batch) * 784);
+// One training step of `shape` at `batch` on the GPU against the CPU twin:
+// time and agreement of the gradients.
+int CompareStep(Device* gpu, const std::string& label, const ModelShape& shape, int batch) {
+  const int64_t params_n = NumParams(shape);
+  std::vector<float> params(params_n), x(static_cast<size_t>(batch) * shape.input_dim);
   std::vector<int32_t> y(batch);
-  InitParams(wide, 1, 0, params_n, params.data());
+  InitParams(shape, 1, 0, params_n, params.data());
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   for (float& v : x) v = unit(rng);
   for (int i = 0; i < batch; ++i) y[i] = i % 10;
 
-  std::unique_ptr<Device> gpu = *CreateCudaDevice(0);
-  auto gpu_kernels = *gpu->CreateModelKernels(wide, batch, Precision::kFp32);
+  auto gpu_kernels = *gpu->CreateModelKernels(shape, batch, Precision::kFp32);
   auto p = *gpu->Allocate(params_n * 4);
   auto g = *gpu->Allocate(params_n * 4);
   auto state = *gpu->Allocate(params_n * 8);
@@ -100,7 +76,7 @@ int Run() {
   CHECK_OK(gpu->Synchronize());
   const double gpu_step = Seconds(start) / steps;
 
-  auto cpu_kernels = *CreateCpuModelKernels(wide, batch);
+  auto cpu_kernels = *CreateCpuModelKernels(shape, batch);
   std::vector<float> cpu_grad(params_n);
   BatchStats cpu_stats;
   start = std::chrono::steady_clock::now();
@@ -118,9 +94,46 @@ int Run() {
                 "GPU %.2f ms/step (fwd+bwd+Adam), CPU %.0f ms (fwd+bwd): %.0fx; gradient "
                 "rel. diff %.2e",
                 gpu_step * 1e3, cpu_step * 1e3, cpu_step / gpu_step, relative);
-  Row("mlp_784_4096_4096_b1024", text,
+  Row(label, text,
       "\"gpu_ms\":" + std::to_string(gpu_step * 1e3) + ",\"cpu_ms\":" +
           std::to_string(cpu_step * 1e3) + ",\"grad_rel_diff\":" + std::to_string(relative));
+
+  return 0;
+}
+
+int Run() {
+  absl::StatusOr<int> gpus = CudaDeviceCount();
+  if (!gpus.ok()) {
+    std::fprintf(stderr, "no GPU: %s\n", gpus.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::string> name = CudaDeviceName(0);
+  Row("device", name.ok() ? *name : "?", "\"gpus\":" + std::to_string(*gpus));
+
+  // GEMM throughput at 4096^3.
+  const int n = 4096;
+  for (auto [precision, label] : {std::pair{Precision::kFp32, "fp32"},
+                                  std::pair{Precision::kTf32, "tf32"},
+                                  std::pair{Precision::kBf16, "bf16"}}) {
+    absl::StatusOr<double> seconds = CudaGemmSeconds(0, n, n, n, precision, 20);
+    CHECK_OK(seconds.status());
+    const double tflops = 2.0 * n * n * n / *seconds / 1e12;
+    char text[128];
+    std::snprintf(text, sizeof(text), "%.1f TFLOP/s (%.3f ms)", tflops, *seconds * 1e3);
+    Row(std::string("gemm_4096_") + label, text,
+        "\"tflops\":" + std::to_string(tflops) + ",\"ms\":" + std::to_string(*seconds * 1e3));
+  }
+
+  std::unique_ptr<Device> gpu = *CreateCudaDevice(0);
+  if (int failed = CompareStep(gpu.get(), "mlp_784_4096_4096_b1024", {784, {4096, 4096}, 10},
+                               1024)) {
+    return failed;
+  }
+  // The CNN of examples/fashion_cnn.yaml.
+  if (int failed = CompareStep(gpu.get(), "cnn_32_64_128_b256",
+                               {784, {128}, 10, {32, 64}, 1, 28, 28}, 256)) {
+    return failed;
+  }
 
   // Training on synthetic data: a fixed random linear teacher labels
   // uniform inputs; a 784-256-128-10 MLP learns it on the GPU.
@@ -128,6 +141,8 @@ int Run() {
   const int64_t small_n = NumParams(small);
   const int tb = 256;
   std::vector<float> teacher(784 * 10);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& w : teacher) w = normal(rng);
   auto sk = *gpu->CreateModelKernels(small, tb, Precision::kFp32);
@@ -140,6 +155,9 @@ int Run() {
   std::vector<int32_t> by(tb);
   InitParams(small, 3, 0, small_n, sparams.data());
   CHECK_OK(gpu->CopyToDevice(sp.as<void>(), sparams.data(), small_n * 4));
+  OptimizerConfig adam;
+  adam.type = OptimizerConfig::Type::kAdam;
+  adam.learning_rate = 1e-3f;
   auto sadam = *CreateCudaOptimizer(adam, 0);
   double first_loss = 0, last_loss = 0;
   std::string curve;
@@ -167,6 +185,7 @@ int Run() {
     last_loss = loss;
     if (step % 50 == 0 || step == 1) curve += std::to_string(step) + ":" + std::to_string(loss) + " ";
   }
+  char text[512];
   std::snprintf(text, sizeof(text), "loss %.3f -> %.3f over 400 steps (%s)", first_loss, last_loss,
                 curve.c_str());
   Row("train_synthetic_400", text,

@@ -1,5 +1,5 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] [flags]
+//   pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
 
@@ -28,6 +28,8 @@ ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
 ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
 ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
 ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
+ABSL_FLAG(int, conv_batch, 64, "conv: the batch of the convolutions");
+ABSL_FLAG(double, conv_seconds, 8, "conv: seconds per layer");
 ABSL_FLAG(std::string, bin_dir, "",
           "train, checkpoint, tls, recovery: where the pstrain binaries are; default: beside this one");
 ABSL_FLAG(int, checkpoint_pairs, 5, "checkpoint: runs with and without checkpoints");
@@ -39,7 +41,7 @@ namespace pstrain::bench {
 namespace {
 
 int Usage() {
-  std::cerr << "usage: pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] "
+  std::cerr << "usage: pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] "
                "[flags]\n";
   return 2;
 }
@@ -48,7 +50,8 @@ int Main(const std::vector<char*>& args) {
   if (args.size() != 2) return Usage();
   const std::string command = args[1];
   if (command != "transport" && command != "apply" && command != "train" &&
-      command != "checkpoint" && command != "tls" && command != "recovery" && command != "all") {
+      command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
+      command != "all") {
     return Usage();
   }
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
@@ -130,6 +133,23 @@ int Main(const std::vector<char*>& args) {
     }
     status |= RunTrainBench(o);
   }
+  if (command == "conv" || command == "all") {
+    ConvBenchOptions o;
+    o.batch = absl::GetFlag(FLAGS_conv_batch);
+    o.seconds = absl::GetFlag(FLAGS_conv_seconds);
+    if (tiny) {
+      o.conv = {4, 8};
+      o.hidden = {};
+      o.batch = 8;
+      o.seconds = 0.2;
+      o.rounds = 1;
+    }
+    if (o.batch < 1 || !(o.seconds > 0)) {
+      std::cerr << "pstrain-bench: --conv_batch and --conv_seconds must be positive\n";
+      return 2;
+    }
+    status |= RunConvBench(o);
+  }
   if (command == "checkpoint" || command == "all") {
     CheckpointBenchOptions o;
     o.pairs = absl::GetFlag(FLAGS_checkpoint_pairs);
@@ -179,7 +199,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "pstrain-bench transport|apply|train|checkpoint|tls|recovery|all [--tiny] [flags]");
+      "pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines

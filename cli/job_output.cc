@@ -41,10 +41,15 @@ std::string JobStateName(v1::JobState state) {
 }
 
 std::string ModelSummary(const v1::JobSpec& spec) {
-  std::vector<int> widths = {kFashionInputDim};
+  std::vector<int64_t> widths = {kernels::DenseInputDim(ModelShapeOf(spec))};
   widths.insert(widths.end(), spec.model().hidden().begin(), spec.model().hidden().end());
   widths.push_back(kFashionClasses);
-  return absl::StrCat(ModelTypeName(spec.model().type()), " ", absl::StrJoin(widths, "-"));
+  std::string convs;  // "conv 32-64 " for a CNN
+  if (spec.model().conv_size() > 0) {
+    convs = absl::StrCat("conv ", absl::StrJoin(spec.model().conv(), "-"), " ");
+  }
+  return absl::StrCat(ModelTypeName(spec.model().type()), " ", convs,
+                      absl::StrJoin(widths, "-"));
 }
 
 std::string Printable(absl::string_view s) {

@@ -274,8 +274,28 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
         return FieldError("model.hidden", "softmax regression has no hidden layers");
       }
       break;
+    case v1::MODEL_TYPE_CNN:
+      if (model.conv_size() == 0) {
+        return FieldError("model.conv", "a cnn needs at least one convolution");
+      }
+      if (model.conv_size() > 4) {
+        return FieldError("model.conv", "at most 4 convolutions (each halves the image)");
+      }
+      for (int i = 0; i < model.conv_size(); ++i) {
+        PSTRAIN_RETURN_IF_ERROR(
+            range(absl::StrCat("model.conv[", i, "]"), model.conv(i), 1, 512));
+      }
+      if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
+      for (int i = 0; i < model.hidden_size(); ++i) {
+        PSTRAIN_RETURN_IF_ERROR(
+            range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
+      }
+      break;
     default:
-      return FieldError("model.type", "required (softmax or mlp)");
+      return FieldError("model.type", "required (softmax, mlp or cnn)");
+  }
+  if (model.type() != v1::MODEL_TYPE_CNN && model.conv_size() != 0) {
+    return FieldError("model.conv", "only a cnn has convolutions");
   }
 
   if (model.input_dim() != 0 && model.input_dim() != kFashionInputDim) {
@@ -438,8 +458,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("chunk_bytes", absl::StrCat("cuts the model into ", chunks,
                                                   " chunks; at most ", kMaxChunks));
   }
-  int64_t widest = shape.input_dim;
+  int64_t widest = std::max<int64_t>(shape.input_dim, kernels::DenseInputDim(shape));
   for (int width : shape.hidden) widest = std::max<int64_t>(widest, width);
+  // A convolution's im2col matrix and output, per sample.
+  for (const kernels::ConvLayer& c : kernels::ConvLayers(shape)) {
+    widest = std::max<int64_t>(widest, int64_t{std::max(c.patch(), c.out_channels)} *
+                                           c.height * c.width);
+  }
   if (int64_t{spec.batch_size()} * widest > kMaxActivationFloats) {
     return FieldError("batch_size", absl::StrCat("batch_size * widest layer = ",
                                                  int64_t{spec.batch_size()} * widest,
@@ -454,6 +479,10 @@ kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec) {
   shape.input_dim = kFashionInputDim;
   shape.num_classes = kFashionClasses;
   shape.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+  shape.conv.assign(spec.model().conv().begin(), spec.model().conv().end());
+  shape.image_channels = 1;
+  shape.image_height = kFashionImageSide;
+  shape.image_width = kFashionImageSide;
   return shape;
 }
 
@@ -484,6 +513,11 @@ int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
   const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widths = shape.input_dim + shape.num_classes;
   for (int h : shape.hidden) widths += h;
+  // A convolution's im2col, output, its gradient, pooled output and argmax.
+  for (const kernels::ConvLayer& c : kernels::ConvLayers(shape)) {
+    widths += int64_t{c.patch() + 2 * c.out_channels} * c.height * c.width +
+              2 * int64_t{c.out_channels} * c.pooled_height() * c.pooled_width();
+  }
   const int64_t model =
       4 * (3 * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
   const int64_t samples = kFashionTrainSamples + kFashionTestSamples;

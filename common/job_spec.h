@@ -33,7 +33,8 @@ inline constexpr size_t kMaxJobFileBytes = 1 << 20;
 // Fashion-MNIST sizes (the only dataset so far).
 inline constexpr int kFashionTrainSamples = 60000;
 inline constexpr int kFashionTestSamples = 10000;
-inline constexpr int kFashionInputDim = 784;
+inline constexpr int kFashionImageSide = 28;
+inline constexpr int kFashionInputDim = kFashionImageSide * kFashionImageSide;
 inline constexpr int kFashionClasses = 10;
 
 // Maps YAML text onto a JobSpec: keys are the proto's field names, nested

@@ -15,26 +15,64 @@
 
 namespace pstrain::kernels {
 
-// A dense classifier: input -> hidden[0] -> ... -> num_classes, with ReLU
-// after every hidden layer and softmax cross-entropy on the logits. No
-// hidden layers is softmax regression.
+// A classifier: optional convolutions (a CNN), then dense layers
+// hidden[0] -> ... -> num_classes with ReLU after every hidden layer, and
+// softmax cross-entropy on the logits. No convolutions and no hidden
+// layers is softmax regression.
+//
+// With convolutions the input is an image of image_channels x image_height
+// x image_width values (= input_dim; channel after channel, rows within a
+// channel). conv[i] is the output channels of convolution i: 3x3 kernels,
+// padding 1, stride 1, then ReLU and 2x2 max-pooling of stride 2 (an odd
+// side drops its last row or column). The last pooling's output, flattened
+// (channel, row, column), is the first dense layer's input.
 struct ModelShape {
   int input_dim = 0;
   std::vector<int> hidden;
   int num_classes = 0;
+  std::vector<int> conv = {};  // "= {}": brace-initialised shapes may leave it out
+  int image_channels = 1;
+  int image_height = 0;
+  int image_width = 0;
 };
+
+// One convolution of a CNN, with the size of the image it reads.
+struct ConvLayer {
+  int in_channels = 0;
+  int out_channels = 0;
+  int height = 0;  // of its input and its output (padding 1)
+  int width = 0;
+  int pooled_height() const { return height / 2; }
+  int pooled_width() const { return width / 2; }
+  // im2col rows: the inputs of one output value.
+  int patch() const { return in_channels * 9; }
+};
+
+// The convolutions of a shape, input side first (empty for a dense model).
+std::vector<ConvLayer> ConvLayers(const ModelShape& shape);
+// Inputs of the first dense layer: input_dim, or the last pooling's output.
+int64_t DenseInputDim(const ModelShape& shape);
+
+// OK if kernels can be built for the shape; INVALID_ARGUMENT naming what
+// is wrong otherwise (a non-positive width, an image that does not hold
+// input_dim values, a convolution whose input is too small to pool).
+absl::Status CheckModelShape(const ModelShape& shape);
 
 // One tensor in the flat parameter space.
 struct TensorDesc {
-  std::string name;            // "layer0.weight", "layer0.bias", ...
-  std::vector<int64_t> shape;  // weight: {in, out} row-major; bias: {out}
+  std::string name;            // "conv0.weight", ..., "layer0.weight", "layer0.bias", ...
+  // Dense weight: {in, out} row-major; convolution weight: {out, in, 3, 3}
+  // row-major; bias: {out}.
+  std::vector<int64_t> shape;
   int64_t offset = 0;          // first float in the flat space
   int64_t size = 0;            // floats
   int64_t fan_in = 0;          // inputs of the layer it belongs to
   bool is_bias = false;
 };
 
-// The model's tensors in flat-space order: layer l's weight, then its bias.
+// The model's tensors in flat-space order: layer l's weight, then its bias,
+// the convolutions first (layers 0 .. conv.size()-1, named conv0, ...),
+// then the dense layers (named layer0, layer1, ... among themselves).
 std::vector<TensorDesc> ModelTensors(const ModelShape& shape);
 int64_t NumParams(const ModelShape& shape);
 

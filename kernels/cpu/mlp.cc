@@ -1,4 +1,4 @@
-// Dense classifier forward/backward with cblas_sgemm.
+// Dense layers forward/backward with cblas_sgemm, and the MLP made of them.
 #include <cblas.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_models.h"
 
 namespace pstrain::kernels {
 namespace {
@@ -14,175 +15,183 @@ namespace {
 // Row blocks of the first layer's weight gradient, each announced when done.
 constexpr int kFirstLayerBlocks = 8;
 
+// Adds loss and accuracy to stats; if dlogits is set, writes
+// grad_scale * (softmax - onehot) there.
+void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch, int classes,
+                         float grad_scale, float* dlogits, BatchStats* stats) {
+  for (int i = 0; i < batch; ++i) {
+    const float* z = logits + static_cast<size_t>(i) * classes;
+    int argmax = 0;
+    for (int j = 1; j < classes; ++j) {
+      if (z[j] > z[argmax]) argmax = j;
+    }
+    const float zmax = z[argmax];
+    double sum = 0;
+    for (int j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
+    const int y = labels[i];
+    stats->loss_sum += std::log(sum) - static_cast<double>(z[y] - zmax);
+    if (argmax == y) ++stats->correct;
+    if (dlogits != nullptr) {
+      float* d = dlogits + static_cast<size_t>(i) * classes;
+      for (int j = 0; j < classes; ++j) {
+        const double p = std::exp(static_cast<double>(z[j] - zmax)) / sum;
+        d[j] = static_cast<float>((p - (j == y ? 1.0 : 0.0)) * grad_scale);
+      }
+    }
+  }
+}
+
 class CpuMlp final : public ModelKernels {
  public:
-  CpuMlp(const ModelShape& shape, int max_batch)
-      : tensors_(ModelTensors(shape)), max_batch_(max_batch) {
-    widths_.push_back(shape.input_dim);
-    widths_.insert(widths_.end(), shape.hidden.begin(), shape.hidden.end());
-    widths_.push_back(shape.num_classes);
-    const int layers = num_layers();
-    activations_.resize(layers + 1);
-    for (int l = 1; l <= layers; ++l) {
-      activations_[l].resize(static_cast<size_t>(max_batch) * widths_[l]);
-    }
-    const int max_width = *std::max_element(widths_.begin() + 1, widths_.end());
-    delta_.resize(static_cast<size_t>(max_batch) * max_width);
-    delta_prev_.resize(static_cast<size_t>(max_batch) * max_width);
-  }
+  CpuMlp(const ModelShape& shape, int max_batch) : dense_(shape, max_batch) {}
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
                                int batch, float grad_scale, float* grad, BatchStats* stats,
                                const GradientReadyFn& on_ready) override {
-    if (batch < 1 || batch > max_batch_) {
-      return absl::InvalidArgumentError(
-          "batch " + std::to_string(batch) + " outside [1, " + std::to_string(max_batch_) + "]");
-    }
-    if (absl::Status s = CheckLabels(labels, batch); !s.ok()) return s;
-    Forward(params, x, batch);
-    const int layers = num_layers();
-    const int classes = widths_[layers];
-    // delta_ = d(loss)/d(logits), scaled.
-    SoftmaxCrossEntropy(activations_[layers].data(), labels, batch, classes, grad_scale,
-                        delta_.data(), stats);
-    for (int l = layers - 1; l >= 0; --l) {
-      const int in = widths_[l], out = widths_[l + 1];
-      const float* a_in = l == 0 ? x : activations_[l].data();
-      float* dw = grad + tensors_[2 * l].offset;
-      float* db = grad + tensors_[2 * l + 1].offset;
-      const int64_t layer_floats = static_cast<int64_t>(in) * out + out;
-      // dW = A_in^T * delta. The first layer's, the last product of the
-      // pass, in row blocks announced one by one, so that their pushes
-      // overlap the rest of it (row r of dW is input feature r).
-      const int blocks = l == 0 && on_ready ? std::min(in, kFirstLayerBlocks) : 1;
-      for (int b = 0; b < blocks; ++b) {
-        const int r0 = static_cast<int>(static_cast<int64_t>(in) * b / blocks);
-        const int r1 = static_cast<int>(static_cast<int64_t>(in) * (b + 1) / blocks);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, out, batch, 1.0f,
-                    a_in + r0, in, delta_.data(), out, 0.0f, dw + static_cast<size_t>(r0) * out,
-                    out);
-        if (b + 1 < blocks) on_ready(0, static_cast<int64_t>(r1) * out);
-      }
-      std::fill(db, db + out, 0.0f);
-      for (int i = 0; i < batch; ++i) {
-        const float* row = delta_.data() + static_cast<size_t>(i) * out;
-        for (int j = 0; j < out; ++j) db[j] += row[j];
-      }
-      if (l == 0) {
-        if (on_ready) on_ready(0, layer_floats);
-        break;
-      }
-      // delta_prev = (delta * W^T) masked by ReLU'(z) == (a > 0).
-      const float* w = params + tensors_[2 * l].offset;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f,
-                  delta_.data(), out, w, out, 0.0f, delta_prev_.data(), in);
-      const float* a = activations_[l].data();
-      const size_t n = static_cast<size_t>(batch) * in;
-      for (size_t i = 0; i < n; ++i) {
-        if (a[i] <= 0.0f) delta_prev_[i] = 0.0f;
-      }
-      std::swap(delta_, delta_prev_);
-      // W_l has been used for the last time in this pass.
-      if (on_ready) on_ready(l, layer_floats);
-    }
+    if (absl::Status s = dense_.CheckBatch(labels, batch); !s.ok()) return s;
+    dense_.Forward(params, x, batch);
+    dense_.Backward(params, x, labels, batch, grad_scale, grad, stats, on_ready,
+                    /*d_input=*/nullptr);
     return absl::OkStatus();
   }
 
   absl::Status Evaluate(const float* params, const float* x, const int32_t* labels,
                         int64_t batch, BatchStats* stats) override {
-    const int layers = num_layers();
-    const int classes = widths_[layers];
-    for (int64_t start = 0; start < batch; start += max_batch_) {
-      const int n = static_cast<int>(std::min<int64_t>(max_batch_, batch - start));
-      if (absl::Status s = CheckLabels(labels + start, n); !s.ok()) return s;
-      Forward(params, x + start * widths_[0], n);
-      SoftmaxCrossEntropy(activations_[layers].data(), labels + start, n, classes,
-                          /*grad_scale=*/0.0f, /*dlogits=*/nullptr, stats);
+    for (int64_t start = 0; start < batch; start += dense_.max_batch()) {
+      const int n = static_cast<int>(std::min<int64_t>(dense_.max_batch(), batch - start));
+      if (absl::Status s = dense_.CheckBatch(labels + start, n); !s.ok()) return s;
+      dense_.Forward(params, x + start * dense_.input_dim(), n);
+      dense_.AddStats(labels + start, n, stats);
     }
     return absl::OkStatus();
   }
 
  private:
-  int num_layers() const { return static_cast<int>(widths_.size()) - 1; }
-
-  absl::Status CheckLabels(const int32_t* labels, int batch) const {
-    const int classes = widths_.back();
-    for (int i = 0; i < batch; ++i) {
-      if (labels[i] < 0 || labels[i] >= classes) {
-        return absl::InvalidArgumentError(
-            "label " + std::to_string(labels[i]) + " outside [0, " + std::to_string(classes) + ")");
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // activations_[l+1] = ReLU(A_l W_l + b_l); the logits (last) have no ReLU.
-  void Forward(const float* params, const float* x, int batch) {
-    const int layers = num_layers();
-    for (int l = 0; l < layers; ++l) {
-      const int in = widths_[l], out = widths_[l + 1];
-      const float* a_in = l == 0 ? x : activations_[l].data();
-      const float* w = params + tensors_[2 * l].offset;
-      const float* b = params + tensors_[2 * l + 1].offset;
-      float* z = activations_[l + 1].data();
-      for (int i = 0; i < batch; ++i) std::copy(b, b + out, z + static_cast<size_t>(i) * out);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, a_in, in,
-                  w, out, 1.0f, z, out);
-      if (l + 1 < layers) {
-        const size_t n = static_cast<size_t>(batch) * out;
-        for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
-      }
-    }
-  }
-
-  // Adds loss and accuracy to stats; if dlogits is set, writes
-  // grad_scale * (softmax - onehot) there.
-  static void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch,
-                                  int classes, float grad_scale, float* dlogits,
-                                  BatchStats* stats) {
-    for (int i = 0; i < batch; ++i) {
-      const float* z = logits + static_cast<size_t>(i) * classes;
-      int argmax = 0;
-      for (int j = 1; j < classes; ++j) {
-        if (z[j] > z[argmax]) argmax = j;
-      }
-      const float zmax = z[argmax];
-      double sum = 0;
-      for (int j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
-      const int y = labels[i];
-      stats->loss_sum += std::log(sum) - static_cast<double>(z[y] - zmax);
-      if (argmax == y) ++stats->correct;
-      if (dlogits != nullptr) {
-        float* d = dlogits + static_cast<size_t>(i) * classes;
-        for (int j = 0; j < classes; ++j) {
-          const double p = std::exp(static_cast<double>(z[j] - zmax)) / sum;
-          d[j] = static_cast<float>((p - (j == y ? 1.0 : 0.0)) * grad_scale);
-        }
-      }
-    }
-  }
-
-  const std::vector<TensorDesc> tensors_;
-  const int max_batch_;
-  std::vector<int> widths_;
-  // activations_[0] is unused (the input is read in place).
-  std::vector<std::vector<float>> activations_;
-  std::vector<float> delta_;
-  std::vector<float> delta_prev_;
+  DenseLayers dense_;
 };
 
 }  // namespace
 
+DenseLayers::DenseLayers(const ModelShape& shape, int max_batch)
+    : tensors_(ModelTensors(shape)),
+      first_layer_(static_cast<int>(shape.conv.size())),
+      max_batch_(max_batch) {
+  widths_.push_back(DenseInputDim(shape));
+  widths_.insert(widths_.end(), shape.hidden.begin(), shape.hidden.end());
+  widths_.push_back(shape.num_classes);
+  const int layers = num_layers();
+  activations_.resize(layers + 1);
+  for (int l = 1; l <= layers; ++l) {
+    activations_[l].resize(static_cast<size_t>(max_batch) * widths_[l]);
+  }
+  // The deltas hold any layer's, the input's too when it is asked for.
+  const int64_t widest = *std::max_element(widths_.begin(), widths_.end());
+  delta_.resize(static_cast<size_t>(max_batch) * widest);
+  delta_prev_.resize(static_cast<size_t>(max_batch) * widest);
+}
+
+absl::Status DenseLayers::CheckBatch(const int32_t* labels, int batch) const {
+  if (batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError("batch " + std::to_string(batch) + " outside [1, " +
+                                      std::to_string(max_batch_) + "]");
+  }
+  const int64_t classes = widths_.back();
+  for (int i = 0; i < batch; ++i) {
+    if (labels[i] < 0 || labels[i] >= classes) {
+      return absl::InvalidArgumentError("label " + std::to_string(labels[i]) + " outside [0, " +
+                                        std::to_string(classes) + ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// activations_[l+1] = ReLU(A_l W_l + b_l); the logits (last) have no ReLU.
+void DenseLayers::Forward(const float* params, const float* x, int batch) {
+  const int layers = num_layers();
+  for (int l = 0; l < layers; ++l) {
+    const int in = static_cast<int>(widths_[l]), out = static_cast<int>(widths_[l + 1]);
+    const float* a_in = l == 0 ? x : activations_[l].data();
+    const float* w = params + weight(l).offset;
+    const float* b = params + bias(l).offset;
+    float* z = activations_[l + 1].data();
+    for (int i = 0; i < batch; ++i) std::copy(b, b + out, z + static_cast<size_t>(i) * out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, a_in, in, w,
+                out, 1.0f, z, out);
+    if (l + 1 < layers) {
+      const size_t n = static_cast<size_t>(batch) * out;
+      for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
+    }
+  }
+}
+
+void DenseLayers::AddStats(const int32_t* labels, int batch, BatchStats* stats) const {
+  SoftmaxCrossEntropy(activations_.back().data(), labels, batch,
+                      static_cast<int>(widths_.back()), /*grad_scale=*/0.0f,
+                      /*dlogits=*/nullptr, stats);
+}
+
+void DenseLayers::Backward(const float* params, const float* x, const int32_t* labels,
+                           int batch, float grad_scale, float* grad, BatchStats* stats,
+                           const GradientReadyFn& on_ready, float* d_input) {
+  const int layers = num_layers();
+  // delta_ = d(loss)/d(logits), scaled.
+  SoftmaxCrossEntropy(activations_[layers].data(), labels, batch,
+                      static_cast<int>(widths_[layers]), grad_scale, delta_.data(), stats);
+  for (int l = layers - 1; l >= 0; --l) {
+    const int in = static_cast<int>(widths_[l]), out = static_cast<int>(widths_[l + 1]);
+    const int model_layer = first_layer_ + l;
+    const float* a_in = l == 0 ? x : activations_[l].data();
+    float* dw = grad + weight(l).offset;
+    float* db = grad + bias(l).offset;
+    const int64_t layer_floats = static_cast<int64_t>(in) * out + out;
+    // dW = A_in^T * delta. The model's first layer's, the last product of
+    // the pass, in row blocks announced one by one, so that their pushes
+    // overlap the rest of it (row r of dW is input feature r).
+    const int blocks = model_layer == 0 && on_ready ? std::min(in, kFirstLayerBlocks) : 1;
+    for (int b = 0; b < blocks; ++b) {
+      const int r0 = static_cast<int>(static_cast<int64_t>(in) * b / blocks);
+      const int r1 = static_cast<int>(static_cast<int64_t>(in) * (b + 1) / blocks);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, out, batch, 1.0f,
+                  a_in + r0, in, delta_.data(), out, 0.0f, dw + static_cast<size_t>(r0) * out,
+                  out);
+      if (b + 1 < blocks) on_ready(0, static_cast<int64_t>(r1) * out);
+    }
+    std::fill(db, db + out, 0.0f);
+    for (int i = 0; i < batch; ++i) {
+      const float* row = delta_.data() + static_cast<size_t>(i) * out;
+      for (int j = 0; j < out; ++j) db[j] += row[j];
+    }
+    if (l == 0 && d_input == nullptr) {
+      if (on_ready) on_ready(model_layer, layer_floats);
+      break;
+    }
+    // delta_prev = delta * W^T, masked by ReLU'(z) == (a > 0) inside the
+    // dense layers (the input's own mask is its producer's business).
+    const float* w = params + weight(l).offset;
+    float* d_prev = l == 0 ? d_input : delta_prev_.data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f, delta_.data(),
+                out, w, out, 0.0f, d_prev, in);
+    // W_l has been used for the last time in this pass.
+    if (on_ready) on_ready(model_layer, layer_floats);
+    if (l == 0) break;
+    const float* a = activations_[l].data();
+    const size_t n = static_cast<size_t>(batch) * in;
+    for (size_t i = 0; i < n; ++i) {
+      if (a[i] <= 0.0f) delta_prev_[i] = 0.0f;
+    }
+    std::swap(delta_, delta_prev_);
+  }
+}
+
+std::unique_ptr<ModelKernels> NewCpuMlp(const ModelShape& shape, int max_batch) {
+  return std::make_unique<CpuMlp>(shape, max_batch);
+}
+
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(const ModelShape& shape,
                                                                      int max_batch) {
-  if (shape.input_dim < 1 || shape.num_classes < 2) {
-    return absl::InvalidArgumentError("model needs input_dim >= 1 and num_classes >= 2");
-  }
-  for (int width : shape.hidden) {
-    if (width < 1) return absl::InvalidArgumentError("hidden widths must be >= 1");
-  }
+  if (absl::Status s = CheckModelShape(shape); !s.ok()) return s;
   if (max_batch < 1) return absl::InvalidArgumentError("max_batch must be >= 1");
-  return std::make_unique<CpuMlp>(shape, max_batch);
+  return shape.conv.empty() ? NewCpuMlp(shape, max_batch) : NewCpuCnn(shape, max_batch);
 }
 
 void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }

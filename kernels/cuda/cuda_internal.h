@@ -29,6 +29,26 @@ void LaunchFromBf16(cudaStream_t stream, const uint16_t* in, float* out, int64_t
 void LaunchToFp16(cudaStream_t stream, const float* in, uint16_t* out, int64_t n);
 void LaunchFromFp16(cudaStream_t stream, const uint16_t* in, float* out, int64_t n);
 
+// A CNN's convolution kernels (cuda_conv.cu), layouts as in cpu/cnn.cc:
+// activations [C][B][H][W], im2col [Cin*9][B*H*W].
+void LaunchIm2Col(cudaStream_t stream, const ConvLayer& c, const float* in, int batch,
+                  float* col);
+void LaunchCol2Im(cudaStream_t stream, const ConvLayer& c, const float* col, int batch,
+                  float* d_in);
+// out[ch][i] = bias[ch] for i < pixels.
+void LaunchFillChannels(cudaStream_t stream, const float* bias, int channels, int64_t pixels,
+                        float* out);
+void LaunchRowSums(cudaStream_t stream, const float* m, int rows, int64_t cols, float* out);
+// 2x2 maxima of the ReLU output `in` and where each came from.
+void LaunchMaxPool(cudaStream_t stream, const ConvLayer& c, int batch, const float* in,
+                   float* out, int32_t* from);
+// dz[from[o]] = d_pooled[o] for o < n (dz zeroed before).
+void LaunchUnpool(cudaStream_t stream, const int32_t* from, const float* d_pooled, int64_t n,
+                  float* dz);
+// [C][B][area] -> [B][C][area] (to_rows), or back.
+void LaunchTranspose(cudaStream_t stream, const float* in, int channels, int batch, int area,
+                     bool to_rows, float* out);
+
 // The model kernels on `device`'s GPU, using its stream and cuBLAS handle.
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCudaMlp(Device* device, int ordinal,
                                                             cudaStream_t stream,

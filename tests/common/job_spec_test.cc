@@ -222,6 +222,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"step growing", WithSchedule("type: step, decay_every_steps: 10, decay_factor: 2"), "optimizer.schedule.decay_factor"},
         BadSpec{"cosine below zero", WithSchedule("type: cosine, min_learning_rate: -1"), "optimizer.schedule.min_learning_rate"},
         BadSpec{"decay for cosine", WithSchedule("type: cosine, decay_factor: 0.5"), "optimizer.schedule.decay_factor"},
+        BadSpec{"cnn without convolutions", With("type: mlp", "type: cnn, conv: []"), "model.conv"},
+        BadSpec{"convolutions of an mlp", With("hidden: [256, 128]", "hidden: [256], conv: [8]"), "model.conv"},
+        BadSpec{"zero filters", With("type: mlp", "type: cnn, conv: [8, 0]"), "model.conv[1]"},
+        BadSpec{"too many convolutions", With("type: mlp", "type: cnn, conv: [4, 4, 4, 4, 4]"), "model.conv"},
+        BadSpec{"absurd convolution batch",
+                "model: {type: cnn, conv: [512]}\noptimizer: {type: sgd, learning_rate: 1}\n"
+                "batch_size: 1000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",
+                "batch_size"},
         BadSpec{"absurd activations",
                 "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",

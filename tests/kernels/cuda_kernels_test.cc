@@ -69,18 +69,17 @@ struct PrecisionCase {
   double gradient_tolerance;  // per-tensor relative L2 against the fp32 CPU
 };
 
-class CudaMlpTest : public ::testing::TestWithParam<PrecisionCase> {};
-
-TEST_P(CudaMlpTest, ForwardBackwardMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
-  const ModelShape shape{784, {512, 256}, 10};
-  const int batch = 128;
+// The GPU's gradients, loss and evaluation against the CPU twin's for a
+// shape, every tensor within `tolerance` (relative L2), every layer
+// announced once, the last first.
+void ExpectGpuMatchesCpu(const ModelShape& shape, int batch, Precision precision,
+                         double tolerance) {
   const int64_t n = NumParams(shape);
   std::vector<float> params(n);
   InitParams(shape, 7, 0, n, params.data());
-  const std::vector<float> x = Random(static_cast<size_t>(batch) * 784, 3, 0.5f);
+  const std::vector<float> x = Random(static_cast<size_t>(batch) * shape.input_dim, 3, 0.5f);
   std::vector<int32_t> y(batch);
-  for (int i = 0; i < batch; ++i) y[i] = i % 10;
+  for (int i = 0; i < batch; ++i) y[i] = i % shape.num_classes;
 
   auto cpu = *CreateCpuModelKernels(shape, batch);
   std::vector<float> cpu_grad(n);
@@ -90,30 +89,58 @@ TEST_P(CudaMlpTest, ForwardBackwardMatchesTheCpu) {
                   .ok());
 
   std::unique_ptr<Device> gpu = *CreateCudaDevice(0);
-  auto kernels = *gpu->CreateModelKernels(shape, batch, GetParam().precision);
+  absl::StatusOr<std::unique_ptr<ModelKernels>> created =
+      gpu->CreateModelKernels(shape, batch, precision);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ModelKernels& kernels = **created;
   DeviceBuffer p = Upload(*gpu, params), dx = Upload(*gpu, x), dy = Upload(*gpu, y);
   DeviceBuffer g = *gpu->Allocate(n * sizeof(float));
   BatchStats gpu_stats;
   std::vector<int> ready;
-  ASSERT_TRUE(kernels->ForwardBackward(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch,
-                                       1.0f / batch, g.as<float>(), &gpu_stats,
-                                       [&](int layer, int64_t) { ready.push_back(layer); })
+  ASSERT_TRUE(kernels.ForwardBackward(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch,
+                                      1.0f / batch, g.as<float>(), &gpu_stats,
+                                      [&](int layer, int64_t) { ready.push_back(layer); })
                   .ok());
-  EXPECT_EQ(ready, (std::vector<int>{2, 1, 0}));
+  std::vector<int> expected;
+  for (int l = static_cast<int>(ModelTensors(shape).size() / 2) - 1; l >= 0; --l) {
+    expected.push_back(l);
+  }
+  EXPECT_EQ(ready, expected);
   const std::vector<float> gpu_grad = Download<float>(*gpu, g, n);
   for (const TensorDesc& t : ModelTensors(shape)) {
     EXPECT_LE(RelativeL2(gpu_grad.data() + t.offset, cpu_grad.data() + t.offset, t.size),
-              GetParam().gradient_tolerance)
+              tolerance)
         << t.name;
   }
-  EXPECT_NEAR(gpu_stats.loss_sum, cpu_stats.loss_sum,
-              GetParam().gradient_tolerance * 10 * cpu_stats.loss_sum);
+  EXPECT_NEAR(gpu_stats.loss_sum, cpu_stats.loss_sum, tolerance * 10 * cpu_stats.loss_sum);
   EXPECT_NEAR(gpu_stats.correct, cpu_stats.correct, batch / 20);
 
   BatchStats eval_cpu, eval_gpu;
   ASSERT_TRUE(cpu->Evaluate(params.data(), x.data(), y.data(), batch, &eval_cpu).ok());
-  ASSERT_TRUE(kernels->Evaluate(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch, &eval_gpu).ok());
-  EXPECT_NEAR(eval_gpu.loss_sum, eval_cpu.loss_sum, GetParam().gradient_tolerance * 10 * eval_cpu.loss_sum);
+  ASSERT_TRUE(
+      kernels.Evaluate(p.as<float>(), dx.as<float>(), dy.as<int32_t>(), batch, &eval_gpu).ok());
+  EXPECT_NEAR(eval_gpu.loss_sum, eval_cpu.loss_sum, tolerance * 10 * eval_cpu.loss_sum);
+}
+
+class CudaMlpTest : public ::testing::TestWithParam<PrecisionCase> {};
+
+TEST_P(CudaMlpTest, ForwardBackwardMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  ExpectGpuMatchesCpu({784, {512, 256}, 10}, 128, GetParam().precision,
+                      GetParam().gradient_tolerance);
+}
+
+// The CNN of examples/fashion_cnn.yaml, and one on a 3-channel image with an
+// odd side (the transposes of the input and a pooling that drops a column).
+// A bias gradient sums a whole batch of pixels: fp32 gets 10x the MLP's bound
+// for the GPU's tree sum against the CPU's sum in order.
+TEST_P(CudaMlpTest, CnnForwardBackwardMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const double tolerance = GetParam().gradient_tolerance * 10;
+  ExpectGpuMatchesCpu({784, {128}, 10, {32, 64}, 1, 28, 28}, 64, GetParam().precision,
+                      tolerance);
+  ExpectGpuMatchesCpu({3 * 8 * 7, {16}, 10, {8, 8}, 3, 8, 7}, 16, GetParam().precision,
+                      tolerance);
 }
 
 // fp32 within 1e-5 relative; TF32 keeps 10 mantissa bits in the products,

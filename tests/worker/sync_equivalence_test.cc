@@ -22,6 +22,8 @@ struct Case {
   // Cosine from learning_rate to a tenth of it after a warm-up of a
   // quarter of the steps: the servers' rate by step equals the reference's.
   bool scheduled = false;
+  // A small CNN (conv 8, 16, dense 32) instead of the MLP.
+  bool cnn = false;
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
@@ -42,6 +44,16 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
   std::vector<TensorDiff> Run(const Case& c, server::ShardStore::Options store) {
     v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2, /*batch=*/32,
                                c.servers, kSteps);
+    if (c.cnn) {
+      v1::ModelSpec& model = *spec.mutable_model();
+      model.set_type(v1::MODEL_TYPE_CNN);
+      model.clear_conv();
+      model.add_conv(8);
+      model.add_conv(16);
+      model.clear_hidden();
+      model.add_hidden(32);
+      spec.set_chunk_bytes(4096);  // the layers in several chunks each
+    }
     if (c.scheduled) {
       v1::LearningRateSchedule& s = *spec.mutable_optimizer()->mutable_schedule();
       s.set_type(v1::SCHEDULE_TYPE_COSINE);
@@ -98,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adam_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4},
                       Case{"adam_3_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 3, 1e-5, 5e-4},
                       Case{"adam_cosine_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4,
-                           /*scheduled=*/true}),
+                           /*scheduled=*/true},
+                      Case{"adam_cnn_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4,
+                           /*scheduled=*/false, /*cnn=*/true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
