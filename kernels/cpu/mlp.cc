@@ -84,8 +84,8 @@ DenseLayers::DenseLayers(const ModelShape& shape, int max_batch)
   for (int l = 1; l <= layers; ++l) {
     activations_[l].resize(static_cast<size_t>(max_batch) * widths_[l]);
   }
-  // The deltas hold any layer's, the input's too when it is asked for.
-  const int64_t widest = *std::max_element(widths_.begin(), widths_.end());
+  // The deltas hold any layer's (the input's, when asked for, go to the caller's buffer).
+  const int64_t widest = *std::max_element(widths_.begin() + 1, widths_.end());
   delta_.resize(static_cast<size_t>(max_batch) * widest);
   delta_prev_.resize(static_cast<size_t>(max_batch) * widest);
 }

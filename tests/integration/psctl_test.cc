@@ -138,7 +138,7 @@ TEST_F(PsctlTest, EveryVerbInTableAndJson) {
   ProcessResult unknown = Psctl({"get", "job-999999"});
   EXPECT_EQ(unknown.exit_code(), 2);
   EXPECT_TRUE(absl::StrContains(unknown.err, "job-999999")) << unknown.err;
-  ProcessResult invalid = Psctl({"submit", dir_.Write("bad.yaml", "model: {type: cnn}\n")});
+  ProcessResult invalid = Psctl({"submit", dir_.Write("bad.yaml", "model: {type: transformer}\n")});
   EXPECT_EQ(invalid.exit_code(), 2);
   EXPECT_TRUE(absl::StrContains(invalid.err, "model.type")) << invalid.err;
 
