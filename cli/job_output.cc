@@ -77,7 +77,7 @@ std::string ResultSummary(const v1::Job& job) {
   return absl::StrFormat(
       "%s succeeded: test accuracy %.4f, final loss %.4f, %d steps in %.1f s (%.0f samples/s)",
       job.id(), r.test_accuracy(), r.final_loss(), r.steps(), r.train_seconds(),
-      r.samples_per_second());
+      r.samples_per_second()) + (job.reason().empty() ? "" : " (" + job.reason() + ")");
 }
 
 absl::StatusOr<v1::Job> FollowJob(
@@ -101,8 +101,7 @@ absl::StatusOr<v1::Job> FollowJob(
         *job.mutable_progress() = event.progress();
         break;
       case v1::JobEvent::kEvaluation:
-        job.mutable_result()->set_test_accuracy(event.evaluation().test_accuracy());
-        job.mutable_result()->set_test_loss(event.evaluation().test_loss());
+        *job.mutable_last_evaluation() = event.evaluation();
         break;
       case v1::JobEvent::kCompleted:
         *job.mutable_result() = event.completed();
@@ -171,7 +170,8 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
       break;
     case v1::JobEvent::kEvaluation:
       EndLine();
-      std::fprintf(out_, "test accuracy %.4f  test loss %.4f\n", event.evaluation().test_accuracy(),
+      std::fprintf(out_, "step %d: test accuracy %.4f  test loss %.4f\n",
+                   static_cast<int>(event.evaluation().step()), event.evaluation().test_accuracy(),
                    event.evaluation().test_loss());
       break;
     default:

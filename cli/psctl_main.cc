@@ -403,6 +403,13 @@ class Psctl {
                       absl::StrFormat("%s, from step %d: %s", Time(change.time_ms()), change.step(),
                                       change.reason())});
     }
+    for (const auto& [label, eval] : {std::pair{"last evaluation:", &job.last_evaluation()},
+                                      std::pair{"best evaluation:", &job.best_evaluation()}}) {
+      if (eval->step() == 0) continue;  // none during training
+      rows.push_back({label, absl::StrFormat("step %d: test accuracy %.4f, test loss %.4f",
+                                             eval->step(), eval->test_accuracy(),
+                                             eval->test_loss())});
+    }
     if (job.state() == v1::JOB_STATE_SUCCEEDED) {
       const v1::JobResult& r = job.result();
       rows.push_back({"result:", absl::StrFormat("test accuracy %.4f, test loss %.4f, final "

@@ -396,6 +396,21 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("epochs", "set epochs or steps to a positive number");
   }
   PSTRAIN_RETURN_IF_ERROR(CheckSchedule(opt, TotalSteps(spec)));
+  // Evaluation during training and early stopping.
+  PSTRAIN_RETURN_IF_ERROR(range("eval_every_steps", spec.eval_every_steps(), 0, TotalSteps(spec)));
+  const v1::EarlyStopping& stopping = spec.early_stopping();
+  PSTRAIN_RETURN_IF_ERROR(range("early_stopping.patience", stopping.patience(), 0, 1000000));
+  if (!(stopping.min_delta() >= 0 && stopping.min_delta() <= 1)) {
+    return FieldError("early_stopping.min_delta", "must be in [0, 1] (an accuracy)");
+  }
+  if (stopping.patience() > 0 && spec.mode() != v1::MODE_SYNC) {
+    return FieldError("early_stopping.patience",
+                      "needs mode sync (async workers' views of the model differ)");
+  }
+  if (stopping.patience() > 0 && spec.eval_every_steps() == 0) {
+    return FieldError("early_stopping.patience",
+                      "needs eval_every_steps: early stopping judges the evaluations");
+  }
   // Checkpoints and recovery.
   v1::CheckpointSpec& checkpoint = *spec.mutable_checkpoint();
   if (checkpoint.dir().empty()) {

@@ -1031,16 +1031,17 @@ class CoordinatorImpl final : public Coordinator,
     ApplyProgressReport(r, &changed);
     if (record.metrics.has_value()) {
       record.metrics->steps->Set(static_cast<double>(changed.progress().step()));
-      if (r.evaluated()) record.metrics->accuracy->Set(r.test_accuracy());
+      if (r.evaluated()) {
+        record.metrics->accuracy->Set(r.test_accuracy());
+        record.metrics->test_loss->Set(r.test_loss());
+      }
     }
     v1::JobEvent event = Event();
     *event.mutable_progress() = changed.progress();
     txn.Publish(r.job_id(), event);
     if (r.evaluated()) {
       v1::JobEvent eval = Event();
-      eval.mutable_evaluation()->set_step(r.step());
-      eval.mutable_evaluation()->set_test_accuracy(r.test_accuracy());
-      eval.mutable_evaluation()->set_test_loss(r.test_loss());
+      *eval.mutable_evaluation() = changed.last_evaluation();
       txn.Publish(r.job_id(), eval);
     }
     if (r.finished() && AllWorkersFinished(changed)) {
@@ -1049,7 +1050,7 @@ class CoordinatorImpl final : public Coordinator,
       v1::JobEvent completed = Event();
       *completed.mutable_completed() = changed.result();
       txn.Publish(r.job_id(), completed);
-      SetState(txn, r.job_id(), v1::JOB_STATE_SUCCEEDED, "");
+      SetState(txn, r.job_id(), v1::JOB_STATE_SUCCEEDED, changed.reason());  // early stopping's
       Schedule(txn);
     }
     return absl::OkStatus();

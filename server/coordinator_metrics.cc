@@ -52,8 +52,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                         .Register(r);
     m->job_accuracy = &prometheus::BuildGauge()
                            .Name("pstrain_job_test_accuracy")
-                           .Help("Test-set accuracy of a job's final model.")
+                           .Help("Test-set accuracy of a job's latest evaluation: during "
+                                 "training (eval_every_steps), then of the final model.")
                            .Register(r);
+    m->job_test_loss = &prometheus::BuildGauge()
+                            .Name("pstrain_job_test_loss")
+                            .Help("Mean test-set loss of a job's latest evaluation.")
+                            .Register(r);
     m->job_checkpoint = &prometheus::BuildGauge()
                              .Name("pstrain_job_last_checkpoint_step")
                              .Help("The step of a job's latest complete checkpoint.")
@@ -94,13 +99,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
 CoordinatorMetrics::Job CoordinatorMetrics::BindJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
   Job j{&job_running->Add(labels),    &job_steps->Add(labels),
-        &job_accuracy->Add(labels),   &job_checkpoint->Add(labels),
-        &job_generation->Add(labels), &job_recoveries->Add(labels)};
+        &job_accuracy->Add(labels),   &job_test_loss->Add(labels),
+        &job_checkpoint->Add(labels), &job_generation->Add(labels),
+        &job_recoveries->Add(labels)};
   j.running->Set(1);
   expiring.Add(job_id, [this, j] {
     job_running->Remove(j.running);
     job_steps->Remove(j.steps);
     job_accuracy->Remove(j.accuracy);
+    job_test_loss->Remove(j.test_loss);
     job_checkpoint->Remove(j.last_checkpoint);
     job_generation->Remove(j.generation);
     job_recoveries->Remove(j.recoveries);

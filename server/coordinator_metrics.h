@@ -26,6 +26,7 @@ struct CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* job_running;        // job_id      pstrain_job_running
   prometheus::Family<prometheus::Gauge>* job_steps;          // job_id      pstrain_job_progress_steps
   prometheus::Family<prometheus::Gauge>* job_accuracy;       // job_id      pstrain_job_test_accuracy
+  prometheus::Family<prometheus::Gauge>* job_test_loss;      // job_id      pstrain_job_test_loss
   prometheus::Family<prometheus::Gauge>* job_checkpoint;     // job_id      pstrain_job_last_checkpoint_step
   prometheus::Family<prometheus::Gauge>* job_generation;     // job_id      pstrain_job_generation
   prometheus::Family<prometheus::Gauge>* job_recoveries;     // job_id      pstrain_job_recoveries
@@ -41,6 +42,7 @@ struct CoordinatorMetrics {
     prometheus::Gauge* running;
     prometheus::Gauge* steps;
     prometheus::Gauge* accuracy;
+    prometheus::Gauge* test_loss;
     prometheus::Gauge* last_checkpoint;
     prometheus::Gauge* generation;
     prometheus::Gauge* recoveries;

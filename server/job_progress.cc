@@ -40,8 +40,23 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
   if (!r.finished()) p.set_samples_per_second(rate);
 
   if (r.evaluated()) {
-    job->mutable_result()->set_test_accuracy(r.test_accuracy());
-    job->mutable_result()->set_test_loss(r.test_loss());
+    v1::Evaluation eval;
+    eval.set_step(r.evaluated_step() > 0 ? r.evaluated_step() : r.step());
+    eval.set_test_accuracy(r.test_accuracy());
+    eval.set_test_loss(r.test_loss());
+    // The best so far: the first of equal accuracies.
+    if (!job->has_best_evaluation() ||
+        eval.test_accuracy() > job->best_evaluation().test_accuracy()) {
+      *job->mutable_best_evaluation() = eval;
+    }
+    *job->mutable_last_evaluation() = std::move(eval);
+    if (r.finished()) {  // the final model's
+      job->mutable_result()->set_test_accuracy(r.test_accuracy());
+      job->mutable_result()->set_test_loss(r.test_loss());
+    }
+  }
+  if (r.finished() && !r.stopped_early().empty() && job->reason().empty()) {
+    job->set_reason(r.stopped_early());
   }
 }
 
@@ -65,11 +80,15 @@ v1::JobResult CompletedResult(const v1::Job& job) {
     times.set_wait_seconds(times.wait_seconds() + w.step_times().wait_seconds() / n);
     times.set_pull_seconds(times.pull_seconds() + w.step_times().pull_seconds() / n);
   }
-  const int64_t steps = TotalSteps(job.spec());
+  // The steps the workers did: the job's, or fewer if early stopping ended it.
+  int64_t steps = 0;
+  double samples = 0;
+  for (const v1::WorkerStatus& w : job.workers()) {
+    steps = std::max(steps, w.step());
+    samples += static_cast<double>(w.step()) * job.spec().batch_size();
+  }
   result.set_steps(steps);
   result.set_train_seconds(seconds);
-  const double samples =
-      static_cast<double>(steps) * job.spec().num_workers() * job.spec().batch_size();
   result.set_samples_per_second(seconds > 0 ? samples / seconds : 0);
   result.set_final_loss(static_cast<float>(loss / n));
   return result;

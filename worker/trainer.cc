@@ -18,6 +18,12 @@
 namespace pstrain::worker {
 namespace {
 
+// Worker 0 evaluates the model (the final one, and during training); with
+// early stopping every worker does, so that all judge the same evaluations.
+bool EvaluatesTheModel(const v1::JobSpec& spec, int worker) {
+  return worker == 0 || spec.early_stopping().patience() > 0;
+}
+
 // The final loss of a worker is its mean training loss over this many steps.
 constexpr int64_t kFinalLossSteps = 50;
 // Weight of each step's loss in the exported moving average.
@@ -100,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   }
   PSTRAIN_ASSIGN_OR_RETURN(t->train_, t->options_.data->FashionMnist(t->spec_.data().dir(), true));
   PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(t->spec_, *t->train_, /*train=*/true));
-  if (a.worker_index() == 0) {
+  if (EvaluatesTheModel(t->spec_, a.worker_index())) {
     PSTRAIN_ASSIGN_OR_RETURN(t->test_,
                              t->options_.data->FashionMnist(t->spec_.data().dir(), false));
     PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(t->spec_, *t->test_, /*train=*/false));
@@ -369,6 +375,13 @@ absl::Status Trainer::ReceiveValues(int k, StepResult* result) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Evaluation> Trainer::EvaluateAfter(int64_t steps) {
+  eval_params_.resize(host_params_.size());
+  const bool sync = spec_.mode() == v1::MODE_SYNC;
+  PSTRAIN_RETURN_IF_ERROR(devices_[0]->client->PullAll(sync ? steps : 0, eval_params_.data()));
+  return Evaluate(spec_, eval_params_, *test_);
+}
+
 absl::Status Trainer::Run() {
   const v1::WorkerAssignment& a = options_.assignment;
   const int64_t global_batch = int64_t{spec_.num_workers()} * spec_.batch_size();
@@ -401,6 +414,16 @@ absl::Status Trainer::Run() {
     if (step >= 0) recent_losses[step % recent_losses.size()] = resume.recent_losses(i);
   }
   double loss_ema = resume.loss_ema();
+  // Evaluation during training.
+  const int64_t eval_every = spec_.eval_every_steps();
+  const v1::EarlyStopping& stopping = spec_.early_stopping();
+  const bool evaluates = eval_every > 0 && EvaluatesTheModel(spec_, a.worker_index());
+  std::optional<Evaluation> last_eval;
+  float best_accuracy = resume.best_test_accuracy();
+  int64_t best_step = resume.best_step();
+  int32_t without_improvement = resume.evaluations_without_improvement();
+  std::string stopped_early;  // why, once early stopping ends the training
+  int64_t last_step = total_steps;
   const absl::Time start = MonotonicNow();
   const double seconds_before = resume.train_seconds();
   absl::Time window_start = start;
@@ -454,23 +477,6 @@ absl::Status Trainer::Run() {
     ++window_steps;
     loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
 
-    // At a checkpoint step (sync: what the servers checkpoint after this
-    // step), what a replacement needs to go on from it exactly.
-    const int64_t done = step + 1;
-    if (sync && !spec_.checkpoint().dir().empty() &&
-        (done % checkpoint_every == 0 || done == requested_checkpoint_)) {
-      v1::WorkerResumeState* state = report.add_checkpoint_states();
-      state->set_worker(a.worker_index());
-      state->set_step(done);
-      state->set_generation(a.generation());
-      const int64_t kept = std::min<int64_t>(done, recent_losses.size());
-      for (int64_t s = done - kept; s < done; ++s) {
-        state->add_recent_losses(static_cast<float>(recent_losses[s % recent_losses.size()]));
-      }
-      state->set_loss_ema(loss_ema);
-      state->set_train_seconds(seconds_before + absl::ToDoubleSeconds(step_end - start));
-    }
-
     // Where the step's time went, adding up to its duration: device 0's
     // compute and reduce, and the rest — the exchanges with the servers not
     // hidden behind compute — split in proportion to the exchanges' own
@@ -508,7 +514,58 @@ absl::Status Trainer::Run() {
     }
     before = after;
 
-    if (step_end - window_start >= options_.report_interval || step + 1 == total_steps) {
+    // Evaluation during training (the last step's is the final one below),
+    // before the checkpoint state, which carries early stopping's part.
+    const int64_t done = step + 1;
+    bool evaluated = false;
+    if (evaluates && done % eval_every == 0 && done < total_steps) {
+      PSTRAIN_ASSIGN_OR_RETURN(last_eval, EvaluateAfter(done));
+      before = client_stats();  // the evaluation's pull is no step's
+      evaluated = true;
+      const float accuracy = static_cast<float>(last_eval->accuracy);
+      if (a.worker_index() == 0) {
+        report.set_evaluated(true);
+        report.set_evaluated_step(done);
+        report.set_test_accuracy(accuracy);
+        report.set_test_loss(static_cast<float>(last_eval->loss));
+      }
+      if (best_step == 0 || accuracy > best_accuracy + stopping.min_delta()) {
+        best_accuracy = accuracy;
+        best_step = done;
+        without_improvement = 0;
+      } else {
+        ++without_improvement;
+      }
+      if (stopping.patience() > 0 && without_improvement >= stopping.patience()) {
+        stopped_early = absl::StrCat(
+            "early stopping at step ", done, ": the test accuracy did not improve on ",
+            best_accuracy, " (step ", best_step, ") by more than ", stopping.min_delta(), " in ",
+            stopping.patience(), " evaluations");
+        last_step = done;
+      }
+    }
+
+    // At a checkpoint step (sync: what the servers checkpoint after this
+    // step), what a replacement needs to go on from it exactly.
+    if (sync && !spec_.checkpoint().dir().empty() &&
+        (done % checkpoint_every == 0 || done == requested_checkpoint_)) {
+      v1::WorkerResumeState* state = report.add_checkpoint_states();
+      state->set_worker(a.worker_index());
+      state->set_step(done);
+      state->set_generation(a.generation());
+      const int64_t kept = std::min<int64_t>(done, recent_losses.size());
+      for (int64_t s = done - kept; s < done; ++s) {
+        state->add_recent_losses(static_cast<float>(recent_losses[s % recent_losses.size()]));
+      }
+      state->set_loss_ema(loss_ema);
+      state->set_train_seconds(seconds_before + absl::ToDoubleSeconds(step_end - start));
+      state->set_best_test_accuracy(best_accuracy);
+      state->set_best_step(best_step);
+      state->set_evaluations_without_improvement(without_improvement);
+    }
+
+    if (step_end - window_start >= options_.report_interval || done == last_step ||
+        (evaluated && a.worker_index() == 0)) {
       const double seconds = absl::ToDoubleSeconds(step_end - window_start);
       if (metrics_.has_value() && seconds > 0) {
         metrics_->samples_per_second->Set(window_steps * batch_ / seconds);
@@ -520,13 +577,18 @@ absl::Status Trainer::Run() {
       report.set_seconds(seconds);
       if (options_.report) options_.report(report);
       report.clear_checkpoint_states();
+      report.clear_evaluated();
+      report.clear_evaluated_step();
+      report.clear_test_accuracy();
+      report.clear_test_loss();
       window_loss = 0;
       window_steps = 0;
       window_start = step_end;
     }
+    if (done == last_step) break;
   }
   v1::StepTimes& times = *report.mutable_step_times();
-  const double n = static_cast<double>(std::max<int64_t>(total_steps - first_step, 1));
+  const double n = static_cast<double>(std::max<int64_t>(last_step - first_step, 1));
   times.set_compute_seconds(phase_totals[static_cast<int>(StepPhase::kCompute)] / n);
   times.set_reduce_seconds(phase_totals[static_cast<int>(StepPhase::kReduce)] / n);
   times.set_push_seconds(phase_totals[static_cast<int>(StepPhase::kPush)] / n);
@@ -537,7 +599,8 @@ absl::Status Trainer::Run() {
   // reported above.
   double recent = 0;
   for (double loss : recent_losses) recent += loss;
-  report.set_step(total_steps);
+  report.set_step(last_step);
+  report.set_stopped_early(stopped_early);
   report.set_loss(static_cast<float>(recent / recent_losses.size()));
   report.set_samples(0);
   report.set_seconds(0);
@@ -547,12 +610,18 @@ absl::Status Trainer::Run() {
   if (a.worker_index() == 0) {
     // The final model: every worker's last push applied on every chunk.
     if (sync) {
-      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(total_steps, host_params_.data()));
+      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(last_step, host_params_.data()));
     } else {
-      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data(), total_steps));
+      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data(), last_step));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(spec_, host_params_, *test_));
+    Evaluation eval;
+    if (!stopped_early.empty()) {
+      eval = *last_eval;  // the model it stopped at was just evaluated
+    } else {
+      PSTRAIN_ASSIGN_OR_RETURN(eval, Evaluate(spec_, host_params_, *test_));
+    }
     report.set_evaluated(true);
+    report.set_evaluated_step(last_step);
     report.set_test_accuracy(static_cast<float>(eval.accuracy));
     report.set_test_loss(static_cast<float>(eval.loss));
   }

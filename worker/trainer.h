@@ -27,6 +27,7 @@
 #include "kernels/reducer.h"
 #include "pstrain/v1/membership.pb.h"
 #include "worker/devices.h"
+#include "worker/in_process.h"
 #include "worker/parameter_client.h"
 #include "worker/slice_layout.h"
 #include "worker/transport.h"
@@ -122,6 +123,9 @@ class Trainer {
   absl::Status OnAllDevices(const std::function<absl::Status(int)>& fn);
   // Copies the node's host parameters to every device.
   absl::Status LoadParams();
+  // The test-set evaluation of the model the servers hold after `steps`
+  // steps (sync; async: what they hold now), pulled into eval_params_.
+  absl::StatusOr<Evaluation> EvaluateAfter(int64_t steps);
 
   TrainerOptions options_;
   v1::JobSpec spec_;
@@ -133,6 +137,7 @@ class Trainer {
   std::vector<SliceLayout> layer_layouts_;
   // The node's parameters in host memory: what the servers answered.
   std::vector<float> host_params_;
+  std::vector<float> eval_params_;  // evaluations during training
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> requested_checkpoint_{0};
   int64_t steps_done_ = 0;

@@ -246,7 +246,8 @@ class WorkerNodeImpl final : public WorkerNode {
   // Progress reports go out on their own thread so that a slow coordinator
   // never slows training; only the newest pending report is kept.
   // A report not sent yet is replaced by the newer one, but the resume
-  // states it carries go with the newer one: a checkpoint needs them.
+  // states it carries go with the newer one (a checkpoint needs them), and
+  // so does its evaluation unless the newer one has its own.
   void Enqueue(const v1::ReportProgressRequest& r) {
     absl::MutexLock lock(&mu_);
     v1::ReportProgressRequest next = r;
@@ -254,6 +255,12 @@ class WorkerNodeImpl final : public WorkerNode {
         pending_report_->generation() == r.generation()) {
       for (v1::WorkerResumeState& state : *pending_report_->mutable_checkpoint_states()) {
         *next.add_checkpoint_states() = std::move(state);
+      }
+      if (pending_report_->evaluated() && !next.evaluated()) {
+        next.set_evaluated(true);
+        next.set_evaluated_step(pending_report_->evaluated_step());
+        next.set_test_accuracy(pending_report_->test_accuracy());
+        next.set_test_loss(pending_report_->test_loss());
       }
     }
     pending_report_ = std::move(next);

@@ -230,6 +230,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "model: {type: cnn, conv: [512]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 1000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",
                 "batch_size"},
+        BadSpec{"evaluations past the end", std::string(kValid) + "eval_every_steps: 100000\n",
+                "eval_every_steps"},
+        BadSpec{"early stopping without evaluations",
+                std::string(kValid) + "early_stopping: {patience: 3}\n", "early_stopping.patience"},
+        BadSpec{"early stopping in async",
+                With("mode: sync", "mode: async") +
+                    "eval_every_steps: 100\nearly_stopping: {patience: 3}\n",
+                "early_stopping.patience"},
+        BadSpec{"negative min_delta",
+                std::string(kValid) + "eval_every_steps: 100\nearly_stopping: {patience: 3, "
+                "min_delta: -0.1}\n",
+                "early_stopping.min_delta"},
         BadSpec{"absurd activations",
                 "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",

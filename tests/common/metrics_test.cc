@@ -69,6 +69,7 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_job_running", {T::Gauge, {"job_id"}}},
       {"pstrain_job_progress_steps", {T::Gauge, {"job_id"}}},
       {"pstrain_job_test_accuracy", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_test_loss", {T::Gauge, {"job_id"}}},
       {"pstrain_job_last_checkpoint_step", {T::Gauge, {"job_id"}}},
       {"pstrain_job_generation", {T::Gauge, {"job_id"}}},
       {"pstrain_job_recoveries", {T::Gauge, {"job_id"}}},

@@ -1,5 +1,7 @@
 #include "server/job_progress.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace pstrain::server {
@@ -56,6 +58,48 @@ TEST(JobProgressTest, FinalReportsMakeTheResult) {
   EXPECT_DOUBLE_EQ(r.train_seconds(), 20);
   EXPECT_DOUBLE_EQ(r.samples_per_second(), 100.0 * 2 * 10 / 20);
   EXPECT_FLOAT_EQ(r.final_loss(), 0.6f);
+  EXPECT_FLOAT_EQ(r.test_accuracy(), 0.8f);
+}
+
+// Evaluations during training are the last and the best (the first of
+// equal ones), not the result; early stopping's final reports set the
+// steps and the reason.
+TEST(JobProgressTest, EvaluationsAndAnEarlyStop) {
+  v1::Job job = RunningJob(2);
+  auto evaluated = [](int worker, int64_t step, float accuracy) {
+    // Sent a little later, before the stop at 60.
+    v1::ReportProgressRequest r = Report(worker, std::min<int64_t>(step + 3, 60), 1.0f);
+    r.set_evaluated(true);
+    r.set_evaluated_step(step);
+    r.set_test_accuracy(accuracy);
+    r.set_test_loss(1 - accuracy);
+    return r;
+  };
+  ApplyProgressReport(evaluated(0, 20, 0.7f), &job);
+  ApplyProgressReport(evaluated(0, 40, 0.8f), &job);
+  ApplyProgressReport(evaluated(0, 60, 0.8f), &job);
+  EXPECT_EQ(job.last_evaluation().step(), 60);
+  EXPECT_EQ(job.best_evaluation().step(), 40);
+  EXPECT_FLOAT_EQ(job.best_evaluation().test_loss(), 0.2f);
+  EXPECT_FALSE(job.result().has_step_times()) << "no result before the end";
+  EXPECT_EQ(job.result().test_accuracy(), 0);
+
+  for (int w = 0; w < 2; ++w) {
+    v1::ReportProgressRequest last = Report(w, 60, 0.5f);
+    last.set_finished(true);
+    last.set_train_seconds(6);
+    last.set_stopped_early("early stopping at step 60: ...");
+    if (w == 0) {
+      last.set_evaluated(true);
+      last.set_evaluated_step(60);
+      last.set_test_accuracy(0.8f);
+    }
+    ApplyProgressReport(last, &job);
+  }
+  EXPECT_EQ(job.reason(), "early stopping at step 60: ...");
+  const v1::JobResult r = CompletedResult(job);
+  EXPECT_EQ(r.steps(), 60);
+  EXPECT_DOUBLE_EQ(r.samples_per_second(), 60.0 * 2 * 10 / 6);
   EXPECT_FLOAT_EQ(r.test_accuracy(), 0.8f);
 }
 
