@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/kernels/finite_differences.h"
 
 namespace pstrain::kernels {
 namespace {
@@ -122,20 +123,9 @@ TEST_P(CpuCnnTest, LossAndGradientsMatchTheReference) {
   std::vector<double> p(params_.begin(), params_.end());
   EXPECT_NEAR(stats.loss_sum, ReferenceLoss(shape_, p, x_, y_, kBatch), 1e-4);
 
-  const double eps = 1e-5;
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double saved = p[i];
-    p[i] = saved + eps;
-    const double up = ReferenceLoss(shape_, p, x_, y_, kBatch);
-    p[i] = saved - eps;
-    const double down = ReferenceLoss(shape_, p, x_, y_, kBatch);
-    p[i] = saved;
-    const double numeric = (up - down) / (2 * eps);
-    const double err = std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric));
-    worst = std::max(worst, err);
-    EXPECT_LT(err, 1e-3) << "param " << i << ": analytic " << grad[i] << " numeric " << numeric;
-  }
+  const double worst = ExpectGradientMatchesFiniteDifferences(
+      params_, grad,
+      [&](const std::vector<double>& q) { return ReferenceLoss(shape_, q, x_, y_, kBatch); });
   RecordProperty("worst_relative_error", std::to_string(worst));
 }
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/finite_differences.h"
 
 namespace pstrain::kernels {
 namespace {
@@ -66,20 +67,9 @@ TEST_P(CpuKernelsTest, GradientsMatchFiniteDifferences) {
   std::vector<double> p(params.begin(), params.end());
   EXPECT_NEAR(stats.loss_sum, ReferenceLoss(shape, p, x, y, batch), 1e-4);
 
-  const double eps = 1e-5;
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double saved = p[i];
-    p[i] = saved + eps;
-    const double up = ReferenceLoss(shape, p, x, y, batch);
-    p[i] = saved - eps;
-    const double down = ReferenceLoss(shape, p, x, y, batch);
-    p[i] = saved;
-    const double numeric = (up - down) / (2 * eps);
-    const double err = std::abs(numeric - grad[i]) / std::max(1.0, std::abs(numeric));
-    worst = std::max(worst, err);
-    EXPECT_LT(err, 1e-3) << "param " << i << ": analytic " << grad[i] << " numeric " << numeric;
-  }
+  const double worst = ExpectGradientMatchesFiniteDifferences(
+      params, grad,
+      [&](const std::vector<double>& q) { return ReferenceLoss(shape, q, x, y, batch); });
   RecordProperty("worst_relative_error", std::to_string(worst));
 }
 
