@@ -258,16 +258,20 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
 
   // Model.
   v1::ModelSpec& model = *spec.mutable_model();
+  auto check_hidden = [&]() -> absl::Status {
+    if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
+    for (int i = 0; i < model.hidden_size(); ++i) {
+      PSTRAIN_RETURN_IF_ERROR(
+          range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
+    }
+    return absl::OkStatus();
+  };
   switch (model.type()) {
     case v1::MODEL_TYPE_MLP:
       if (model.hidden_size() == 0) {
         return FieldError("model.hidden", "an mlp needs at least one hidden width");
       }
-      if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
-      for (int i = 0; i < model.hidden_size(); ++i) {
-        PSTRAIN_RETURN_IF_ERROR(
-            range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
-      }
+      PSTRAIN_RETURN_IF_ERROR(check_hidden());
       break;
     case v1::MODEL_TYPE_SOFTMAX:
       if (model.hidden_size() != 0) {
@@ -285,11 +289,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
         PSTRAIN_RETURN_IF_ERROR(
             range(absl::StrCat("model.conv[", i, "]"), model.conv(i), 1, 512));
       }
-      if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
-      for (int i = 0; i < model.hidden_size(); ++i) {
-        PSTRAIN_RETURN_IF_ERROR(
-            range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
-      }
+      PSTRAIN_RETURN_IF_ERROR(check_hidden());
       break;
     default:
       return FieldError("model.type", "required (softmax, mlp or cnn)");

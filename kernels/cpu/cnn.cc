@@ -15,6 +15,18 @@
 namespace pstrain::kernels {
 namespace {
 
+// [C][B][area] -> [B][C][area] (to_rows: the dense layers' rows), or back.
+void Transpose(const float* in, int channels, int batch, int area, bool to_rows, float* out) {
+  for (int s = 0; s < batch; ++s) {
+    for (int c = 0; c < channels; ++c) {
+      const size_t by_channel = (static_cast<size_t>(c) * batch + s) * area;
+      const size_t by_row = (static_cast<size_t>(s) * channels + c) * area;
+      std::memcpy(out + (to_rows ? by_row : by_channel), in + (to_rows ? by_channel : by_row),
+                  sizeof(float) * area);
+    }
+  }
+}
+
 class CpuCnn final : public ModelKernels {
  public:
   CpuCnn(const ModelShape& shape, int max_batch)
@@ -52,15 +64,8 @@ class CpuCnn final : public ModelKernels {
                     d_features_.data());
     // d(last pooling) from the dense layers' d(input), [B][C*h*w] -> [C][B][h][w].
     const ConvLayer& last = convs_.back();
-    const int area = last.pooled_height() * last.pooled_width();
-    float* d_pooled = d_in_.data();
-    for (int s = 0; s < batch; ++s) {
-      for (int c = 0; c < last.out_channels; ++c) {
-        std::memcpy(d_pooled + (static_cast<size_t>(c) * batch + s) * area,
-                    d_features_.data() + (static_cast<size_t>(s) * last.out_channels + c) * area,
-                    sizeof(float) * area);
-      }
-    }
+    Transpose(d_features_.data(), last.out_channels, batch,
+              last.pooled_height() * last.pooled_width(), /*to_rows=*/false, d_in_.data());
     for (int l = static_cast<int>(convs_.size()) - 1; l >= 0; --l) {
       BackwardConv(l, params, batch, grad, on_ready);
     }
@@ -89,14 +94,8 @@ class CpuCnn final : public ModelKernels {
     const ConvLayer& first = convs_.front();
     const float* in = x;
     if (first.in_channels > 1) {
-      const size_t area = static_cast<size_t>(first.height) * first.width;
-      for (int s = 0; s < batch; ++s) {
-        for (int c = 0; c < first.in_channels; ++c) {
-          std::memcpy(input_.data() + (static_cast<size_t>(c) * batch + s) * area,
-                      x + (static_cast<size_t>(s) * first.in_channels + c) * area,
-                      sizeof(float) * area);
-        }
-      }
+      Transpose(x, first.in_channels, batch, first.height * first.width, /*to_rows=*/false,
+                input_.data());
       in = input_.data();
     }
     for (size_t l = 0; l < convs_.size(); ++l) {
@@ -105,13 +104,8 @@ class CpuCnn final : public ModelKernels {
     }
     // The last pooling, [C][B][h][w], as the dense layers' rows [B][C*h*w].
     const ConvLayer& last = convs_.back();
-    const int area = last.pooled_height() * last.pooled_width();
-    for (int s = 0; s < batch; ++s) {
-      for (int c = 0; c < last.out_channels; ++c) {
-        std::memcpy(features_.data() + (static_cast<size_t>(s) * last.out_channels + c) * area,
-                    in + (static_cast<size_t>(c) * batch + s) * area, sizeof(float) * area);
-      }
-    }
+    Transpose(in, last.out_channels, batch, last.pooled_height() * last.pooled_width(),
+              /*to_rows=*/true, features_.data());
     dense_.Forward(params, features_.data(), batch);
   }
 
