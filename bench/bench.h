@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/job_spec.h"
 #include "worker/transport.h"
 
 namespace pstrain::bench {
@@ -76,6 +77,15 @@ struct ConvBenchOptions {
   int rounds = 4;      // alternations of the two sides
 };
 int RunConvBench(const ConvBenchOptions& options);
+
+struct SspBenchOptions {
+  // Staleness bounds, one job each; kUnboundedStaleness: a bound past the
+  // job's steps. Ratios are against the first.
+  std::vector<int64_t> staleness = {0, 1, 4, kUnboundedStaleness};
+  int batch = 64;     // per worker, as the quick start
+  int steps = 1000;   // per worker
+};
+int RunSspBench(const SspBenchOptions& options);
 
 }  // namespace pstrain::bench
 

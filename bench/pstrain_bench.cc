@@ -1,14 +1,17 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] [flags]
+//   pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "cli/local_cluster.h"
+#include "common/job_spec.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(bool, tiny, false,
@@ -30,6 +33,8 @@ ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
 ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
 ABSL_FLAG(int, conv_batch, 64, "conv: the batch of the convolutions");
 ABSL_FLAG(double, conv_seconds, 8, "conv: seconds per layer");
+ABSL_FLAG(std::string, ssp_staleness, "0,1,4,inf", "ssp: staleness bounds (inf: unbounded)");
+ABSL_FLAG(int, ssp_steps, 1000, "ssp: steps per worker");
 ABSL_FLAG(std::string, bin_dir, "",
           "train, checkpoint, tls, recovery: where the pstrain binaries are; default: beside this one");
 ABSL_FLAG(int, checkpoint_pairs, 5, "checkpoint: runs with and without checkpoints");
@@ -41,7 +46,7 @@ namespace pstrain::bench {
 namespace {
 
 int Usage() {
-  std::cerr << "usage: pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] "
+  std::cerr << "usage: pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] "
                "[flags]\n";
   return 2;
 }
@@ -51,7 +56,7 @@ int Main(const std::vector<char*>& args) {
   const std::string command = args[1];
   if (command != "transport" && command != "apply" && command != "train" &&
       command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
-      command != "all") {
+      command != "ssp" && command != "all") {
     return Usage();
   }
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
@@ -150,6 +155,26 @@ int Main(const std::vector<char*>& args) {
     }
     status |= RunConvBench(o);
   }
+  if (command == "ssp" || command == "all") {
+    SspBenchOptions o;
+    o.staleness.clear();
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_ssp_staleness), ',', absl::SkipEmpty())) {
+      int64_t bound = kUnboundedStaleness;
+      if (part != "inf" && (!absl::SimpleAtoi(part, &bound) || bound < 0)) {
+        std::cerr << "pstrain-bench: --ssp_staleness: not a bound >= 0 or inf: '" << part << "'\n";
+        return 2;
+      }
+      o.staleness.push_back(bound);
+    }
+    o.steps = absl::GetFlag(FLAGS_ssp_steps);
+    if (tiny) o.steps = 20;
+    if (o.steps < 1 || o.staleness.empty()) {
+      std::cerr << "pstrain-bench: --ssp_steps must be positive, --ssp_staleness not empty\n";
+      return 2;
+    }
+    status |= RunSspBench(o);
+  }
   if (command == "checkpoint" || command == "all") {
     CheckpointBenchOptions o;
     o.pairs = absl::GetFlag(FLAGS_checkpoint_pairs);
@@ -199,7 +224,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "pstrain-bench transport|apply|train|conv|checkpoint|tls|recovery|all [--tiny] [flags]");
+      "pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines

@@ -52,6 +52,17 @@ std::string ModelSummary(const v1::JobSpec& spec) {
                       absl::StrJoin(widths, "-"));
 }
 
+std::string WorkerBatchSummary(const v1::JobSpec& spec) {
+  if (spec.accumulate_steps() <= 1) return absl::StrCat("batch ", spec.batch_size());
+  return absl::StrCat(spec.accumulate_steps(), " x batch ", spec.batch_size(), " accumulated");
+}
+
+std::string ModeSummary(const v1::JobSpec& spec) {
+  const std::string mode = ModeName(spec.mode());
+  if (spec.mode() != v1::MODE_SSP) return mode;
+  return absl::StrCat(mode, " (staleness ", spec.staleness(), ")");
+}
+
 std::string Printable(absl::string_view s) {
   std::string out;
   out.reserve(s.size());

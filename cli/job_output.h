@@ -42,6 +42,10 @@ class ProgressDisplay {
 
 // "mlp 784-256-128-10".
 std::string ModelSummary(const v1::JobSpec& spec);
+// A worker's step: "batch 64", or "4 x batch 64 accumulated".
+std::string WorkerBatchSummary(const v1::JobSpec& spec);
+// "sync", "async", or "ssp (staleness 2)".
+std::string ModeSummary(const v1::JobSpec& spec);
 // "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404 steps in 16.9 s (10623 samples/s)".
 std::string ResultSummary(const v1::Job& job);
 // "compute 2.10 ms, reduce 0.00 ms, push 0.31 ms, wait 1.20 ms, pull 0.42 ms

@@ -303,9 +303,9 @@ int Run() {
     std::cerr << "pstrain-local: submit: " << s.message() << "\n";
     return finish(s.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed);
   }
-  std::printf("job %s submitted: %s, %s, %d worker(s) x batch %d, %d server(s)\n",
+  std::printf("job %s submitted: %s, %s, %d worker(s) x %s, %d server(s)\n",
               submitted.job_id().c_str(), ModelSummary(*spec).c_str(),
-              ModeName(spec->mode()).c_str(), spec->num_workers(), spec->batch_size(),
+              ModeSummary(*spec).c_str(), spec->num_workers(), WorkerBatchSummary(*spec).c_str(),
               spec->num_servers());
   std::fflush(stdout);
 

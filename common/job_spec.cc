@@ -370,6 +370,17 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (!v1::Mode_IsValid(spec.mode())) {
     return FieldError("mode", absl::StrCat("unknown value ", spec.mode()));
   }
+  if (spec.mode() == v1::MODE_SSP) {
+    if (!spec.has_staleness()) {
+      return FieldError("staleness", "mode ssp needs a staleness bound (0: as sync)");
+    }
+    PSTRAIN_RETURN_IF_ERROR(range("staleness", spec.staleness(), 0, int64_t{1} << 40));
+  } else if (spec.has_staleness()) {
+    return FieldError("staleness", absl::StrCat("only mode ssp has a staleness bound (",
+                                                ModeName(spec.mode()), ": ",
+                                                spec.mode() == v1::MODE_SYNC ? "0" : "unbounded",
+                                                ")"));
+  }
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) spec.set_precision(v1::PRECISION_FP32);
   if (!v1::Precision_IsValid(spec.precision())) {
     return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
@@ -382,11 +393,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
   PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));
   PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
-  const int64_t global_batch = int64_t{spec.num_workers()} * spec.batch_size();
+  if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
+  PSTRAIN_RETURN_IF_ERROR(range("accumulate_steps", spec.accumulate_steps(), 1, 1024));
+  const int64_t global_batch = GlobalBatch(spec);
   if (global_batch > kFashionTrainSamples) {
-    return FieldError("batch_size", absl::StrCat("num_workers * batch_size = ", global_batch,
-                                                 " exceeds the ", kFashionTrainSamples,
-                                                 " training samples"));
+    return FieldError("batch_size",
+                      absl::StrCat("num_workers * accumulate_steps * batch_size = ", global_batch,
+                                   " exceeds the ", kFashionTrainSamples, " training samples"));
   }
   if (spec.max_skipped_steps() == 0) spec.set_max_skipped_steps(10);
   PSTRAIN_RETURN_IF_ERROR(range("max_skipped_steps", spec.max_skipped_steps(), 1, 1000000));
@@ -405,7 +418,8 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   }
   if (stopping.patience() > 0 && spec.mode() != v1::MODE_SYNC) {
     return FieldError("early_stopping.patience",
-                      "needs mode sync (async workers' views of the model differ)");
+                      absl::StrCat("needs mode sync (", ModeName(spec.mode()),
+                                   " workers' views of the model differ)"));
   }
   if (stopping.patience() > 0 && spec.eval_every_steps() == 0) {
     return FieldError("early_stopping.patience",
@@ -533,15 +547,19 @@ int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
     widths += int64_t{c.patch() + 2 * c.out_channels} * c.height * c.width +
               2 * int64_t{c.out_channels} * c.pooled_height() * c.pooled_width();
   }
+  // Parameters, gradient, pushed gradient (and the sum of micro-batches).
+  const int64_t copies = spec.accumulate_steps() > 1 ? 4 : 3;
   const int64_t model =
-      4 * (3 * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
+      4 * (copies * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
   const int64_t samples = kFashionTrainSamples + kFashionTestSamples;
   return model + samples * (shape.input_dim + 4);
 }
 
-int64_t StepsPerEpoch(const v1::JobSpec& spec) {
-  return TrainSamplesOf(spec) / (int64_t{spec.num_workers()} * spec.batch_size());
+int64_t GlobalBatch(const v1::JobSpec& spec) {
+  return int64_t{spec.num_workers()} * std::max(1, spec.accumulate_steps()) * spec.batch_size();
 }
+
+int64_t StepsPerEpoch(const v1::JobSpec& spec) { return TrainSamplesOf(spec) / GlobalBatch(spec); }
 
 absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train) {
   const kernels::ModelShape shape = ModelShapeOf(spec);
@@ -594,6 +612,23 @@ std::string EnumName(const EnumDescriptor* e, int number) {
   return v == nullptr ? absl::StrCat("unknown(", number, ")") : ShortEnumName(v);
 }
 }  // namespace
+
+int64_t StalenessOf(const v1::JobSpec& spec) {
+  switch (spec.mode()) {
+    case v1::MODE_SSP:
+      return spec.staleness();
+    case v1::MODE_ASYNC:
+      return kUnboundedStaleness;
+    default:
+      return 0;
+  }
+}
+
+int64_t StepsAppliedBefore(int64_t step, int64_t staleness) {
+  return staleness == kUnboundedStaleness ? 0 : std::max<int64_t>(0, step - staleness);
+}
+
+bool ScalesToTheGlobalBatch(const v1::JobSpec& spec) { return spec.mode() != v1::MODE_ASYNC; }
 
 std::string ModeName(v1::Mode mode) { return EnumName(v1::Mode_descriptor(), mode); }
 std::string ModelTypeName(v1::ModelType type) {

@@ -68,8 +68,23 @@ int64_t TrainSamplesOf(const v1::JobSpec& spec);
 int64_t WorkerBytesNeeded(const v1::JobSpec& spec);
 // Global batches per epoch: floor(train samples / (workers * batch)).
 int64_t StepsPerEpoch(const v1::JobSpec& spec);
+// Samples of one step over all workers: num_workers * accumulate_steps *
+// batch_size (normalized).
+int64_t GlobalBatch(const v1::JobSpec& spec);
 // Steps every worker runs: spec.steps, or epochs * StepsPerEpoch.
 int64_t TotalSteps(const v1::JobSpec& spec);
+
+// How many steps a worker may compute ahead of the slowest worker's last
+// applied push, the bound all three modes share: 0 for sync, the job's
+// staleness for ssp, kUnboundedStaleness for async.
+constexpr int64_t kUnboundedStaleness = -1;
+int64_t StalenessOf(const v1::JobSpec& spec);
+// The steps of every worker that must be applied to the values a worker
+// computes `step` from under that bound: step - staleness, at least 0.
+int64_t StepsAppliedBefore(int64_t step, int64_t staleness);
+// Whether each worker's push is scaled to its share of the global batch's
+// mean (sync, ssp) rather than to its own batch's mean (async).
+bool ScalesToTheGlobalBatch(const v1::JobSpec& spec);
 
 // The learning rate of the update of `step` (0-based) of a job of
 // `total_steps` steps, by opt.schedule (see job.proto).

@@ -440,7 +440,8 @@ class CoordinatorImpl final : public Coordinator,
       }
       if (job.spec().mode() != v1::MODE_SYNC) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "job ", id, " is async: it checkpoints every checkpoint.every_steps steps only"));
+            "job ", id, " is ", ModeName(job.spec().mode()),
+            ": it checkpoints every checkpoint.every_steps steps only"));
       }
       // A step that no chunk has reached when the nodes hear of it: the
       // furthest worker's step plus what the job does in a few seconds.
@@ -448,7 +449,7 @@ class CoordinatorImpl final : public Coordinator,
       for (const v1::WorkerStatus& w : job.workers()) furthest = std::max(furthest, w.step());
       const double steps_per_second =
           job.progress().samples_per_second() /
-          std::max(1, job.spec().num_workers() * job.spec().batch_size());
+          static_cast<double>(std::max<int64_t>(1, GlobalBatch(job.spec())));
       step = furthest + 20 + static_cast<int64_t>(steps_per_second * 3);
       if (step >= job.progress().total_steps()) {
         return absl::FailedPreconditionError(

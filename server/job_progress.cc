@@ -85,7 +85,7 @@ v1::JobResult CompletedResult(const v1::Job& job) {
   double samples = 0;
   for (const v1::WorkerStatus& w : job.workers()) {
     steps = std::max(steps, w.step());
-    samples += static_cast<double>(w.step()) * job.spec().batch_size();
+    samples += static_cast<double>(w.step()) * GlobalBatch(job.spec()) / job.spec().num_workers();
   }
   result.set_steps(steps);
   result.set_train_seconds(seconds);

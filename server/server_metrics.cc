@@ -43,9 +43,21 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
                     .Register(r);
     m->staleness = &prometheus::BuildHistogram()
                         .Name("pstrain_server_gradient_staleness")
-                        .Help("Async mode: updates applied to a chunk since the values a "
+                        .Help("Async and ssp: updates applied to a chunk since the values a "
                               "gradient was computed from.")
                         .Register(r);
+    m->step_staleness = &prometheus::BuildHistogram()
+                             .Name("pstrain_server_step_staleness")
+                             .Help("Steps of the slowest worker missing from the values a "
+                                   "worker's next step is computed from, per worker and step "
+                                   "(sync: 0; ssp: at most the job's staleness).")
+                             .Register(r);
+    m->slowest_wait = &prometheus::BuildHistogram()
+                           .Name("pstrain_server_slowest_worker_wait_seconds")
+                           .Help("How long a worker's push waited for other workers' steps "
+                                 "before its reply, per worker and step (sync: the barrier; "
+                                 "ssp: the staleness bound; async: 0).")
+                           .Register(r);
     m->checkpoint = &prometheus::BuildHistogram()
                          .Name("pstrain_server_checkpoint_seconds")
                          .Help("Writing one checkpoint of a job's chunks (in the background).")
@@ -101,6 +113,9 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
   j.apply = &apply->Add(labels, LatencyBuckets());
   j.staleness = &staleness->Add(
       labels, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256});
+  j.step_staleness = &step_staleness->Add(
+      labels, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256});
+  j.slowest_wait = &slowest_wait->Add(labels, LatencyBuckets());
   j.checkpoint = &checkpoint->Add(labels, LatencyBuckets());
   j.checkpoint_copy = &checkpoint_copy->Add(labels, LatencyBuckets());
   j.checkpoint_bytes = &checkpoint_bytes->Add(labels);
@@ -119,6 +134,8 @@ ServerMetrics::Job ServerMetrics::BindJob(const std::string& job_id) {
     barrier_wait->Remove(j.barrier_wait);
     apply->Remove(j.apply);
     staleness->Remove(j.staleness);
+    step_staleness->Remove(j.step_staleness);
+    slowest_wait->Remove(j.slowest_wait);
   });
   return j;
 }

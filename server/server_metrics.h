@@ -25,6 +25,8 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Histogram>* barrier_wait;  // job_id  pstrain_server_barrier_wait_seconds
   prometheus::Family<prometheus::Histogram>* apply;         // job_id  pstrain_server_apply_seconds
   prometheus::Family<prometheus::Histogram>* staleness;     // job_id  pstrain_server_gradient_staleness
+  prometheus::Family<prometheus::Histogram>* step_staleness;  // job_id  pstrain_server_step_staleness
+  prometheus::Family<prometheus::Histogram>* slowest_wait;  // job_id  pstrain_server_slowest_worker_wait_seconds
   prometheus::Family<prometheus::Histogram>* checkpoint;    // job_id  pstrain_server_checkpoint_seconds
   prometheus::Family<prometheus::Histogram>* checkpoint_copy;  // job_id  pstrain_server_checkpoint_copy_seconds
   prometheus::Family<prometheus::Counter>* checkpoint_bytes;   // job_id  pstrain_server_checkpoint_bytes_total
@@ -45,6 +47,8 @@ struct ServerMetrics {
     prometheus::Histogram* barrier_wait;
     prometheus::Histogram* apply;
     prometheus::Histogram* staleness;
+    prometheus::Histogram* step_staleness;
+    prometheus::Histogram* slowest_wait;
     prometheus::Histogram* checkpoint;
     prometheus::Histogram* checkpoint_copy;
     prometheus::Counter* checkpoint_bytes;

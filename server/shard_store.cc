@@ -23,12 +23,18 @@ namespace pstrain::server {
 
 namespace {
 
+// A push or pull waiting for its values: answered once the chunk is at
+// min_version, every worker's clock (steps applied) at min_clock, and the
+// request's worker's own at own_clock.
 struct Waiting {
   v1::ChunkHeader request;
-  int64_t min_version = 0;
-  int64_t min_pushed_steps = 0;  // async: steps applied of every worker
   std::shared_ptr<ChunkWaiter> waiter;
-  int64_t own_step = -1;  // async push: answered once its step is applied
+  int64_t min_version = 0;
+  int64_t min_clock = 0;
+  int64_t own_clock = 0;
+  // Since when only other workers' clocks hold it back (InfiniteFuture:
+  // not yet): the wait for the slowest worker.
+  absl::Time held_since = absl::InfiniteFuture();
 };
 
 // A checkpoint being gathered: a copy of each chunk as it passes the step.
@@ -72,8 +78,14 @@ struct ShardStore::Chunk {
   // workers' step ends. Both modes: updates skipped in a row.
   double gradient_bound ABSL_GUARDED_BY(mu) = 0;
   int skipped_in_a_row ABSL_GUARDED_BY(mu) = 0;
-  // Async: the last step applied per worker (-1: none), for retries.
-  std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  // Each worker's clock: its steps applied to the chunk (sync applies a
+  // step of every worker at once: each is `version`; async and ssp: one
+  // past the worker's last step applied in this generation, 0 for none).
+  // The waits for values are conditions on them.
+  std::vector<int64_t> clock ABSL_GUARDED_BY(mu);
+  // The server's lowest chunk measures the staleness and waits of the
+  // workers' steps (once per worker and step).
+  bool measures_steps = false;
   // Sync: when the open step's values were published, and when each
   // worker's push of it arrived (stragglers).
   absl::Time opened ABSL_GUARDED_BY(mu);
@@ -89,6 +101,7 @@ struct ShardStore::Job {
   int64_t bytes = 0;  // BytesNeeded
   ServerMetrics::Job metrics{};  // bound if the store is measured
   v1::Mode mode = v1::MODE_SYNC;
+  int64_t staleness = 0;  // StalenessOf: how far a push's reply waits for the others
   v1::DType wire_dtype = v1::DTYPE_FP32;
   uint32_t num_workers = 0;  // of the generation
   uint32_t server_index = 0;
@@ -146,27 +159,41 @@ ChunkValues Published(const ShardStore::Chunk& chunk, v1::DType wire_dtype)
                      chunk.wire_values};
 }
 
-// Answers every wait the chunk's version satisfies; drops abandoned ones.
+// Answers every wait the chunk's version and clocks satisfy; drops
+// abandoned ones.
 void AnswerWaits(ShardStore::Chunk& chunk, v1::DType wire_dtype)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (chunk.waiting.empty()) return;
   std::vector<Waiting> still;
   const ChunkValues values = Published(chunk, wire_dtype);
+  const int64_t slowest = *std::min_element(chunk.clock.begin(), chunk.clock.end());
+  std::optional<absl::Time> now;
+  const auto time_now = [&now] {
+    if (!now.has_value()) now = MonotonicNow();
+    return *now;
+  };
   for (Waiting& w : chunk.waiting) {
     if (w.waiter->Abandoned()) continue;
-    const bool pushed =
-        w.min_pushed_steps == 0 ||
-        std::all_of(chunk.last_step.begin(), chunk.last_step.end(),
-                    [&](int64_t last) { return last + 1 >= w.min_pushed_steps; });
-    const bool own_step_applied =
-        w.own_step < 0 || chunk.last_step[w.request.worker()] >= w.own_step;
-    if (chunk.version >= w.min_version && pushed && own_step_applied) {
-      w.waiter->OnValues(w.request, values);
-      if (chunk.metrics != nullptr) {
-        chunk.metrics->sent_bytes->Increment(static_cast<double>(chunk.size) *
-                                             DTypeBytes(wire_dtype));
-      }
-    } else {
+    const bool own =
+        chunk.version >= w.min_version && chunk.clock[w.request.worker()] >= w.own_clock;
+    if (!own || slowest < w.min_clock) {
+      if (own && w.held_since == absl::InfiniteFuture()) w.held_since = time_now();
       still.push_back(std::move(w));
+      continue;
+    }
+    w.waiter->OnValues(w.request, values);
+    const ServerMetrics::Job* metrics = chunk.metrics;
+    if (metrics == nullptr) continue;
+    metrics->sent_bytes->Increment(static_cast<double>(chunk.size) * DTypeBytes(wire_dtype));
+    if (chunk.measures_steps && w.request.kind() == v1::FRAME_KIND_PUSH) {
+      // The steps of the slowest worker missing from the values the
+      // worker computes its next step from, and how long it waited for them.
+      metrics->step_staleness->Observe(
+          static_cast<double>(std::max<int64_t>(0, w.request.step() + 1 - slowest)));
+      metrics->slowest_wait->Observe(
+          w.held_since == absl::InfiniteFuture()
+              ? 0.0
+              : absl::ToDoubleSeconds(time_now() - w.held_since));
     }
   }
   chunk.waiting = std::move(still);
@@ -277,17 +304,23 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
   return absl::OkStatus();
 }
 
-// Adds a wait (if any) and answers every wait the version now satisfies.
-// own_step >= 0 (an async push): the wait also needs that step of the
-// request's worker applied.
-void WaitAndAnswer(ShardStore::Chunk& chunk, v1::DType wire_dtype, const v1::ChunkHeader& request,
-                   int64_t min_version, std::shared_ptr<ChunkWaiter> waiter,
-                   int64_t own_step = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
-  if (waiter != nullptr) {
-    chunk.waiting.push_back(
-        Waiting{request, min_version, request.pushed_steps(), std::move(waiter), own_step});
-  }
+// Adds a wait (if any) and answers every wait the chunk now satisfies.
+void WaitAndAnswer(ShardStore::Chunk& chunk, v1::DType wire_dtype, Waiting wait)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (wait.waiter != nullptr) chunk.waiting.push_back(std::move(wait));
   AnswerWaits(chunk, wire_dtype);
+}
+
+// The wait of a push of step t: for the values step t+1 is computed from.
+// Every worker's steps <= t - staleness applied (sync: staleness 0, and the
+// step is applied for all workers at once), and async and ssp, the push.
+Waiting PushWait(const ShardStore::Job& job, const v1::ChunkHeader& request,
+                 std::shared_ptr<ChunkWaiter> waiter) {
+  const int64_t next = request.step() + 1;
+  Waiting w{request, std::move(waiter)};
+  w.min_clock = StepsAppliedBefore(next, job.staleness);
+  w.own_clock = job.mode == v1::MODE_SYNC ? 0 : next;
+  return w;
 }
 
 // Ends the chunk's open waits with `status`, keeping the chunk open.
@@ -398,6 +431,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->id = a.job_id();
   job->bytes = bytes;
   job->mode = spec.mode();
+  job->staleness = StalenessOf(spec);
   job->wire_dtype = spec.wire_dtype();
   job->num_workers = a.num_workers() > 0 ? a.num_workers() : spec.num_workers();
   job->server_index = a.server_index();
@@ -428,11 +462,11 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     chunk->optimizer_state.assign(
         static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
     chunk->pushed.resize(job->num_workers);
+    chunk->clock.assign(job->num_workers, 0);
+    chunk->measures_steps = info.id() == job->first_chunk;
     if (job->mode == v1::MODE_SYNC) {
       chunk->arrived.resize(job->num_workers);
       chunk->opened = MonotonicNow();
-    } else {
-      chunk->last_step.assign(job->num_workers, -1);
     }
     job->chunks[info.id()] = std::move(chunk);
   }
@@ -549,6 +583,9 @@ absl::Status ShardStore::Restore(const v1::ServerAssignment& a, Job& job) const 
     std::copy(saved.values.begin(), saved.values.end(), chunk->values->begin());
     chunk->optimizer_state = saved.state;
     chunk->version = saved.version;
+    if (job.mode == v1::MODE_SYNC) {
+      std::fill(chunk->clock.begin(), chunk->clock.end(), saved.version);
+    }
   }
   LOG(INFO) << "job " << job.id << " restored from the checkpoint of step " << c.step
             << " (generation " << c.generation << ") as server " << job.server_index;
@@ -564,7 +601,9 @@ absl::Status ShardStore::KeepAtGeneration(const std::string& job_id, int64_t gen
     if (chunk == nullptr) continue;
     absl::MutexLock lock(&chunk->mu);
     AbortWaits(*chunk, over);
-    std::fill(chunk->last_step.begin(), chunk->last_step.end(), -1);
+    // Async and ssp: every worker's pushes are taken again from the step
+    // it resumes at. (Sync keeps its clocks: they are the version.)
+    if (job->mode != v1::MODE_SYNC) std::fill(chunk->clock.begin(), chunk->clock.end(), 0);
     for (std::optional<Frame>& held : chunk->pushed) held.reset();
   }
   absl::MutexLock lock(&job->step_end_mu);
@@ -861,18 +900,19 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
       PSTRAIN_RETURN_IF_ERROR(CompleteSyncStep(job, *chunk));
     }
     // Older steps are retries of pushes already applied: answered, not summed.
-    WaitAndAnswer(*chunk, job->wire_dtype, request, request.step() + 1, std::move(waiter));
+    WaitAndAnswer(*chunk, job->wire_dtype, PushWait(*job, request, std::move(waiter)));
     return absl::OkStatus();
   }
 
-  // Async: a worker's push waits for its step end (held), unless that is in.
+  // Async, ssp: a worker's push waits for its step end (held), unless that
+  // is in.
   if (h.version() > chunk->version) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": push based on version ",
                                                    h.version(), " is ahead of version ",
                                                    chunk->version));
   }
   const v1::ChunkHeader request = h;
-  if (request.step() > chunk->last_step[request.worker()]) {
+  if (request.step() >= chunk->clock[request.worker()]) {
     std::optional<Frame>& held = chunk->pushed[request.worker()];
     if (held.has_value() && held->header().step() != request.step()) {
       return absl::InvalidArgumentError(
@@ -883,8 +923,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     if (!held.has_value()) held = std::move(frame);  // else a retry of the held push
     PSTRAIN_RETURN_IF_ERROR(ApplyHeldAsync(job, *chunk, request.worker()));
   }
-  WaitAndAnswer(*chunk, job->wire_dtype, request, /*min_version=*/0, std::move(waiter),
-                request.step());
+  WaitAndAnswer(*chunk, job->wire_dtype, PushWait(*job, request, std::move(waiter)));
   return absl::OkStatus();
 }
 
@@ -917,6 +956,7 @@ absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk
     if (metrics != nullptr) metrics->updates->Increment();
   }
   chunk.gradient_bound = 0;
+  std::fill(chunk.clock.begin(), chunk.clock.end(), chunk.version);
   // The received gradients go back to gRPC.
   for (std::optional<Frame>& f : chunk.pushed) f.reset();
   chunk.received_count = 0;
@@ -951,7 +991,7 @@ absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& 
     SkipUpdate(*job, chunk,
                absl::StrCat("worker ", worker, "'s gradient of step ", step,
                             " had a NaN or an infinity"));
-  } else {
+  } else if (static_cast<int>(worker) != options_.ignore_worker_for_testing) {
     const Frame* grad = &*held;
     PSTRAIN_RETURN_IF_ERROR(
         Update(*job, chunk, absl::MakeConstSpan(&grad, 1), step, apply_pool_.get()));
@@ -959,7 +999,7 @@ absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& 
     if (metrics != nullptr) metrics->updates->Increment();
   }
   held.reset();
-  chunk.last_step[worker] = step;
+  chunk.clock[worker] = step + 1;
   if (metrics != nullptr) {
     metrics->apply->Observe(absl::ToDoubleSeconds(MonotonicNow() - apply_start));
   }
@@ -1021,7 +1061,10 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
   if (h.pushed_steps() < 0) return absl::InvalidArgumentError("negative pushed_steps");
   absl::MutexLock lock(&chunk->mu);
   if (!chunk->closed.ok()) return chunk->closed;
-  WaitAndAnswer(*chunk, job->wire_dtype, h, h.version(), std::move(waiter));
+  Waiting wait{h, std::move(waiter)};
+  wait.min_version = h.version();
+  wait.min_clock = h.pushed_steps();
+  WaitAndAnswer(*chunk, job->wire_dtype, std::move(wait));
   return absl::OkStatus();
 }
 

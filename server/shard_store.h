@@ -55,8 +55,8 @@ class ShardStore {
     // Bytes of job state this server may hold; 0 = unlimited. AddJob
     // refuses a job that would exceed it.
     int64_t max_memory_bytes = 0;
-    // Mutation testing only: in sync mode, leave this worker's gradient out of
-    // every sum. -1 (the default) sums every worker.
+    // Mutation testing only: leave this worker's gradient out of every sum
+    // (sync) or update (async, ssp). -1 (the default) applies every worker's.
     int ignore_worker_for_testing = -1;
     // Where to count pushes, bytes, barrier waits...; null: nowhere. Must
     // outlive the store.

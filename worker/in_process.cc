@@ -11,7 +11,7 @@ absl::StatusOr<std::vector<float>> TrainInProcess(const v1::JobSpec& job_spec, i
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(job_spec));
   PSTRAIN_RETURN_IF_ERROR(CheckDataFitsJob(spec, train, /*train=*/true));
   const kernels::ModelShape shape = ModelShapeOf(spec);
-  const int batch = spec.num_workers() * spec.batch_size();
+  const int batch = static_cast<int>(GlobalBatch(spec));
   const int64_t steps_per_epoch = StepsPerEpoch(spec);
   const int64_t total_steps = TotalSteps(spec);
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ModelKernels> model,

@@ -110,14 +110,13 @@ std::vector<uint32_t> ParameterClient::AllChunks() const {
   return chunks;
 }
 
-absl::Status ParameterClient::PullAll(int64_t min_version, float* params, int64_t pushed_steps) {
-  auto make_request = [this, min_version, pushed_steps](uint32_t c) {
+absl::Status ParameterClient::PullAll(float* params, int64_t steps_applied) {
+  auto make_request = [this, steps_applied](uint32_t c) {
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PULL, c);
-    h.set_version(min_version);
-    h.set_pushed_steps(pushed_steps);
+    h.set_pushed_steps(steps_applied);
     return EncodeFrame(h, nullptr);
   };
-  return Finish(Start(ParameterMethod::kPull, AllChunks(), make_request, min_version, params));
+  return Finish(Start(ParameterMethod::kPull, AllChunks(), make_request, 0, params));
 }
 
 std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(

@@ -73,14 +73,14 @@ class ParameterClient {
   ~ParameterClient();
 
   // Fills params (plan.total_floats() floats, host memory) with every
-  // chunk's values at a version >= min_version (and, async, once every
-  // worker has had `pushed_steps` steps applied to it).
-  absl::Status PullAll(int64_t min_version, float* params, int64_t pushed_steps = 0);
+  // chunk's values once every worker has had `steps_applied` steps applied
+  // to it (0: the values the servers have now).
+  absl::Status PullAll(float* params, int64_t steps_applied);
 
   // Pushes this worker's gradient of `step` for `chunks` (ids of the plan;
   // all of them if empty) and writes the answered values into params at the
-  // chunks' offsets: version step+1 in sync mode, the latest values in async
-  // mode. The gradient (flat, host memory) must not change until Finish.
+  // chunks' offsets: version step+1 in sync mode; async and ssp, the values
+  // the job's staleness bound lets step+1 be computed from. The gradient (flat, host memory) must not change until Finish.
   // An fp32 push sends slices of `grad` itself; a 16-bit one casts the
   // chunks once into a buffer the client reuses for every step, so the
   // exchanges of one step must be Finished before the next step's start.

@@ -47,6 +47,13 @@ struct Trainer::DeviceState {
   std::unique_ptr<kernels::ModelKernels> model;
   int share = 0;   // samples of the node batch per step
   int offset = 0;  // where they start in the node batch
+  // The share is computed in micro_batches pieces (as even as can be, of at
+  // most `micro` samples), their gradients summed into `accumulated` (host,
+  // flat) before the push. Every device of the node has as many: the
+  // reduction across them runs once per piece.
+  int micro = 0;
+  int micro_batches = 1;
+  std::vector<float> accumulated;
   // Device memory. params_ptr/grad_ptr point into these, or, for a single
   // device that uses host memory, into the node's host buffers (no copies).
   kernels::DeviceBuffer params, grad, x, y, send, recv;
@@ -96,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   }
   // The global batch, cut over the generation's workers: the first
   // (global % workers) get one sample more.
-  const int global = t->spec_.num_workers() * t->spec_.batch_size();
+  const int global = static_cast<int>(GlobalBatch(t->spec_));
   const int w = static_cast<int>(a.worker_index());
   t->batch_ = global / workers + (w < global % workers ? 1 : 0);
   t->batch_offset_ = w * (global / workers) + std::min(w, global % workers);
@@ -148,8 +155,12 @@ absl::Status Trainer::CreateDevices() {
     d->share = batch / k_devices + (k < batch % k_devices ? 1 : 0);
     d->offset = offset;
     offset += d->share;
+    // accumulate_steps pieces, unless the smallest share has fewer samples.
+    d->micro_batches = std::min(spec_.accumulate_steps(), batch / k_devices);
+    d->micro = (d->share + d->micro_batches - 1) / d->micro_batches;
+    if (d->micro_batches > 1) d->accumulated.resize(total);
     PSTRAIN_ASSIGN_OR_RETURN(
-        d->model, dev.CreateModelKernels(shape, d->share, PrecisionOf(spec_.precision())));
+        d->model, dev.CreateModelKernels(shape, d->micro, PrecisionOf(spec_.precision())));
     d->push_grad = std::make_shared<std::vector<float>>(total);
     const bool shared = dev.host_memory() && k_devices == 1;
     if (shared) {
@@ -161,12 +172,12 @@ absl::Status Trainer::CreateDevices() {
       d->params_ptr = d->params.as<float>();
       d->grad_ptr = d->grad.as<float>();
     }
-    PSTRAIN_ASSIGN_OR_RETURN(d->x, dev.Allocate(static_cast<size_t>(d->share) *
+    PSTRAIN_ASSIGN_OR_RETURN(d->x, dev.Allocate(static_cast<size_t>(d->micro) *
                                                  train_->input_dim * sizeof(float)));
-    PSTRAIN_ASSIGN_OR_RETURN(d->y, dev.Allocate(d->share * sizeof(int32_t)));
+    PSTRAIN_ASSIGN_OR_RETURN(d->y, dev.Allocate(d->micro * sizeof(int32_t)));
     if (!dev.host_memory()) {
-      d->host_x.resize(static_cast<size_t>(d->share) * train_->input_dim);
-      d->host_y.resize(d->share);
+      d->host_x.resize(static_cast<size_t>(d->micro) * train_->input_dim);
+      d->host_y.resize(d->micro);
     }
     if (k_devices > 1) {
       PSTRAIN_ASSIGN_OR_RETURN(d->send, dev.Allocate(padded * sizeof(float)));
@@ -257,20 +268,11 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   const int k_devices = static_cast<int>(devices_.size());
   const absl::Time start = MonotonicNow();
 
-  // This device's samples of the node batch.
-  if (dev.host_memory()) {
-    train_->Gather(node_samples + d.offset, d.share, d.x.as<float>(), d.y.as<int32_t>());
-  } else {
-    train_->Gather(node_samples + d.offset, d.share, d.host_x.data(), d.host_y.data());
-    PSTRAIN_RETURN_IF_ERROR(
-        dev.CopyToDevice(d.x.as<float>(), d.host_x.data(), d.host_x.size() * sizeof(float)));
-    PSTRAIN_RETURN_IF_ERROR(
-        dev.CopyToDevice(d.y.as<int32_t>(), d.host_y.data(), d.host_y.size() * sizeof(int32_t)));
-  }
-
   // As each layer's gradient is final: reduce it across the node's devices
-  // and start pushing this device's slice of it. A single device pushes the
-  // whole chunks of a final prefix of a layer at once.
+  // and, after the last micro-batch, start pushing this device's slice of
+  // it (with the earlier micro-batches' sum added). A single device pushes
+  // the whole chunks of a final prefix of a layer at once (without
+  // micro-batches).
   double reduce_seconds = 0;
   absl::Status push_status;
   std::vector<int> first_unpushed(layer_layouts_.size());
@@ -286,12 +288,17 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
     first_unpushed[layer] = last_chunk;
     if (options_.trace) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
   };
+  int micro_batch = 0;
   auto on_ready = [&](int layer, int64_t ready_floats) {
     const SliceLayout& layout = layer_layouts_[layer];
     const SliceLayout::Slice& slice = layout.slices[k];
+    const bool last = micro_batch + 1 == d.micro_batches;
     if (ready_floats < layout.total_floats()) {
       // A prefix: its whole chunks, when they are already in host memory.
-      if (k_devices > 1 || d.grad_ptr != d.push_grad->data() || !push_status.ok()) return;
+      if (k_devices > 1 || d.micro_batches > 1 || d.grad_ptr != d.push_grad->data() ||
+          !push_status.ok()) {
+        return;
+      }
       const v1::PartitionPlan& plan = options_.assignment.plan();
       const int64_t ready_end = slice.flat_offset + ready_floats;
       int end = first_unpushed[layer];
@@ -302,7 +309,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
       push(layer, first_unpushed[layer], end);
       return;
     }
-    if (options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
+    if (last && options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
     if (!push_status.ok()) return;
     const absl::Time t0 = MonotonicNow();
     float* push_at = d.push_grad->data() + slice.flat_offset;
@@ -322,16 +329,43 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
       }
     }
     reduce_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
-    if (push_status.ok()) push(layer, first_unpushed[layer], slice.last_chunk);
+    if (!push_status.ok()) return;
+    if (d.micro_batches > 1) {
+      // Summed in micro-batch order: every run adds the same floats alike.
+      float* sum = d.accumulated.data() + slice.flat_offset;
+      if (micro_batch == 0) {
+        std::copy(push_at, push_at + slice.floats, sum);
+      } else {
+        float* into = last ? push_at : sum;
+        for (int64_t i = 0; i < slice.floats; ++i) into[i] = sum[i] + push_at[i];
+      }
+    }
+    if (last) push(layer, first_unpushed[layer], slice.last_chunk);
   };
   // Sync: the servers sum the workers' gradients, so each is scaled to its
-  // share of the global batch's mean. Async: each node's push is applied
-  // alone.
+  // share of the global batch's mean; ssp too, so that a step's pushes add
+  // up to the same update. Async: each node's push is a step of its own.
   const float grad_scale = 1.0f / static_cast<float>(
-      spec_.mode() == v1::MODE_SYNC ? spec_.num_workers() * spec_.batch_size() : batch_);
-  absl::Status status =
-      d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), d.share,
-                               grad_scale, d.grad_ptr, &result->stats, on_ready);
+      ScalesToTheGlobalBatch(spec_) ? GlobalBatch(spec_) : batch_);
+  absl::Status status;
+  for (; micro_batch < d.micro_batches && status.ok() && push_status.ok(); ++micro_batch) {
+    // This device's samples of the node batch, one micro-batch at a time.
+    const int even = d.share / d.micro_batches, more = d.share % d.micro_batches;
+    const int n = even + (micro_batch < more ? 1 : 0);
+    const int64_t* samples =
+        node_samples + d.offset + micro_batch * even + std::min(micro_batch, more);
+    if (dev.host_memory()) {
+      train_->Gather(samples, n, d.x.as<float>(), d.y.as<int32_t>());
+    } else {
+      train_->Gather(samples, n, d.host_x.data(), d.host_y.data());
+      PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(
+          d.x.as<float>(), d.host_x.data(), static_cast<size_t>(n) * train_->input_dim * sizeof(float)));
+      PSTRAIN_RETURN_IF_ERROR(
+          dev.CopyToDevice(d.y.as<int32_t>(), d.host_y.data(), n * sizeof(int32_t)));
+    }
+    status = d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), n,
+                                      grad_scale, d.grad_ptr, &result->stats, on_ready);
+  }
   result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds;
   result->reduce_seconds = reduce_seconds;
   PSTRAIN_RETURN_IF_ERROR(status);
@@ -377,14 +411,16 @@ absl::Status Trainer::ReceiveValues(int k, StepResult* result) {
 
 absl::StatusOr<Evaluation> Trainer::EvaluateAfter(int64_t steps) {
   eval_params_.resize(host_params_.size());
-  const bool sync = spec_.mode() == v1::MODE_SYNC;
-  PSTRAIN_RETURN_IF_ERROR(devices_[0]->client->PullAll(sync ? steps : 0, eval_params_.data()));
+  // What a worker computing step `steps` may see (sync: exactly the model
+  // after that many steps).
+  PSTRAIN_RETURN_IF_ERROR(devices_[0]->client->PullAll(
+      eval_params_.data(), StepsAppliedBefore(steps, StalenessOf(spec_))));
   return Evaluate(spec_, eval_params_, *test_);
 }
 
 absl::Status Trainer::Run() {
   const v1::WorkerAssignment& a = options_.assignment;
-  const int64_t global_batch = int64_t{spec_.num_workers()} * spec_.batch_size();
+  const int64_t global_batch = GlobalBatch(spec_);
   const int64_t total_steps = TotalSteps(spec_);
   const int64_t steps_per_epoch = StepsPerEpoch(spec_);
   const int64_t first_step = a.resume_step();
@@ -392,9 +428,18 @@ absl::Status Trainer::Run() {
   const bool sync = spec_.mode() == v1::MODE_SYNC;
   ParameterClient& client0 = *devices_[0]->client;
 
-  // Sync: the values after first_step steps (the servers restored them);
-  // async: whatever the servers have now.
-  PSTRAIN_RETURN_IF_ERROR(client0.PullAll(sync ? first_step : 0, host_params_.data()));
+  // The values the first step is computed from. Sync: the values after
+  // first_step steps (the servers restored them). Async and ssp at the
+  // job's start: the seed's initial values, made here as the servers made
+  // theirs (a pull could already hold a faster worker's first pushes);
+  // later, whatever the servers have now (their clocks start again in each
+  // generation: the bound holds from the first push on).
+  if (!sync && first_step == 0 && a.generation() <= 1) {
+    kernels::InitParams(ModelShapeOf(spec_), spec_.seed(), 0,
+                        static_cast<int64_t>(host_params_.size()), host_params_.data());
+  } else {
+    PSTRAIN_RETURN_IF_ERROR(client0.PullAll(host_params_.data(), sync ? first_step : 0));
+  }
   PSTRAIN_RETURN_IF_ERROR(LoadParams());
 
   std::vector<int64_t> order;
@@ -609,11 +654,7 @@ absl::Status Trainer::Run() {
 
   if (a.worker_index() == 0) {
     // The final model: every worker's last push applied on every chunk.
-    if (sync) {
-      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(last_step, host_params_.data()));
-    } else {
-      PSTRAIN_RETURN_IF_ERROR(client0.PullAll(0, host_params_.data(), last_step));
-    }
+    PSTRAIN_RETURN_IF_ERROR(client0.PullAll(host_params_.data(), last_step));
     Evaluation eval;
     if (!stopped_early.empty()) {
       eval = *last_eval;  // the model it stopped at was just evaluated

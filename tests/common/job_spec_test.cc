@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -64,6 +65,16 @@ TEST(JobSpecTest, ExampleJobIsValid) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(kernels::NumParams(ModelShapeOf(*spec)), 235146);
   EXPECT_EQ(StepsPerEpoch(*spec), 468);
+}
+
+TEST(JobSpecTest, EveryExampleIsValid) {
+  for (const char* name : {"fashion_mlp", "fashion_mlp_async", "fashion_mlp_ssp",
+                           "fashion_mlp_bf16", "fashion_mlp_gpu", "fashion_cnn"}) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(
+        absl::StrCat(PSTRAIN_SOURCE_DIR, "/examples/", name, ".yaml"));
+    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
+    EXPECT_TRUE(NormalizeJobSpec(*spec).ok()) << name;
+  }
 }
 
 // What only the proto path (SubmitJob with a JobSpec message) can carry:
@@ -127,6 +138,28 @@ std::string With(const std::string& line_to_replace, const std::string& replacem
 // The valid spec with optimizer.schedule set to `fields`.
 std::string WithSchedule(const std::string& fields) {
   return With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {" + fields + "}}");
+}
+
+// The three modes' bounds and what a worker computing a step waits for.
+TEST(JobSpecTest, StalenessBoundsOfTheThreeModes) {
+  absl::StatusOr<v1::JobSpec> ssp = ParseJobSpecYaml(With("mode: sync", "mode: ssp\nstaleness: 3"));
+  ASSERT_TRUE(ssp.ok()) << ssp.status();
+  ASSERT_TRUE(NormalizeJobSpec(*ssp).ok());
+  EXPECT_EQ(StalenessOf(*ssp), 3);
+  EXPECT_TRUE(ScalesToTheGlobalBatch(*ssp));
+  EXPECT_EQ(StepsAppliedBefore(10, 3), 7);
+  EXPECT_EQ(StepsAppliedBefore(2, 3), 0);
+
+  v1::JobSpec sync = *ssp;
+  sync.set_mode(v1::MODE_SYNC);
+  EXPECT_EQ(StalenessOf(sync), 0);
+  EXPECT_EQ(StepsAppliedBefore(10, StalenessOf(sync)), 10);
+
+  v1::JobSpec async = sync;
+  async.set_mode(v1::MODE_ASYNC);
+  EXPECT_EQ(StalenessOf(async), kUnboundedStaleness);
+  EXPECT_FALSE(ScalesToTheGlobalBatch(async));
+  EXPECT_EQ(StepsAppliedBefore(10, kUnboundedStaleness), 0);
 }
 
 // Each schedule's rate at chosen steps, worked out by hand: a job of 100
@@ -238,6 +271,16 @@ INSTANTIATE_TEST_SUITE_P(
                 With("mode: sync", "mode: async") +
                     "eval_every_steps: 100\nearly_stopping: {patience: 3}\n",
                 "early_stopping.patience"},
+        BadSpec{"ssp without a bound", With("mode: sync", "mode: ssp"), "staleness"},
+        BadSpec{"negative staleness", With("mode: sync", "mode: ssp\nstaleness: -1"),
+                "staleness"},
+        BadSpec{"staleness of sync", std::string(kValid) + "staleness: 2\n", "staleness"},
+        BadSpec{"staleness of async", With("mode: sync", "mode: async\nstaleness: 2"),
+                "staleness"},
+        BadSpec{"negative accumulation", std::string(kValid) + "accumulate_steps: -1\n",
+                "accumulate_steps"},
+        BadSpec{"accumulation past the training set",
+                std::string(kValid) + "accumulate_steps: 1000\n", "batch_size"},
         BadSpec{"negative min_delta",
                 std::string(kValid) + "eval_every_steps: 100\nearly_stopping: {patience: 3, "
                 "min_delta: -0.1}\n",

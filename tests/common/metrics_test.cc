@@ -44,6 +44,8 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_server_barrier_wait_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_apply_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_gradient_staleness", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_step_staleness", {T::Histogram, {"job_id"}}},
+      {"pstrain_server_slowest_worker_wait_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_checkpoint_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_checkpoint_copy_seconds", {T::Histogram, {"job_id"}}},
       {"pstrain_server_checkpoint_bytes_total", {T::Counter, {"job_id"}}},

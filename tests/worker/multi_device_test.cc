@@ -68,6 +68,28 @@ TEST_F(MultiDeviceTest, KDevicesGiveTheParametersOfOne) {
   }
 }
 
+// 3 micro-batches of 10 per worker, on 4 devices (shares 8, 8, 7, 7, each
+// in 3 pieces reduced across the devices piece by piece), train what one
+// device does with a batch of 30.
+TEST_F(MultiDeviceTest, AccumulatedMicroBatchesOnKDevicesGiveOneBatch) {
+  constexpr int kSteps = 20;
+  const v1::JobSpec whole = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 30, 2, kSteps);
+  v1::JobSpec accumulated = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 10, 2, kSteps);
+  accumulated.set_accumulate_steps(3);
+  RunOptions one;
+  one.devices = Cpus(1);
+  const WorkersResult reference = Train(whole, one);
+  RunOptions four;
+  four.devices = Cpus(4);
+  const WorkersResult result = Train(accumulated, four);
+  for (const TensorDiff& d : CompareTensors(PlanFor(whole), result.params, reference.params)) {
+    EXPECT_LE(d.relative_l2, 1e-5) << d.name;
+  }
+  ASSERT_EQ(result.device_samples.size(), 4u);
+  EXPECT_EQ(result.device_samples[0], int64_t{kSteps} * 8);
+  EXPECT_EQ(result.device_samples[3], int64_t{kSteps} * 7);
+}
+
 // The last layer's push starts before the first layer's backward is done.
 TEST_F(MultiDeviceTest, PushesOverlapTheBackwardPass) {
   for (int k : {1, 2}) {

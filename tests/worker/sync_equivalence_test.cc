@@ -1,5 +1,6 @@
 // Sync mode is exact: W workers with batch b over real gRPC servers train
-// the same model as one process with batch W*b.
+// the same model as one process with batch W*b. So is ssp with staleness 0
+// and SGD, whose pushes are applied one by one (sums commute, to rounding).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,10 @@ struct Case {
   bool scheduled = false;
   // A small CNN (conv 8, 16, dense 32) instead of the MLP.
   bool cnn = false;
+  // Mode ssp with staleness 0 instead of sync.
+  bool ssp = false;
+  // Micro-batches each worker accumulates (of batch 32 / accumulate).
+  int accumulate = 1;
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
@@ -39,11 +44,13 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
     delete data_;
   }
 
-  // Trains distributed (2 workers x 32) and in-process (1 x 64); returns the
-  // per-tensor differences.
+  // Trains distributed (2 workers x 32, or x accumulate micro-batches of
+  // 32 / accumulate) and in-process (1 x 64); returns the per-tensor
+  // differences.
   std::vector<TensorDiff> Run(const Case& c, server::ShardStore::Options store) {
-    v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2, /*batch=*/32,
-                               c.servers, kSteps);
+    v1::JobSpec spec = MlpSpec(c.optimizer, c.learning_rate, /*workers=*/2,
+                               /*batch=*/32 / c.accumulate, c.servers, kSteps);
+    spec.set_accumulate_steps(c.accumulate);
     if (c.cnn) {
       v1::ModelSpec& model = *spec.mutable_model();
       model.set_type(v1::MODEL_TYPE_CNN);
@@ -53,6 +60,10 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
       model.clear_hidden();
       model.add_hidden(32);
       spec.set_chunk_bytes(4096);  // the layers in several chunks each
+    }
+    if (c.ssp) {
+      spec.set_mode(v1::MODE_SSP);
+      spec.set_staleness(0);
     }
     if (c.scheduled) {
       v1::LearningRateSchedule& s = *spec.mutable_optimizer()->mutable_schedule();
@@ -112,7 +123,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adam_cosine_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4,
                            /*scheduled=*/true},
                       Case{"adam_cnn_2_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 1e-5, 5e-4,
-                           /*scheduled=*/false, /*cnn=*/true}),
+                           /*scheduled=*/false, /*cnn=*/true},
+                      Case{"sgd_ssp0_2_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 2, 1e-5, 1e-4,
+                           /*scheduled=*/false, /*cnn=*/false, /*ssp=*/true},
+                      Case{"sgd_accumulate_4_2_servers", v1::OPTIMIZER_TYPE_SGD, 0.01f, 2, 1e-5,
+                           1e-4, false, false, false, /*accumulate=*/4},
+                      Case{"adam_accumulate_4_3_servers", v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 3, 1e-5,
+                           5e-4, false, false, false, /*accumulate=*/4}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
