@@ -70,7 +70,11 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for package in podman runc catatonit netavark aardvark-dns debootstrap podman-compose; do
+# iptables: netavark sets up the bridge network through the iptables command
+# (it is not a dependency of Debian's netavark, and a machine installed
+# without recommends lacks it: every `podman run` then fails with
+# "netavark: No such file or directory").
+for package in podman runc catatonit netavark aardvark-dns iptables debootstrap podman-compose; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
     need+=("$package")
 done
@@ -246,8 +250,10 @@ make_images() {
   size=$(image_size "$IMAGE")
   log "CPU image: $((size / 1000000)) MB"
   [ "$size" -lt 200000000 ] || die "the CPU image is $size bytes, not under 200 MB"
-  podman run --rm --no-healthcheck --entrypoint /bin/sh "$IMAGE" -c \
-    '! ldd /usr/local/bin/pstrain-worker | grep -q -e libcuda -e libnccl' ||
+  local libraries
+  libraries=$(podman run --rm --no-healthcheck --entrypoint ldd "$IMAGE" \
+    /usr/local/bin/pstrain-worker) || die "podman could not run the CPU image"
+  ! grep -q -e libcuda -e libnccl <<< "$libraries" ||
     die "the CPU image's worker links CUDA libraries"
   [ "$(podman image inspect --format '{{.Config.User}}' "$IMAGE")" != "" ] ||
     die "the image runs as root"
