@@ -114,7 +114,8 @@ int Run() {
   const int n = 4096;
   for (auto [precision, label] : {std::pair{Precision::kFp32, "fp32"},
                                   std::pair{Precision::kTf32, "tf32"},
-                                  std::pair{Precision::kBf16, "bf16"}}) {
+                                  std::pair{Precision::kBf16, "bf16"},
+                                  std::pair{Precision::kFp16, "fp16"}}) {
     absl::StatusOr<double> seconds = CudaGemmSeconds(0, n, n, n, precision, 20);
     CHECK_OK(seconds.status());
     const double tflops = 2.0 * n * n * n / *seconds / 1e12;

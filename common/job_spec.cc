@@ -385,6 +385,20 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (!v1::Precision_IsValid(spec.precision())) {
     return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
   }
+  if (spec.precision() == v1::PRECISION_FP16) {
+    v1::LossScaleSpec& scale = *spec.mutable_loss_scale();
+    if (scale.initial() == 0) scale.set_initial(kDefaultLossScale);
+    int exponent = 0;
+    if (!(scale.initial() >= 1 && scale.initial() <= (1 << 24)) ||
+        std::frexp(scale.initial(), &exponent) != 0.5) {
+      return FieldError("loss_scale.initial",
+                        absl::StrCat(scale.initial(), " is not a power of two in [1, 2^24]"));
+    }
+    if (scale.growth_steps() == 0) scale.set_growth_steps(2000);
+    PSTRAIN_RETURN_IF_ERROR(range("loss_scale.growth_steps", scale.growth_steps(), 1, 1000000));
+  } else if (spec.has_loss_scale()) {
+    return FieldError("loss_scale", "only precision fp16 scales the loss");
+  }
   if (spec.wire_dtype() == v1::DTYPE_UNSPECIFIED) spec.set_wire_dtype(v1::DTYPE_FP32);
   if (spec.wire_dtype() != v1::DTYPE_FP32 && spec.wire_dtype() != v1::DTYPE_BF16 &&
       spec.wire_dtype() != v1::DTYPE_FP16) {

@@ -28,6 +28,8 @@ inline constexpr int64_t kDefaultCheckpointEverySteps = 100;
 inline constexpr int kDefaultCheckpointsKept = 2;
 inline constexpr int kDefaultReplaceAfterSeconds = 30;
 inline constexpr int kDefaultWaitTimeoutSeconds = 600;
+// precision fp16: the loss scale a worker starts from (JobSpec.loss_scale).
+inline constexpr double kDefaultLossScale = 65536;
 // The largest job file accepted (a real one is a few hundred bytes).
 inline constexpr size_t kMaxJobFileBytes = 1 << 20;
 // Fashion-MNIST sizes (the only dataset so far).

@@ -15,10 +15,6 @@
 
 namespace pstrain::kernels {
 
-// How a device multiplies matrices. Only CUDA devices do anything but
-// fp32: TF32 tensor cores, or bf16 inputs with fp32 accumulation.
-enum class Precision { kFp32, kTf32, kBf16 };
-
 class Device;
 
 // Memory on a device, freed with the object. Move-only.

@@ -15,6 +15,12 @@
 
 namespace pstrain::kernels {
 
+// How a device multiplies matrices: fp32, or its inputs as TF32, bf16 or
+// fp16, with fp32 accumulation. CUDA devices use their tensor cores; CPU
+// devices round the inputs and multiply in fp32 (the GPU's twin: same
+// roundings, an fp16 overflow an infinity, at a cost in speed).
+enum class Precision { kFp32, kTf32, kBf16, kFp16 };
+
 // A classifier: optional convolutions (a CNN), then dense layers
 // hidden[0] -> ... -> num_classes with ReLU after every hidden layer, and
 // softmax cross-entropy on the logits. No convolutions and no hidden

@@ -116,6 +116,7 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       options.devices = run.devices;
       options.make_transport = worker::GrpcTransportFactory(run.grpc);
       if (w == 0) options.trace = run.trace;
+      options.metrics = run.metrics;
       options.client.retry = options.client.retry.WithPatience(absl::Seconds(30));
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
           worker::Trainer::Create(std::move(options));

@@ -66,6 +66,8 @@ struct RunOptions {
   // The generation the workers run in, and its first step.
   int64_t generation = 0;
   int64_t resume_step = 0;
+  // Where every worker counts (the workers' series add up), if set.
+  worker::WorkerMetrics* metrics = nullptr;
 };
 
 // Runs spec.num_workers() trainers as threads until they finish.

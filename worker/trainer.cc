@@ -35,6 +35,8 @@ kernels::Precision PrecisionOf(v1::Precision p) {
       return kernels::Precision::kTf32;
     case v1::PRECISION_BF16:
       return kernels::Precision::kBf16;
+    case v1::PRECISION_FP16:
+      return kernels::Precision::kFp16;
     default:
       return kernels::Precision::kFp32;
   }
@@ -108,6 +110,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   t->batch_ = global / workers + (w < global % workers ? 1 : 0);
   t->batch_offset_ = w * (global / workers) + std::min(w, global % workers);
   t->requested_checkpoint_ = a.checkpoint_request_step();
+  if (t->spec_.precision() == v1::PRECISION_FP16) {
+    // Where the generation's first step left it, or the job's initial scale.
+    const v1::WorkerResumeState& resume = a.resume_state();
+    const v1::LossScaleSpec& scale = t->spec_.loss_scale();
+    t->loss_scale_.emplace(resume.loss_scale() > 0 ? resume.loss_scale() : scale.initial(),
+                           scale.growth_steps(), resume.loss_scale_good_steps());
+  }
   if (a.resume_step() < 0 || a.resume_step() > TotalSteps(t->spec_)) {
     return absl::InvalidArgumentError("resume_step outside the job's steps");
   }
@@ -279,10 +288,21 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   for (size_t l = 0; l < layer_layouts_.size(); ++l) {
     first_unpushed[l] = layer_layouts_[l].slices[k].first_chunk;
   }
+  // The loss scale (precision fp16; else 1): the gradients computed are
+  // scale times the loss's, and go out divided by it (exactly: a power of two).
+  const double loss_scale = loss_scale_ ? loss_scale_->scale() : 1.0;
+  const v1::PartitionPlan& plan = options_.assignment.plan();
   auto push = [&](int layer, int first_chunk, int last_chunk) {
     if (first_chunk >= last_chunk) return;
     std::vector<uint32_t> chunks;
     for (int c = first_chunk; c < last_chunk; ++c) chunks.push_back(c);
+    if (loss_scale != 1.0) {
+      const float unscale = static_cast<float>(1.0 / loss_scale);
+      float* from = d.push_grad->data() + plan.chunks(first_chunk).offset();
+      float* to = d.push_grad->data() + plan.chunks(last_chunk - 1).offset() +
+                  plan.chunks(last_chunk - 1).size();
+      for (float* g = from; g < to; ++g) *g *= unscale;
+    }
     d.pending.push_back(
         d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(chunks)));
     first_unpushed[layer] = last_chunk;
@@ -299,7 +319,6 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
           !push_status.ok()) {
         return;
       }
-      const v1::PartitionPlan& plan = options_.assignment.plan();
       const int64_t ready_end = slice.flat_offset + ready_floats;
       int end = first_unpushed[layer];
       while (end < slice.last_chunk &&
@@ -345,8 +364,8 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   // Sync: the servers sum the workers' gradients, so each is scaled to its
   // share of the global batch's mean; ssp too, so that a step's pushes add
   // up to the same update. Async: each node's push is a step of its own.
-  const float grad_scale = 1.0f / static_cast<float>(
-      ScalesToTheGlobalBatch(spec_) ? GlobalBatch(spec_) : batch_);
+  const float grad_scale = static_cast<float>(
+      loss_scale / static_cast<double>(ScalesToTheGlobalBatch(spec_) ? GlobalBatch(spec_) : batch_));
   absl::Status status;
   for (; micro_batch < d.micro_batches && status.ok() && push_status.ok(); ++micro_batch) {
     // This device's samples of the node batch, one micro-batch at a time.
@@ -488,6 +507,7 @@ absl::Status Trainer::Run() {
     const int64_t* node_samples =
         order.data() + (step % steps_per_epoch) * global_batch + batch_offset_;
     std::fill(results.begin(), results.end(), StepResult{});
+    float max_abs = 0;  // of everything the node pushed (infinity: not finite)
     absl::Status status = OnAllDevices(
         [&](int k) { return ComputeAndPush(k, step, node_samples, &results[k]); });
     if (status.ok()) {
@@ -495,7 +515,6 @@ absl::Status Trainer::Run() {
       // servers apply none of the step before it. Acknowledged at once, and
       // finished first: the pushes' replies wait for it, so a lost step end
       // must be sent again before anything waits for them.
-      float max_abs = 0;
       for (const auto& d : devices_) max_abs = std::max(max_abs, d->client->PushedMaxAbs(step));
       status = client0.Finish(client0.StartEndStep(step, max_abs));
       if (status.ok()) {
@@ -518,6 +537,15 @@ absl::Status Trainer::Run() {
                        ": the job diverged (try a lower optimizer.learning_rate)"));
     }
     recent_losses[step % recent_losses.size()] = loss;
+    if (loss_scale_.has_value()) {
+      // An overflow: the servers skipped the step (as any non-finite one).
+      const bool overflowed = !std::isfinite(max_abs);
+      loss_scale_->Update(overflowed);
+      if (metrics_.has_value()) {
+        if (overflowed) metrics_->overflows->Increment();
+        metrics_->loss_scale->Set(loss_scale_->scale());
+      }
+    }
     window_loss += loss;
     ++window_steps;
     loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
@@ -607,6 +635,10 @@ absl::Status Trainer::Run() {
       state->set_best_test_accuracy(best_accuracy);
       state->set_best_step(best_step);
       state->set_evaluations_without_improvement(without_improvement);
+      if (loss_scale_.has_value()) {
+        state->set_loss_scale(loss_scale_->scale());
+        state->set_loss_scale_good_steps(loss_scale_->good_steps());
+      }
     }
 
     if (step_end - window_start >= options_.report_interval || done == last_step ||

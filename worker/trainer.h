@@ -28,6 +28,7 @@
 #include "pstrain/v1/membership.pb.h"
 #include "worker/devices.h"
 #include "worker/in_process.h"
+#include "worker/loss_scale.h"
 #include "worker/parameter_client.h"
 #include "worker/slice_layout.h"
 #include "worker/transport.h"
@@ -145,6 +146,7 @@ class Trainer {
   int batch_ = 0;         // samples per step
   int batch_offset_ = 0;  // where they start in the global batch
   std::optional<WorkerMetrics::Job> metrics_;
+  std::optional<DynamicLossScale> loss_scale_;  // precision fp16
 };
 
 }  // namespace pstrain::worker

@@ -48,6 +48,15 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
                        .Name("pstrain_worker_loss_ema")
                        .Help("Training loss, exponential moving average (weight 0.02 per step).")
                        .Register(r);
+    m->loss_scale = &prometheus::BuildGauge()
+                         .Name("pstrain_worker_loss_scale")
+                         .Help("Precision fp16: the dynamic loss scale of the next step.")
+                         .Register(r);
+    m->overflows = &prometheus::BuildCounter()
+                        .Name("pstrain_worker_loss_scale_overflows_total")
+                        .Help("Precision fp16: steps whose scaled gradient overflowed (skipped on "
+                              "every server; the scale halved).")
+                        .Register(r);
   });
   if (!s.ok()) return s;
   return m;
@@ -68,6 +77,8 @@ WorkerMetrics::Job WorkerMetrics::BindJob(const std::string& job_id) {
   j.retries = &retries->Add(labels);
   j.loss = &loss->Add(labels);
   j.loss_ema = &loss_ema->Add(labels);
+  j.loss_scale = &loss_scale->Add(labels);
+  j.overflows = &overflows->Add(labels);
   expiring.Add(job_id, [this, j] {
     steps->Remove(j.steps);
     samples->Remove(j.samples);
@@ -79,6 +90,8 @@ WorkerMetrics::Job WorkerMetrics::BindJob(const std::string& job_id) {
     retries->Remove(j.retries);
     loss->Remove(j.loss);
     loss_ema->Remove(j.loss_ema);
+    loss_scale->Remove(j.loss_scale);
+    overflows->Remove(j.overflows);
   });
   return j;
 }

@@ -32,6 +32,8 @@ struct WorkerMetrics {
   prometheus::Family<prometheus::Counter>* retries;          // job_id        pstrain_worker_retries_total
   prometheus::Family<prometheus::Gauge>* loss;               // job_id        pstrain_worker_loss
   prometheus::Family<prometheus::Gauge>* loss_ema;           // job_id        pstrain_worker_loss_ema
+  prometheus::Family<prometheus::Gauge>* loss_scale;         // job_id        pstrain_worker_loss_scale
+  prometheus::Family<prometheus::Counter>* overflows;        // job_id        pstrain_worker_loss_scale_overflows_total
 
   // One job's series, bound once when the job starts here.
   struct Job {
@@ -45,6 +47,8 @@ struct WorkerMetrics {
     prometheus::Counter* retries;
     prometheus::Gauge* loss;
     prometheus::Gauge* loss_ema;
+    prometheus::Gauge* loss_scale;
+    prometheus::Counter* overflows;
   };
   // The job's series; they expire `grace` after JobEnded.
   Job BindJob(const std::string& job_id);

@@ -52,6 +52,16 @@ uint16_t ToFp16(float f) {
   return sign | static_cast<uint16_t>((rebased + rounding) >> 13);
 }
 
+// Round to nearest even on the 13 mantissa bits TF32 drops (TF32 has
+// fp32's exponent): NaN and the infinities stay, a value that rounds
+// beyond fp32's largest becomes an infinity.
+PSTRAIN_INLINE_LOOP float ToTf32(float f) {
+  const uint32_t u = Bits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return f;  // inf, NaN
+  const uint32_t rounding = 0xfffu + ((u >> 13) & 1u);
+  return FromBits((u + rounding) & ~0x1fffu);
+}
+
 float FromFp16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
@@ -86,6 +96,23 @@ void CastToFp16(const float* in, uint16_t* out, int64_t n) {
 
 void CastFromFp16(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = FromFp16(in[i]);
+}
+
+void RoundTo(Precision precision, const float* in, float* out, int64_t n) {
+  switch (precision) {
+    case Precision::kFp32:
+      if (out != in) std::memcpy(out, in, n * sizeof(float));
+      return;
+    case Precision::kTf32:
+      for (int64_t i = 0; i < n; ++i) out[i] = ToTf32(in[i]);
+      return;
+    case Precision::kBf16:
+      for (int64_t i = 0; i < n; ++i) out[i] = FromBits(static_cast<uint32_t>(ToBf16(in[i])) << 16);
+      return;
+    case Precision::kFp16:
+      for (int64_t i = 0; i < n; ++i) out[i] = FromFp16(ToFp16(in[i]));
+      return;
+  }
 }
 
 }  // namespace pstrain::kernels

@@ -4,8 +4,6 @@
 // Activations are kept channel-major over the batch, [C][B][H][W], so that
 // a convolution's output is the product W[Cout][Cin*9] * col[Cin*9][B*H*W]
 // as it stands, and its weight gradient dZ * col^T, both single sgemms.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -29,11 +27,12 @@ void Transpose(const float* in, int channels, int batch, int area, bool to_rows,
 
 class CpuCnn final : public ModelKernels {
  public:
-  CpuCnn(const ModelShape& shape, int max_batch)
+  CpuCnn(const ModelShape& shape, int max_batch, Precision precision)
       : tensors_(ModelTensors(shape)),
         convs_(ConvLayers(shape)),
-        dense_(shape, max_batch),
-        max_batch_(max_batch) {
+        dense_(shape, max_batch, precision),
+        max_batch_(max_batch),
+        gemm_(precision) {
     const size_t b = max_batch;
     size_t widest_col = 0, widest_out = 0;
     for (const ConvLayer& c : convs_) {
@@ -124,8 +123,8 @@ class CpuCnn final : public ModelKernels {
       std::fill(z + static_cast<size_t>(co) * pixels, z + static_cast<size_t>(co + 1) * pixels,
                 bias[co]);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c.out_channels, pixels, c.patch(),
-                1.0f, weight, c.patch(), col, pixels, 1.0f, z, pixels);
+    gemm_(false, false, c.out_channels, pixels, c.patch(), weight, c.patch(), col, pixels, 1.0f,
+          z, pixels);
     const size_t n = static_cast<size_t>(c.out_channels) * pixels;
     for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
 
@@ -170,8 +169,8 @@ class CpuCnn final : public ModelKernels {
     float* dw = grad + tensors_[2 * l].offset;
     float* db = grad + tensors_[2 * l + 1].offset;
     float* col = col_[l].data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.out_channels, c.patch(), pixels,
-                1.0f, dz, pixels, col, pixels, 0.0f, dw, c.patch());
+    gemm_(false, true, c.out_channels, c.patch(), pixels, dz, pixels, col, pixels, 0.0f, dw,
+          c.patch());
     for (int co = 0; co < c.out_channels; ++co) {
       const float* row = dz + static_cast<size_t>(co) * pixels;
       double sum = 0;
@@ -186,8 +185,8 @@ class CpuCnn final : public ModelKernels {
     // d(col) = W^T dZ, over col itself (used for the last time), then
     // col2im: each patch value back onto the input pixel it was.
     const float* weight = params + tensors_[2 * l].offset;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c.patch(), pixels, c.out_channels,
-                1.0f, weight, c.patch(), dz, pixels, 0.0f, col, pixels);
+    gemm_(true, false, c.patch(), pixels, c.out_channels, weight, c.patch(), dz, pixels, 0.0f,
+          col, pixels);
     if (on_ready) on_ready(l, layer_floats);
     Col2Im(c, col, batch, d_in_.data());
   }
@@ -204,6 +203,7 @@ class CpuCnn final : public ModelKernels {
   std::vector<float> features_, d_features_;  // the dense input and its gradient
   std::vector<float> d_out_;                  // d(ReLU output) of one convolution
   std::vector<float> d_in_;                   // d(pooled) of the layer being done
+  Gemm gemm_;                                 // the convolutions' products
 };
 
 }  // namespace
@@ -261,8 +261,9 @@ void Col2Im(const ConvLayer& c, const float* col, int batch, float* d_in) {
   }
 }
 
-std::unique_ptr<ModelKernels> NewCpuCnn(const ModelShape& shape, int max_batch) {
-  return std::make_unique<CpuCnn>(shape, max_batch);
+std::unique_ptr<ModelKernels> NewCpuCnn(const ModelShape& shape, int max_batch,
+                                        Precision precision) {
+  return std::make_unique<CpuCnn>(shape, max_batch, precision);
 }
 
 }  // namespace pstrain::kernels

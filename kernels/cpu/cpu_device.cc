@@ -39,10 +39,7 @@ class CpuDevice final : public Device {
   absl::StatusOr<std::unique_ptr<ModelKernels>> CreateModelKernels(const ModelShape& shape,
                                                                    int max_batch,
                                                                    Precision precision) override {
-    if (precision != Precision::kFp32) {
-      return absl::InvalidArgumentError(name() + ": CPU devices compute in fp32 only");
-    }
-    return CreateCpuModelKernels(shape, max_batch);
+    return CreateCpuModelKernels(shape, max_batch, precision);
   }
 
  protected:

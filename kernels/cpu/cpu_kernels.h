@@ -11,8 +11,8 @@ namespace pstrain::kernels {
 
 // Model kernels for batches of up to max_batch samples. INVALID_ARGUMENT on
 // a shape with a non-positive width or a max_batch < 1.
-absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(const ModelShape& shape,
-                                                                     int max_batch);
+absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(
+    const ModelShape& shape, int max_batch, Precision precision = Precision::kFp32);
 
 // INVALID_ARGUMENT on a non-positive learning rate or out-of-range factor.
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateCpuOptimizer(const OptimizerConfig& config);
@@ -24,6 +24,9 @@ void CastToBf16(const float* in, uint16_t* out, int64_t n);
 void CastFromBf16(const uint16_t* in, float* out, int64_t n);
 void CastToFp16(const float* in, uint16_t* out, int64_t n);
 void CastFromFp16(const uint16_t* in, float* out, int64_t n);
+// out[i] = in[i] rounded to the nearest TF32 (fp32 with a 10-bit
+// mantissa), bf16 or fp16 value (fp32 for kFp32); out may be in.
+void RoundTo(Precision precision, const float* in, float* out, int64_t n);
 
 // dst[i] += src[i] for i < n; src holds n floats at any address (a received
 // payload, straight from gRPC's slices).

@@ -12,11 +12,28 @@
 
 namespace pstrain::kernels {
 
+// Row-major C = op(A) op(B) + beta C (cblas_sgemm, alpha 1; lda, ldb, ldc
+// the stored matrices' row strides) at a precision: for TF32, bf16 and fp16
+// both inputs rounded to it first, into buffers of its own, as tensor cores
+// read them; fp32 products and sums.
+class Gemm {
+ public:
+  explicit Gemm(Precision precision) : precision_(precision) {}
+  void operator()(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
+                  const float* b, int ldb, float beta, float* c, int ldc);
+
+ private:
+  const float* Rounded(const float* matrix, int64_t floats, std::vector<float>* into) const;
+
+  const Precision precision_;
+  std::vector<float> rounded_a_, rounded_b_;
+};
+
 // The dense layers of a shape, DenseInputDim(shape) -> hidden -> classes, on
 // batches of up to max_batch rows, with their activations.
 class DenseLayers {
  public:
-  DenseLayers(const ModelShape& shape, int max_batch);
+  DenseLayers(const ModelShape& shape, int max_batch, Precision precision);
 
   int64_t input_dim() const { return widths_[0]; }
   int max_batch() const { return max_batch_; }
@@ -47,6 +64,7 @@ class DenseLayers {
   std::vector<std::vector<float>> activations_;
   std::vector<float> delta_;
   std::vector<float> delta_prev_;
+  Gemm gemm_;
 };
 
 // A convolution's patches, [C][B][H][W] -> col[Cin*9][B*H*W] (row
@@ -55,8 +73,10 @@ class DenseLayers {
 void Im2Col(const ConvLayer& c, const float* in, int batch, float* col);
 void Col2Im(const ConvLayer& c, const float* col, int batch, float* d_in);
 
-std::unique_ptr<ModelKernels> NewCpuMlp(const ModelShape& shape, int max_batch);
-std::unique_ptr<ModelKernels> NewCpuCnn(const ModelShape& shape, int max_batch);
+std::unique_ptr<ModelKernels> NewCpuMlp(const ModelShape& shape, int max_batch,
+                                        Precision precision);
+std::unique_ptr<ModelKernels> NewCpuCnn(const ModelShape& shape, int max_batch,
+                                        Precision precision);
 
 }  // namespace pstrain::kernels
 

@@ -43,7 +43,8 @@ void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int batch, 
 
 class CpuMlp final : public ModelKernels {
  public:
-  CpuMlp(const ModelShape& shape, int max_batch) : dense_(shape, max_batch) {}
+  CpuMlp(const ModelShape& shape, int max_batch, Precision precision)
+      : dense_(shape, max_batch, precision) {}
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
                                int batch, float grad_scale, float* grad, BatchStats* stats,
@@ -72,10 +73,28 @@ class CpuMlp final : public ModelKernels {
 
 }  // namespace
 
-DenseLayers::DenseLayers(const ModelShape& shape, int max_batch)
+void Gemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
+                      const float* b, int ldb, float beta, float* c, int ldc) {
+  if (precision_ != Precision::kFp32) {
+    // The floats each stored matrix spans: rows - 1 strides and one row.
+    a = Rounded(a, int64_t{(trans_a ? k : m) - 1} * lda + (trans_a ? m : k), &rounded_a_);
+    b = Rounded(b, int64_t{(trans_b ? n : k) - 1} * ldb + (trans_b ? k : n), &rounded_b_);
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+const float* Gemm::Rounded(const float* matrix, int64_t floats, std::vector<float>* into) const {
+  if (static_cast<int64_t>(into->size()) < floats) into->resize(floats);
+  RoundTo(precision_, matrix, into->data(), floats);
+  return into->data();
+}
+
+DenseLayers::DenseLayers(const ModelShape& shape, int max_batch, Precision precision)
     : tensors_(ModelTensors(shape)),
       first_layer_(static_cast<int>(shape.conv.size())),
-      max_batch_(max_batch) {
+      max_batch_(max_batch),
+      gemm_(precision) {
   widths_.push_back(DenseInputDim(shape));
   widths_.insert(widths_.end(), shape.hidden.begin(), shape.hidden.end());
   widths_.push_back(shape.num_classes);
@@ -115,8 +134,7 @@ void DenseLayers::Forward(const float* params, const float* x, int batch) {
     const float* b = params + bias(l).offset;
     float* z = activations_[l + 1].data();
     for (int i = 0; i < batch; ++i) std::copy(b, b + out, z + static_cast<size_t>(i) * out);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, a_in, in, w,
-                out, 1.0f, z, out);
+    gemm_(false, false, batch, out, in, a_in, in, w, out, 1.0f, z, out);
     if (l + 1 < layers) {
       const size_t n = static_cast<size_t>(batch) * out;
       for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
@@ -151,9 +169,8 @@ void DenseLayers::Backward(const float* params, const float* x, const int32_t* l
     for (int b = 0; b < blocks; ++b) {
       const int r0 = static_cast<int>(static_cast<int64_t>(in) * b / blocks);
       const int r1 = static_cast<int>(static_cast<int64_t>(in) * (b + 1) / blocks);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, out, batch, 1.0f,
-                  a_in + r0, in, delta_.data(), out, 0.0f, dw + static_cast<size_t>(r0) * out,
-                  out);
+      gemm_(true, false, r1 - r0, out, batch, a_in + r0, in, delta_.data(), out, 0.0f,
+            dw + static_cast<size_t>(r0) * out, out);
       if (b + 1 < blocks) on_ready(0, static_cast<int64_t>(r1) * out);
     }
     std::fill(db, db + out, 0.0f);
@@ -169,8 +186,7 @@ void DenseLayers::Backward(const float* params, const float* x, const int32_t* l
     // dense layers (the input's own mask is its producer's business).
     const float* w = params + weight(l).offset;
     float* d_prev = l == 0 ? d_input : delta_prev_.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f, delta_.data(),
-                out, w, out, 0.0f, d_prev, in);
+    gemm_(false, true, batch, in, out, delta_.data(), out, w, out, 0.0f, d_prev, in);
     // W_l has been used for the last time in this pass.
     if (on_ready) on_ready(model_layer, layer_floats);
     if (l == 0) break;
@@ -183,15 +199,18 @@ void DenseLayers::Backward(const float* params, const float* x, const int32_t* l
   }
 }
 
-std::unique_ptr<ModelKernels> NewCpuMlp(const ModelShape& shape, int max_batch) {
-  return std::make_unique<CpuMlp>(shape, max_batch);
+std::unique_ptr<ModelKernels> NewCpuMlp(const ModelShape& shape, int max_batch,
+                                        Precision precision) {
+  return std::make_unique<CpuMlp>(shape, max_batch, precision);
 }
 
 absl::StatusOr<std::unique_ptr<ModelKernels>> CreateCpuModelKernels(const ModelShape& shape,
-                                                                     int max_batch) {
+                                                                     int max_batch,
+                                                                     Precision precision) {
   if (absl::Status s = CheckModelShape(shape); !s.ok()) return s;
   if (max_batch < 1) return absl::InvalidArgumentError("max_batch must be >= 1");
-  return shape.conv.empty() ? NewCpuMlp(shape, max_batch) : NewCpuCnn(shape, max_batch);
+  return shape.conv.empty() ? NewCpuMlp(shape, max_batch, precision)
+                            : NewCpuCnn(shape, max_batch, precision);
 }
 
 void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }

@@ -24,8 +24,8 @@ bool CudaBuilt();
 // when there is no GPU or no driver, or CUDA was not built in.
 absl::StatusOr<int> CudaDeviceCount();
 
-// GPU `ordinal` as a Device: cuBLAS GEMMs (cublasGemmEx: fp32, TF32 or bf16
-// inputs with fp32 accumulation), bias, ReLU, softmax cross-entropy and
+// GPU `ordinal` as a Device: cuBLAS GEMMs (cublasGemmEx: fp32, TF32, bf16 or
+// fp16 inputs with fp32 accumulation), bias, ReLU, softmax cross-entropy and
 // accuracy kernels, memory on that GPU.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
 
@@ -44,7 +44,7 @@ absl::Status CudaCastToFp16(int ordinal, const float* in, uint16_t* out, int64_t
 absl::Status CudaCastFromFp16(int ordinal, const uint16_t* in, float* out, int64_t n);
 
 // Mean seconds of one m x n x k cublasGemmEx on GPU `ordinal` at the given
-// precision (inputs fp32, or bf16 for kBf16; fp32 output), over
+// precision (inputs fp32, or bf16 / fp16 for kBf16 / kFp16; fp32 output), over
 // `iterations` runs after a warm-up (the GPU benchmark).
 absl::StatusOr<double> CudaGemmSeconds(int ordinal, int m, int n, int k, Precision precision,
                                        int iterations);

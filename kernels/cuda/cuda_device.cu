@@ -113,8 +113,8 @@ absl::StatusOr<double> CudaGemmSeconds(int ordinal, int m, int n, int k, Precisi
                                        int iterations) {
   absl::StatusOr<std::unique_ptr<Device>> device = CreateCudaDevice(ordinal);
   if (!device.ok()) return device.status();
-  const bool bf16 = precision == Precision::kBf16;
-  const size_t in_bytes = bf16 ? 2 : 4;
+  const bool half = precision == Precision::kBf16 || precision == Precision::kFp16;
+  const size_t in_bytes = half ? 2 : 4;
   absl::StatusOr<DeviceBuffer> a = (*device)->Allocate(static_cast<size_t>(m) * k * in_bytes);
   absl::StatusOr<DeviceBuffer> b = (*device)->Allocate(static_cast<size_t>(k) * n * in_bytes);
   absl::StatusOr<DeviceBuffer> c = (*device)->Allocate(static_cast<size_t>(m) * n * 4);
@@ -122,7 +122,9 @@ absl::StatusOr<double> CudaGemmSeconds(int ordinal, int m, int n, int k, Precisi
   cublasHandle_t handle;
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
   const float alpha = 1.0f, beta = 0.0f;
-  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t type = !half                           ? CUDA_R_32F
+                              : precision == Precision::kBf16 ? CUDA_R_16BF
+                                                              : CUDA_R_16F;
   const cublasComputeType_t compute =
       precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   auto gemm = [&] {

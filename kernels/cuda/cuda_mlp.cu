@@ -1,6 +1,6 @@
 // The classifier on a GPU, convolutions (a CNN) then dense layers:
-// cublasGemmEx for the products (fp32, TF32, or bf16 inputs with fp32
-// accumulation), CUDA kernels for the rest. The same computation as
+// cublasGemmEx for the products (fp32, TF32, or bf16 or fp16 inputs with
+// fp32 accumulation), CUDA kernels for the rest. The same computation as
 // kernels/cpu/mlp.cc and kernels/cpu/cnn.cc, layer for layer, in the same
 // layouts: a convolution is im2col + one product over the batch.
 #include <algorithm>
@@ -92,11 +92,11 @@ class CudaMlp final : public ModelKernels {
     row_loss_ = std::move(*loss);
     row_correct_ = std::move(*correct);
     bad_label_ = std::move(*flag);
-    if (precision_ == Precision::kBf16) {
-      // Operands converted to bf16: the largest activation or weight matrix.
+    if (precision_ == Precision::kBf16 || precision_ == Precision::kFp16) {
+      // Operands converted to 16 bits: the largest activation or weight matrix.
       int64_t largest = std::max(static_cast<int64_t>(max_batch_) * max_width_, largest_conv);
       for (const TensorDesc& t : tensors_) largest = std::max(largest, t.size);
-      for (DeviceBuffer* b : {&bf16_a_, &bf16_b_}) {
+      for (DeviceBuffer* b : {&half_a_, &half_b_}) {
         absl::StatusOr<DeviceBuffer> a = device_->Allocate(largest * sizeof(uint16_t));
         if (!a.ok()) return a.status();
         *b = std::move(*a);
@@ -335,14 +335,17 @@ class CudaMlp final : public ModelKernels {
     cudaDataType_t in_type = CUDA_R_32F;
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
     if (precision_ == Precision::kTf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (precision_ == Precision::kBf16) {
+    if (precision_ == Precision::kBf16 || precision_ == Precision::kFp16) {
+      // fp16: a value beyond 65504 becomes an infinity (the overflow that
+      // dynamic loss scaling detects).
       const int64_t a_elems = static_cast<int64_t>(trans_a ? k : m) * lda;
       const int64_t b_elems = static_cast<int64_t>(trans_b ? n : k) * ldb;
-      LaunchToBf16(stream_, a, bf16_a_.as<uint16_t>(), a_elems);
-      LaunchToBf16(stream_, b, bf16_b_.as<uint16_t>(), b_elems);
-      a_data = bf16_a_.as<uint16_t>();
-      b_data = bf16_b_.as<uint16_t>();
-      in_type = CUDA_R_16BF;
+      const auto cast = precision_ == Precision::kBf16 ? LaunchToBf16 : LaunchToFp16;
+      cast(stream_, a, half_a_.as<uint16_t>(), a_elems);
+      cast(stream_, b, half_b_.as<uint16_t>(), b_elems);
+      a_data = half_a_.as<uint16_t>();
+      b_data = half_b_.as<uint16_t>();
+      in_type = precision_ == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
     }
     CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, op_b, op_a, n, m, k, &alpha, b_data, in_type, ldb,
                                         a_data, in_type, lda, &beta, c, CUDA_R_32F, ldc, compute,
@@ -362,7 +365,7 @@ class CudaMlp final : public ModelKernels {
   std::vector<int> widths_;
   int max_width_ = 0;
   std::vector<DeviceBuffer> activations_;  // [0] unused: the input is read in place
-  DeviceBuffer delta_, delta_prev_, row_loss_, row_correct_, bad_label_, bf16_a_, bf16_b_;
+  DeviceBuffer delta_, delta_prev_, row_loss_, row_correct_, bad_label_, half_a_, half_b_;
   // Per convolution: im2col, ReLU output, pooled output, where each pooled
   // value came from (int32).
   struct ConvBuffers {

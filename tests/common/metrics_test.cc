@@ -64,6 +64,8 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_worker_retries_total", {T::Counter, {"job_id"}}},
       {"pstrain_worker_loss", {T::Gauge, {"job_id"}}},
       {"pstrain_worker_loss_ema", {T::Gauge, {"job_id"}}},
+      {"pstrain_worker_loss_scale", {T::Gauge, {"job_id"}}},
+      {"pstrain_worker_loss_scale_overflows_total", {T::Counter, {"job_id"}}},
       {"pstrain_jobs", {T::Gauge, {"state"}}},
       {"pstrain_jobs_ended_total", {T::Counter, {"state"}}},
       {"pstrain_jobs_submitted_total", {T::Counter, {}}},

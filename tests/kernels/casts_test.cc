@@ -144,5 +144,40 @@ TEST(CastsTest, LongArraysRoundLikeSingleValues) {
   }
 }
 
+TEST(CastsTest, RoundToGivesTheValuesOfEachFormat) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {1.0f, F(0x3f801000), 65504.0f, 65520.0f, -1e-8f, 3.0e38f, -inf};
+  auto rounded = [&](Precision p) {
+    std::vector<float> out(in.size());
+    RoundTo(p, in.data(), out.data(), static_cast<int64_t>(in.size()));
+    return out;
+  };
+  EXPECT_EQ(rounded(Precision::kFp32), in);
+  // fp16: as the cast there and back; 65520 overflows to infinity.
+  std::vector<float> fp16 = rounded(Precision::kFp16);
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_EQ(fp16[i], FromFp16(Fp16(in[i]))) << i;
+  EXPECT_EQ(fp16[3], inf);
+  EXPECT_EQ(fp16[1], 1.0f);  // 1 + 2^-12 is below fp16's resolution
+  // bf16 and TF32 keep fp32's range, with 7 and 10 mantissa bits.
+  std::vector<float> bf16 = rounded(Precision::kBf16);
+  EXPECT_EQ(bf16[1], 1.0f);
+  EXPECT_EQ(bf16[3], 65536.0f);
+  EXPECT_TRUE(std::isfinite(bf16[5]));
+  std::vector<float> tf32 = rounded(Precision::kTf32);
+  EXPECT_EQ(tf32[1], 1.0f);          // 2^-12: below TF32's 2^-10 too
+  EXPECT_EQ(tf32[2], 65504.0f);      // 11 significant bits hold it
+  EXPECT_EQ(tf32[6], -inf);
+  const float nan = std::nanf("");
+  for (Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
+    float out = 0;
+    RoundTo(p, &nan, &out, 1);
+    EXPECT_TRUE(std::isnan(out));
+  }
+  // In place.
+  std::vector<float> again = in;
+  RoundTo(Precision::kFp16, again.data(), again.data(), static_cast<int64_t>(again.size()));
+  EXPECT_EQ(again, fp16);
+}
+
 }  // namespace
 }  // namespace pstrain::kernels

@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -90,6 +91,45 @@ TEST(CpuKernelsTest, GradScaleScalesEverything) {
   ASSERT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 2, 1.0f, g1.data(), &stats).ok());
   ASSERT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 2, 0.25f, g2.data(), &stats).ok());
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(g2[i], 0.25f * g1[i], 1e-6f);
+}
+
+// The CPU twin of the GPU's 16-bit precisions: the products' inputs
+// rounded (close to fp32, not equal), and for fp16 a scaled gradient past
+// 65504 an infinity, as tensor cores would see it; fp32 has the range.
+TEST(CpuKernelsTest, SixteenBitPrecisionsRoundTheProductsInputs) {
+  for (const ModelShape& shape :
+       {ModelShape{784, {16}, 10}, ModelShape{784, {8}, 10, {4}, 1, 28, 28}}) {
+    const int64_t n = NumParams(shape);
+    std::vector<float> params(n);
+    InitParams(shape, 3, 0, n, params.data());
+    std::vector<float> x(4 * 784);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 97.0f;
+    std::vector<int32_t> y = {1, 7, 3, 0};
+    auto gradient = [&](Precision precision, float grad_scale) {
+      auto kernels = *CreateCpuModelKernels(shape, 4, precision);
+      std::vector<float> grad(n);
+      BatchStats stats;
+      EXPECT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), 4, grad_scale,
+                                           grad.data(), &stats).ok());
+      return grad;
+    };
+    const std::vector<float> fp32 = gradient(Precision::kFp32, 0.25f);
+    for (Precision p : {Precision::kTf32, Precision::kBf16, Precision::kFp16}) {
+      const std::vector<float> rounded = gradient(p, 0.25f);
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        diff += (rounded[i] - fp32[i]) * (rounded[i] - fp32[i]);
+        norm += fp32[i] * fp32[i];
+      }
+      EXPECT_GT(diff, 0) << static_cast<int>(p);
+      EXPECT_LT(std::sqrt(diff / norm), 2e-2) << static_cast<int>(p);
+    }
+    auto finite = [](const std::vector<float>& g) {
+      return std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); });
+    };
+    EXPECT_TRUE(finite(gradient(Precision::kFp32, 1 << 20)));
+    EXPECT_FALSE(finite(gradient(Precision::kFp16, 1 << 20)));
+  }
 }
 
 TEST(CpuKernelsTest, RejectsBadInput) {

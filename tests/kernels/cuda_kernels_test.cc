@@ -66,12 +66,13 @@ std::vector<T> Download(Device& gpu, const DeviceBuffer& b, size_t n) {
 
 struct PrecisionCase {
   Precision precision;
-  double gradient_tolerance;  // per-tensor relative L2 against the fp32 CPU
+  double gradient_tolerance;  // per-tensor relative L2 against the CPU twin
 };
 
-// The GPU's gradients, loss and evaluation against the CPU twin's for a
-// shape, every tensor within `tolerance` (relative L2), every layer
-// announced once, the last first.
+// The GPU's gradients, loss and evaluation against the CPU twin's (at the
+// same precision: the same roundings of the products' inputs) for a shape,
+// every tensor within `tolerance` (relative L2), every layer announced
+// once, the last first.
 void ExpectGpuMatchesCpu(const ModelShape& shape, int batch, Precision precision,
                          double tolerance) {
   const int64_t n = NumParams(shape);
@@ -81,7 +82,7 @@ void ExpectGpuMatchesCpu(const ModelShape& shape, int batch, Precision precision
   std::vector<int32_t> y(batch);
   for (int i = 0; i < batch; ++i) y[i] = i % shape.num_classes;
 
-  auto cpu = *CreateCpuModelKernels(shape, batch);
+  auto cpu = *CreateCpuModelKernels(shape, batch, precision);
   std::vector<float> cpu_grad(n);
   BatchStats cpu_stats;
   ASSERT_TRUE(cpu->ForwardBackward(params.data(), x.data(), y.data(), batch, 1.0f / batch,
@@ -143,12 +144,15 @@ TEST_P(CudaMlpTest, CnnForwardBackwardMatchesTheCpu) {
                       tolerance);
 }
 
-// fp32 within 1e-5 relative; TF32 keeps 10 mantissa bits in the products,
-// bf16 7: their gradients are within 1e-2 and 3e-2.
+// fp32 within 1e-5 relative; TF32 and fp16 keep 10 mantissa bits in the
+// products, bf16 7: their gradients are within 1e-2 and 3e-2 (the bounds
+// hold against fp32 too; the twin's roundings are the GPU's, but an input
+// computed in another order can round the other way).
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaMlpTest,
                          ::testing::Values(PrecisionCase{Precision::kFp32, 1e-5},
                                            PrecisionCase{Precision::kTf32, 1e-2},
-                                           PrecisionCase{Precision::kBf16, 3e-2}),
+                                           PrecisionCase{Precision::kBf16, 3e-2},
+                                           PrecisionCase{Precision::kFp16, 1e-2}),
                          [](const ::testing::TestParamInfo<PrecisionCase>& info) {
                            switch (info.param.precision) {
                              case Precision::kFp32:
@@ -157,6 +161,8 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaMlpTest,
                                return "Tf32";
                              case Precision::kBf16:
                                return "Bf16";
+                             case Precision::kFp16:
+                               return "Fp16";
                            }
                            return "Unknown";
                          });
