@@ -140,6 +140,11 @@ std::string WithSchedule(const std::string& fields) {
   return With("learning_rate: 0.001}", "learning_rate: 0.001, schedule: {" + fields + "}}");
 }
 
+// The valid spec at precision fp16 with loss_scale {fields}.
+std::string Fp16WithLossScale(const std::string& fields) {
+  return std::string(kValid) + "precision: fp16\nloss_scale: {" + fields + "}\n";
+}
+
 // The three modes' bounds and what a worker computing a step waits for.
 TEST(JobSpecTest, StalenessBoundsOfTheThreeModes) {
   absl::StatusOr<v1::JobSpec> ssp = ParseJobSpecYaml(With("mode: sync", "mode: ssp\nstaleness: 3"));
@@ -281,17 +286,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "accumulate_steps"},
         BadSpec{"loss scale without fp16", std::string(kValid) + "loss_scale: {initial: 1024}\n",
                 "loss_scale"},
-        BadSpec{"loss scale not a power of two",
-                std::string(kValid) + "precision: fp16\nloss_scale: {initial: 1000}\n",
+        BadSpec{"loss scale not a power of two", Fp16WithLossScale("initial: 1000"),
                 "loss_scale.initial"},
-        BadSpec{"loss scale above 2^24",
-                std::string(kValid) + "precision: fp16\nloss_scale: {initial: 33554432}\n",
+        BadSpec{"loss scale above 2^24", Fp16WithLossScale("initial: 33554432"),
                 "loss_scale.initial"},
-        BadSpec{"loss scale NaN",
-                std::string(kValid) + "precision: fp16\nloss_scale: {initial: .nan}\n",
-                "loss_scale.initial"},
-        BadSpec{"negative growth steps",
-                std::string(kValid) + "precision: fp16\nloss_scale: {growth_steps: -5}\n",
+        BadSpec{"loss scale NaN", Fp16WithLossScale("initial: .nan"), "loss_scale.initial"},
+        BadSpec{"negative growth steps", Fp16WithLossScale("growth_steps: -5"),
                 "loss_scale.growth_steps"},
         BadSpec{"accumulation past the training set",
                 std::string(kValid) + "accumulate_steps: 1000\n", "batch_size"},
