@@ -41,6 +41,10 @@ std::string JobStateName(v1::JobState state) {
 }
 
 std::string ModelSummary(const v1::JobSpec& spec) {
+  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) {
+    return absl::StrCat("external, ", spec.model().tensors_size(), " tensors, ",
+                        NumParamsOf(spec), " parameters");
+  }
   std::vector<int64_t> widths = {kernels::DenseInputDim(ModelShapeOf(spec))};
   widths.insert(widths.end(), spec.model().hidden().begin(), spec.model().hidden().end());
   widths.push_back(kFashionClasses);

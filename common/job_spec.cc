@@ -210,6 +210,54 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
 
 namespace {
 
+// model.tensors of an external model.
+absl::Status CheckExternalModel(const v1::ModelSpec& model) {
+  if (model.hidden_size() != 0 || model.conv_size() != 0 || model.input_dim() != 0 ||
+      model.num_classes() != 0) {
+    return FieldError(model.hidden_size() != 0 ? "model.hidden"
+                      : model.conv_size() != 0 ? "model.conv"
+                      : model.input_dim() != 0 ? "model.input_dim"
+                                               : "model.num_classes",
+                      "an external model is given by its tensors alone");
+  }
+  if (model.tensors_size() == 0) {
+    return FieldError("model.tensors", "an external model needs at least one tensor");
+  }
+  if (model.tensors_size() > kMaxExternalTensors) {
+    return FieldError("model.tensors", absl::StrCat(model.tensors_size(), " tensors; at most ",
+                                                    kMaxExternalTensors));
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < model.tensors_size(); ++i) {
+    const v1::ExternalTensor& t = model.tensors(i);
+    const std::string field = absl::StrCat("model.tensors[", i, "]");
+    if (t.name().empty() || t.name().size() > 200) {
+      return FieldError(field + ".name", "must be 1..200 characters");
+    }
+    for (char c : t.name()) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        return FieldError(field + ".name", "has a control character");
+      }
+    }
+    if (!names.insert(t.name()).second) {
+      return FieldError(field + ".name", absl::StrCat("'", t.name(), "' is listed twice"));
+    }
+    if (t.shape_size() > 8) return FieldError(field + ".shape", "at most 8 dimensions");
+    int64_t size = 1;
+    for (int d = 0; d < t.shape_size(); ++d) {
+      if (t.shape(d) < 1 || t.shape(d) > kMaxParams) {
+        return FieldError(absl::StrCat(field, ".shape[", d, "]"),
+                          absl::StrCat("must be in [1, ", kMaxParams, "], got ", t.shape(d)));
+      }
+      size *= t.shape(d);
+      if (size > kMaxParams) {
+        return FieldError(field + ".shape", absl::StrCat("more than ", kMaxParams, " values"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // optimizer.schedule: each field only where its type uses it, in range.
 absl::Status CheckSchedule(v1::OptimizerSpec& opt, int64_t total_steps) {
   v1::LearningRateSchedule& s = *opt.mutable_schedule();
@@ -291,8 +339,14 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       }
       PSTRAIN_RETURN_IF_ERROR(check_hidden());
       break;
+    case v1::MODEL_TYPE_EXTERNAL:
+      PSTRAIN_RETURN_IF_ERROR(CheckExternalModel(model));
+      break;
     default:
-      return FieldError("model.type", "required (softmax, mlp or cnn)");
+      return FieldError("model.type", "required (softmax, mlp, cnn or external)");
+  }
+  if (model.type() != v1::MODEL_TYPE_EXTERNAL && model.tensors_size() != 0) {
+    return FieldError("model.tensors", "only an external model lists its tensors");
   }
   if (model.type() != v1::MODEL_TYPE_CNN && model.conv_size() != 0) {
     return FieldError("model.conv", "only a cnn has convolutions");
@@ -311,11 +365,24 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
 
   // Data.
   v1::DataSpec& data = *spec.mutable_data();
-  if (data.dataset() == v1::DATASET_UNSPECIFIED) data.set_dataset(v1::DATASET_FASHION_MNIST);
-  if (data.dataset() != v1::DATASET_FASHION_MNIST) {
+  const bool external = model.type() == v1::MODEL_TYPE_EXTERNAL;
+  if (external) {
+    if (data.dataset() != v1::DATASET_UNSPECIFIED || !data.dir().empty()) {
+      return FieldError(data.dir().empty() ? "data.dataset" : "data.dir",
+                        "an external model's client reads its own data");
+    }
+    PSTRAIN_RETURN_IF_ERROR(range("data.train_samples", data.train_samples(), 0,
+                                  int64_t{1} << 40));
+  } else if (data.train_samples() != 0) {
+    return FieldError("data.train_samples", "only an external model's data is counted so");
+  }
+  if (!external && data.dataset() == v1::DATASET_UNSPECIFIED) {
+    data.set_dataset(v1::DATASET_FASHION_MNIST);
+  }
+  if (!external && data.dataset() != v1::DATASET_FASHION_MNIST) {
     return FieldError("data.dataset", "unsupported dataset");
   }
-  if (data.dir().empty()) data.set_dir(kDefaultDataDir);
+  if (!external && data.dir().empty()) data.set_dir(kDefaultDataDir);
   if (data.dir().size() > kMaxPathBytes) {
     return FieldError("data.dir", absl::StrCat("a path of ", data.dir().size(),
                                                " bytes; at most ", kMaxPathBytes));
@@ -409,11 +476,30 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   PSTRAIN_RETURN_IF_ERROR(range("accumulate_steps", spec.accumulate_steps(), 1, 1024));
+  if (external) {
+    // What pstrain's own workers do for built-in models, the client does.
+    if (spec.accumulate_steps() != 1) {
+      return FieldError("accumulate_steps", "an external model's client accumulates itself");
+    }
+    if (spec.precision() != v1::PRECISION_FP32) {
+      return FieldError("precision", "an external model's client computes in its own precision");
+    }
+    if (spec.eval_every_steps() != 0 || spec.early_stopping().patience() != 0) {
+      return FieldError(spec.eval_every_steps() != 0 ? "eval_every_steps"
+                                                     : "early_stopping.patience",
+                        "an external model's client evaluates itself (and reports it when it "
+                        "finishes)");
+    }
+    if (spec.steps() == 0 && data.train_samples() == 0) {
+      return FieldError("data.train_samples",
+                        "required with epochs: the size of the client's training set");
+    }
+  }
   const int64_t global_batch = GlobalBatch(spec);
-  if (global_batch > kFashionTrainSamples) {
+  if ((!external || data.train_samples() > 0) && global_batch > TrainSamplesOf(spec)) {
     return FieldError("batch_size",
                       absl::StrCat("num_workers * accumulate_steps * batch_size = ", global_batch,
-                                   " exceeds the ", kFashionTrainSamples, " training samples"));
+                                   " exceeds the ", TrainSamplesOf(spec), " training samples"));
   }
   if (spec.max_skipped_steps() == 0) spec.set_max_skipped_steps(10);
   PSTRAIN_RETURN_IF_ERROR(range("max_skipped_steps", spec.max_skipped_steps(), 1, 1000000));
@@ -487,20 +573,23 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   }
 
   // Sizes that would exhaust memory or the plan.
-  const kernels::ModelShape shape = ModelShapeOf(spec);
-  const int64_t params = kernels::NumParams(shape);
-  if (params > kMaxParams) {
-    return FieldError("model.hidden", absl::StrCat("the model has ", params,
-                                                   " parameters; at most ", kMaxParams));
-  }
+  const std::vector<kernels::TensorDesc> tensors = JobTensors(spec);
+  int64_t params = 0;
   int64_t chunks = 0;
-  for (const kernels::TensorDesc& t : kernels::ModelTensors(shape)) {
+  for (const kernels::TensorDesc& t : tensors) {
+    params += t.size;
     chunks += (t.size * 4 + spec.chunk_bytes() - 1) / spec.chunk_bytes();
+  }
+  if (params > kMaxParams) {
+    return FieldError(external ? "model.tensors" : "model.hidden",
+                      absl::StrCat("the model has ", params, " parameters; at most ", kMaxParams));
   }
   if (chunks > kMaxChunks) {
     return FieldError("chunk_bytes", absl::StrCat("cuts the model into ", chunks,
                                                   " chunks; at most ", kMaxChunks));
   }
+  if (external) return spec;
+  const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widest = std::max<int64_t>(shape.input_dim, kernels::DenseInputDim(shape));
   for (int width : shape.hidden) widest = std::max<int64_t>(widest, width);
   // A convolution's im2col matrix and output, per sample.
@@ -550,9 +639,39 @@ kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
   return c;
 }
 
-int64_t TrainSamplesOf(const v1::JobSpec&) { return kFashionTrainSamples; }
+std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec) {
+  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) {
+    return kernels::ModelTensors(ModelShapeOf(spec));
+  }
+  std::vector<kernels::TensorDesc> tensors;
+  int64_t offset = 0;
+  for (const v1::ExternalTensor& t : spec.model().tensors()) {
+    kernels::TensorDesc& d = tensors.emplace_back();
+    d.name = t.name();
+    d.shape.assign(t.shape().begin(), t.shape().end());
+    d.offset = offset;
+    d.size = 1;
+    for (int64_t dim : t.shape()) d.size *= dim;
+    offset += d.size;
+  }
+  return tensors;
+}
+
+int64_t NumParamsOf(const v1::JobSpec& spec) {
+  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) return kernels::NumParams(ModelShapeOf(spec));
+  int64_t n = 0;
+  for (const kernels::TensorDesc& t : JobTensors(spec)) n += t.size;
+  return n;
+}
+
+int64_t TrainSamplesOf(const v1::JobSpec& spec) {
+  return spec.model().type() == v1::MODEL_TYPE_EXTERNAL ? spec.data().train_samples()
+                                                        : kFashionTrainSamples;
+}
 
 int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
+  // An external model's worker is the client's own process.
+  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return 0;
   const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widths = shape.input_dim + shape.num_classes;
   for (int h : shape.hidden) widths += h;
@@ -573,7 +692,12 @@ int64_t GlobalBatch(const v1::JobSpec& spec) {
   return int64_t{spec.num_workers()} * std::max(1, spec.accumulate_steps()) * spec.batch_size();
 }
 
-int64_t StepsPerEpoch(const v1::JobSpec& spec) { return TrainSamplesOf(spec) / GlobalBatch(spec); }
+int64_t StepsPerEpoch(const v1::JobSpec& spec) {
+  // An external model's job of `steps` whose client counts no samples: one
+  // epoch.
+  if (TrainSamplesOf(spec) == 0) return std::max<int64_t>(spec.steps(), 1);
+  return TrainSamplesOf(spec) / GlobalBatch(spec);
+}
 
 absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train) {
   const kernels::ModelShape shape = ModelShapeOf(spec);

@@ -20,6 +20,7 @@ inline constexpr int64_t kMaxChunkBytes = 64 << 20;
 // Limits that keep a spec from exhausting a node's memory.
 inline constexpr int64_t kMaxParams = int64_t{1} << 30;
 inline constexpr int64_t kMaxChunks = 1 << 20;
+inline constexpr int kMaxExternalTensors = 100000;
 inline constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
 // The longest path a spec may name (PATH_MAX).
 inline constexpr size_t kMaxPathBytes = 4096;
@@ -59,7 +60,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);
 
 // Requires a normalized spec.
 kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
+// The tensors of the job's model in flat-space order: a built-in model's
+// (kernels::ModelTensors), or an external model's as its spec lists them.
+std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec);
+// The floats of the job's flat parameter space.
+int64_t NumParamsOf(const v1::JobSpec& spec);
 kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec);
+// Fashion-MNIST's 60000, or an external model's data.train_samples.
 int64_t TrainSamplesOf(const v1::JobSpec& spec);
 // Bytes a worker process of one device holds for the job, estimated: the
 // parameters, the gradient and the values being pulled (fp32 each), a
@@ -68,7 +75,8 @@ int64_t TrainSamplesOf(const v1::JobSpec& spec);
 // workers with that much room (a worker of several devices holds the model
 // and a batch per device: it registers the room it has per device).
 int64_t WorkerBytesNeeded(const v1::JobSpec& spec);
-// Global batches per epoch: floor(train samples / (workers * batch)).
+// Global batches per epoch: floor(train samples / (workers * batch)); the
+// job's steps for an external model without data.train_samples.
 int64_t StepsPerEpoch(const v1::JobSpec& spec);
 // Samples of one step over all workers: num_workers * accumulate_steps *
 // batch_size (normalized).

@@ -138,6 +138,7 @@ absl::Status MembershipClient::Register() {
   request.set_incarnation(incarnation_);
   request.set_max_memory_bytes(options_.max_memory_bytes);
   request.set_metrics_address(options_.metrics_address);
+  request.set_join_job(options_.join_job);
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetTimeout(context, options_.rpc_timeout);

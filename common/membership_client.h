@@ -35,6 +35,8 @@ class MembershipClient {
     std::string address;  // what the node serves on, if anything
     int64_t max_memory_bytes = 0;  // capacity for jobs; 0 = unlimited
     std::string metrics_address;   // host:port of the node's /metrics, if any
+    // Workers: the only job the node works on (RegisterRequest.join_job).
+    std::string join_job;
     RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
     // Mutual TLS to the coordinator; null: plaintext. Must outlive the client.
     const TransportSecurity* security = nullptr;

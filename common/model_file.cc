@@ -26,7 +26,7 @@ std::string EncodeModelFile(const std::string& job_id, const v1::JobSpec& spec,
   v1::ModelFileHeader header;
   header.set_job_id(job_id);
   *header.mutable_spec() = spec;
-  for (const kernels::TensorDesc& t : kernels::ModelTensors(ModelShapeOf(spec))) {
+  for (const kernels::TensorDesc& t : JobTensors(spec)) {
     v1::TensorInfo* info = header.add_tensors();
     info->set_name(t.name);
     for (int64_t d : t.shape) info->add_shape(d);
@@ -59,7 +59,7 @@ absl::StatusOr<ModelFile> DecodeModelFile(absl::string_view bytes) {
   }
   absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(file.header.spec());
   if (!spec.ok()) return Invalid(absl::StrCat("bad spec: ", spec.status().message()));
-  const std::vector<kernels::TensorDesc> tensors = kernels::ModelTensors(ModelShapeOf(*spec));
+  const std::vector<kernels::TensorDesc> tensors = JobTensors(*spec);
   if (file.header.tensors_size() != static_cast<int>(tensors.size())) {
     return Invalid("the tensors do not match the model spec");
   }

@@ -57,8 +57,16 @@ absl::Status UnknownJob(const std::string& id) {
 }
 
 absl::StatusOr<v1::PartitionPlan> PlanFor(const v1::JobSpec& spec) {
-  return ComputePartitionPlan(kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(),
+  return ComputePartitionPlan(JobTensors(spec), spec.chunk_bytes(),
                               spec.num_servers());
+}
+
+// Whether a worker may be given job `job_id`: a pool worker takes any job
+// of a built-in model; a worker that joined a job (the client library) that
+// job alone, whose model is external.
+bool WorksOn(const v1::Node& worker, const std::string& job_id, const v1::JobSpec& spec) {
+  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return worker.join_job() == job_id;
+  return worker.join_job().empty();
 }
 
 v1::JobEvent Event() {
@@ -589,7 +597,7 @@ class CoordinatorImpl final : public Coordinator,
           absl::StrCat("node '", node_id, "' is not worker 0 of ", job_id));
     }
     const Upload upload = {.id = ++last_upload_id_,
-                           .max_bytes = kernels::NumParams(ModelShapeOf(job.spec())) * 4 +
+                           .max_bytes = NumParamsOf(job.spec()) * 4 +
                                         64 * 1024};
     if (!uploading_.emplace(job_id, OpenUpload{upload.id, clock_->Now(), std::move(cancel)})
              .second) {
@@ -618,7 +626,7 @@ class CoordinatorImpl final : public Coordinator,
       }
       auto it = jobs_.find(job_id);
       if (it == jobs_.end()) return UnknownJob(job_id);
-      expected_floats = kernels::NumParams(ModelShapeOf(it->second.job.spec()));
+      expected_floats = NumParamsOf(it->second.job.spec());
     }
     if (file.header.job_id() != job_id || file.header.total_floats() != expected_floats) {
       return absl::InvalidArgumentError("the model file does not belong to this job");
@@ -1098,7 +1106,8 @@ class CoordinatorImpl final : public Coordinator,
       for (const auto& [node_id, node] : registry_.nodes()) {
         if (node.info.state() != v1::NODE_STATE_ALIVE) continue;
         if (node.info.role() == v1::NODE_ROLE_SERVER) cluster.servers.push_back(&node.info);
-        if (node.info.role() == v1::NODE_ROLE_WORKER && !busy.contains(node_id)) {
+        if (node.info.role() == v1::NODE_ROLE_WORKER && !busy.contains(node_id) &&
+            WorksOn(node.info, id, spec)) {
           cluster.free_workers.push_back(&node.info);
         }
       }
@@ -1257,6 +1266,7 @@ class CoordinatorImpl final : public Coordinator,
         for (const auto& [node_id, node] : registry_.nodes()) {
           if (node.info.role() == v1::NODE_ROLE_WORKER &&
               node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
+              WorksOn(node.info, id, next.spec()) &&
               !taken.contains(node_id) && RoomOn(node.info, {}) >= worker_need) {
             return &node;
           }

@@ -67,6 +67,12 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
         "node_id: '", request.node_id().substr(0, 80),
         "' is not a node id (1-63 of a-z, 0-9, '-' and '.', starting and ending alphanumeric)"));
   }
+  if (!request.join_job().empty() &&
+      (request.role() != v1::NODE_ROLE_WORKER || request.join_job().size() > 128)) {
+    return absl::InvalidArgumentError(request.role() != v1::NODE_ROLE_WORKER
+                                          ? "join_job: only a worker joins a job"
+                                          : "join_job: longer than 128 bytes");
+  }
   const absl::Time now = clock_->Now();
   while (!registered_at_.empty() && now - registered_at_.front() >= absl::Minutes(1)) {
     registered_at_.pop_front();
@@ -113,6 +119,7 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   node.info.set_pid(request.pid());
   node.info.set_max_memory_bytes(request.max_memory_bytes());
   node.info.set_metrics_address(request.metrics_address());
+  node.info.set_join_job(request.join_job());
   node.info.set_incarnation(request.incarnation());
   node.info.set_state(v1::NODE_STATE_ALIVE);
   node.info.set_last_heartbeat_ms(WallMs());

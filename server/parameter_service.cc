@@ -173,7 +173,8 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
     const v1::FrameKind expected = method_ == Method::kPull ? v1::FRAME_KIND_PULL
                                                             : v1::FRAME_KIND_PUSH;
     const bool step_end = method_ == Method::kPush && kind == v1::FRAME_KIND_STEP_END;
-    if (kind != expected && !step_end) {
+    const bool init = method_ == Method::kPush && kind == v1::FRAME_KIND_INIT;
+    if (kind != expected && !step_end && !init) {
       return absl::InvalidArgumentError(
           absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
     }
@@ -183,7 +184,9 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
     switch (method_) {
       case Method::kPush: {
         v1::ChunkHeader ack = frame->header();
-        status = step_end ? store_->EndStep(ack) : store_->Push(*std::move(frame), nullptr);
+        status = step_end ? store_->EndStep(ack)
+                 : init   ? store_->Init(*frame)
+                          : store_->Push(*std::move(frame), nullptr);
         if (status.ok()) {
           ack.set_kind(v1::FRAME_KIND_ACK);
           ack.set_num_elements(0);
@@ -425,7 +428,8 @@ absl::Status WorkerRoster::Check(const std::string& caller, const v1::ChunkHeade
     return absl::AbortedError(absl::StrCat("generation ", header.generation(), " is over"));
   }
   const std::vector<std::string>& workers = generation->workers;
-  if (header.kind() == v1::FRAME_KIND_PUSH || header.kind() == v1::FRAME_KIND_STEP_END) {
+  if (header.kind() == v1::FRAME_KIND_PUSH || header.kind() == v1::FRAME_KIND_STEP_END ||
+      header.kind() == v1::FRAME_KIND_INIT) {
     if (header.worker() < workers.size() && workers[header.worker()] == caller) {
       return absl::OkStatus();
     }

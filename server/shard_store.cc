@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <limits>
 #include <map>
@@ -91,6 +92,8 @@ struct ShardStore::Chunk {
   absl::Time opened ABSL_GUARDED_BY(mu);
   std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);
   std::vector<Waiting> waiting ABSL_GUARDED_BY(mu);
+  // External models: the chunk waits for its initial values (INIT).
+  bool awaiting_init ABSL_GUARDED_BY(mu) = false;
   // Not OK once the job is removed or the server shuts down: later requests
   // that found the chunk before that get this error instead of waiting.
   absl::Status closed ABSL_GUARDED_BY(mu);
@@ -115,6 +118,11 @@ struct ShardStore::Job {
   std::vector<std::unique_ptr<Chunk>> chunks;
   int owned_chunks = 0;
   uint32_t first_chunk = 0;  // the lowest owned: where stragglers are watched
+  // External models: the initial values come from worker 0 (INIT frames);
+  // until every owned chunk has them, the job's requests are UNAVAILABLE.
+  bool external = false;
+  bool restored = false;  // Restore loaded a checkpoint
+  std::atomic<int> chunks_awaiting_init{0};
 
   // Checkpoints; dir empty: none.
   std::string checkpoint_dir;
@@ -406,8 +414,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   }
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, NormalizeJobSpec(a.spec()));
   const v1::PartitionPlan& plan = a.plan();
-  const kernels::ModelShape shape = ModelShapeOf(spec);
-  PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(plan, kernels::NumParams(shape)));
+  PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(plan, NumParamsOf(spec)));
   if (a.server_index() >= plan.num_servers()) {
     return absl::InvalidArgumentError("server_index outside the plan");
   }
@@ -457,8 +464,10 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     if (DTypeBytes(spec.wire_dtype()) == 4) {
       chunk->spare = std::make_shared<std::vector<float>>(info.size());
     }
-    kernels::InitParams(shape, spec.seed(), info.offset(), info.offset() + info.size(),
-                        chunk->values->data());
+    if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) {
+      kernels::InitParams(ModelShapeOf(spec), spec.seed(), info.offset(),
+                          info.offset() + info.size(), chunk->values->data());
+    }
     chunk->optimizer_state.assign(
         static_cast<size_t>(optimizer->StateFloatsPerParam()) * info.size(), 0.0f);
     chunk->pushed.resize(job->num_workers);
@@ -490,9 +499,14 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     job->retained.assign(a.retained_checkpoints().begin(), a.retained_checkpoints().end());
   }
   if (a.restore_step() != 0) PSTRAIN_RETURN_IF_ERROR(Restore(a, *job));
+  job->external = spec.model().type() == v1::MODEL_TYPE_EXTERNAL;
   for (auto& chunk : job->chunks) {
     if (chunk == nullptr) continue;
     absl::MutexLock lock(&chunk->mu);
+    if (job->external && !job->restored) {
+      chunk->awaiting_init = true;
+      ++job->chunks_awaiting_init;
+    }
     if (DTypeBytes(job->wire_dtype) == 2) {
       chunk->wire_values = std::make_shared<std::vector<uint16_t>>(chunk->size);
       chunk->wire_spare = std::make_shared<std::vector<uint16_t>>(chunk->size);
@@ -587,6 +601,7 @@ absl::Status ShardStore::Restore(const v1::ServerAssignment& a, Job& job) const 
       std::fill(chunk->clock.begin(), chunk->clock.end(), saved.version);
     }
   }
+  job.restored = true;
   LOG(INFO) << "job " << job.id << " restored from the checkpoint of step " << c.step
             << " (generation " << c.generation << ") as server " << job.server_index;
   return absl::OkStatus();
@@ -857,10 +872,54 @@ void WatchStragglers(ShardStore::Job& job, const ShardStore::Chunk& chunk)
 
 }  // namespace
 
+absl::Status ShardStore::Init(const Frame& frame) {
+  const v1::ChunkHeader& h = frame.header();
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
+  if (!job->external) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job->id, " has a built-in model: its initial values come from its seed"));
+  }
+  if (h.worker() != 0) return absl::InvalidArgumentError("only worker 0 sends initial values");
+  if (h.dtype() != v1::DTYPE_FP32) return absl::InvalidArgumentError("initial values are fp32");
+  if (static_cast<int64_t>(h.num_elements()) != chunk->size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
+                                                   " values, the initial ones ", h.num_elements()));
+  }
+  if (!std::isfinite(frame.MaxAbs())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the initial values of chunk ", h.chunk(), " are not all finite"));
+  }
+  absl::MutexLock lock(&chunk->mu);
+  if (!chunk->closed.ok()) return chunk->closed;
+  if (!chunk->awaiting_init) return absl::OkStatus();  // a repeat: the first one holds
+  frame.ReadValues(0, chunk->size, chunk->values->data());
+  if (chunk->wire_values != nullptr) CastForTheWire(*chunk, job->wire_dtype);
+  chunk->awaiting_init = false;
+  if (--job->chunks_awaiting_init == 0) {
+    LOG(INFO) << "job " << job->id << ": the initial values are in";
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// External models: nothing but the initial values until they are in.
+absl::Status CheckInitialized(const ShardStore::Job& job) {
+  if (job.chunks_awaiting_init.load() == 0) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("job ", job.id, " waits for the initial values of ",
+                                             job.chunks_awaiting_init.load(),
+                                             " chunks from worker 0"));
+}
+
+}  // namespace
+
 absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) {
   const v1::ChunkHeader& h = frame.header();
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   if (DTypeBytes(h.dtype()) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), ": unsupported dtype ",
@@ -1010,6 +1069,7 @@ absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& 
 absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
   PSTRAIN_RETURN_IF_ERROR(FindChunk(*job, h).status());
   if (h.worker() >= job->num_workers) {
     return absl::InvalidArgumentError(
@@ -1056,6 +1116,7 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
 absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWaiter> waiter) {
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   if (h.version() < 0) return absl::InvalidArgumentError("negative version");
   if (h.pushed_steps() < 0) return absl::InvalidArgumentError("negative pushed_steps");

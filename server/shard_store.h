@@ -141,6 +141,15 @@ class ShardStore {
   // other than the one the worker's held push waits with.
   absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter);
 
+  // An INIT frame (external models): the chunk's initial values, if it
+  // still waits for them (a repeat is acknowledged and changes nothing).
+  // A generation that starts from the initial values (no checkpoint)
+  // answers its pushes, pulls and step ends UNAVAILABLE until every chunk
+  // of the server has them. INVALID_ARGUMENT for a built-in model's job, a
+  // worker other than 0, a dtype other than fp32, a wrong size or a value
+  // that is not finite; NOT_FOUND, ABORTED, UNAVAILABLE as for Push.
+  absl::Status Init(const Frame& frame);
+
   // A STEP_END: worker `worker` has pushed all of `step`, with values of
   // magnitude at most gradient_max_abs. Applies what waited for it. A
   // repeated step end is ignored. Errors as for Push, and (sync)

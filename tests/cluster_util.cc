@@ -34,7 +34,7 @@ v1::JobSpec MlpSpec(v1::OptimizerType optimizer, float learning_rate, int worker
 
 v1::PartitionPlan PlanFor(const v1::JobSpec& spec) {
   absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
-      kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(), spec.num_servers());
+      JobTensors(spec), spec.chunk_bytes(), spec.num_servers());
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
 }

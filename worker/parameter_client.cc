@@ -18,7 +18,7 @@ struct ParameterClient::Exchange {
   ParameterMethod method = ParameterMethod::kPushPull;
   RequestFn make_request;
   int64_t min_version = 0;
-  float* params = nullptr;
+  FlatSpan params;  // where the replies' values go
 
   absl::Mutex mu;
   std::vector<uint8_t> answered ABSL_GUARDED_BY(mu);  // by chunk id
@@ -111,42 +111,69 @@ std::vector<uint32_t> ParameterClient::AllChunks() const {
 }
 
 absl::Status ParameterClient::PullAll(float* params, int64_t steps_applied) {
+  return Finish(StartPull({params, 0}, steps_applied, AllChunks()));
+}
+
+std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPull(
+    FlatSpan params, int64_t steps_applied, std::vector<uint32_t> chunks) {
   auto make_request = [this, steps_applied](uint32_t c) {
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PULL, c);
     h.set_pushed_steps(steps_applied);
     return EncodeFrame(h, nullptr);
   };
-  return Finish(Start(ParameterMethod::kPull, AllChunks(), make_request, 0, params));
+  return Start(ParameterMethod::kPull, std::move(chunks), make_request, 0, params);
+}
+
+std::unique_ptr<ParameterClient::Pending> ParameterClient::StartInit(
+    FlatSpan values, std::shared_ptr<const void> owner, std::vector<uint32_t> chunks) {
+  auto make_request = [this, values, owner = std::move(owner)](uint32_t c) {
+    const v1::ChunkInfo& info = options_.plan.chunks(c);
+    v1::ChunkHeader h = Header(v1::FRAME_KIND_INIT, c);
+    h.set_num_elements(static_cast<uint32_t>(info.size()));
+    return EncodeFrameShared(h, values.data + (info.offset() - values.offset), owner);
+  };
+  return Start(ParameterMethod::kPush, std::move(chunks), make_request, 0, {});
 }
 
 std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     int64_t step, const std::shared_ptr<std::vector<float>>& grad, float* params,
     std::vector<uint32_t> chunks) {
   if (chunks.empty()) chunks = AllChunks();
+  return StartPushPull(step, {grad->data(), 0}, grad, {params, 0}, std::move(chunks));
+}
+
+std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
+    int64_t step, FlatSpan grad, std::shared_ptr<const void> owner, FlatSpan params,
+    std::vector<uint32_t> chunks) {
   const bool sync = options_.mode == v1::MODE_SYNC;
-  // The payload: the gradient itself, or its cast for the wire.
-  std::shared_ptr<const void> payload = grad;
-  const char* base = reinterpret_cast<const char*>(grad->data());
+  // The payload: the gradient itself, or its cast for the wire (which is
+  // indexed by flat offset), and where float `offset` of it lies.
+  std::shared_ptr<const void> payload = std::move(owner);
+  const char* base = reinterpret_cast<const char*>(grad.data);
+  int64_t base_offset = grad.offset;
   if (wire_grad_ != nullptr) {
     for (uint32_t c : chunks) {
       const v1::ChunkInfo& info = options_.plan.chunks(c);
+      const float* from = grad.data + (info.offset() - grad.offset);
       if (options_.wire_dtype == v1::DTYPE_BF16) {
-        kernels::CastToBf16(grad->data() + info.offset(), wire_grad_->data() + info.offset(),
-                            info.size());
+        kernels::CastToBf16(from, wire_grad_->data() + info.offset(), info.size());
       } else {
-        kernels::CastToFp16(grad->data() + info.offset(), wire_grad_->data() + info.offset(),
-                            info.size());
+        kernels::CastToFp16(from, wire_grad_->data() + info.offset(), info.size());
       }
     }
     payload = wire_grad_;
     base = reinterpret_cast<const char*>(wire_grad_->data());
+    base_offset = 0;
   }
   const size_t value_bytes = DTypeBytes(options_.wire_dtype);
+  // By value: requests are made again on retries, after this returns.
+  auto chunk_bytes = [base, base_offset, value_bytes](const v1::ChunkInfo& info) {
+    return base + (info.offset() - base_offset) * static_cast<int64_t>(value_bytes);
+  };
   float max_abs = 0;
   for (uint32_t c : chunks) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
-    max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, base + info.offset() * value_bytes,
-                                         info.size()));
+    max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, chunk_bytes(info), info.size()));
   }
   {
     absl::MutexLock lock(&pushed_mu_);
@@ -154,13 +181,13 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     pushed_step_ = step;
     pushed_max_abs_ = std::max(pushed_max_abs_, max_abs);
   }
-  auto make_request = [this, step, payload, base, value_bytes, sync](uint32_t c) {
+  auto make_request = [this, step, payload, chunk_bytes, sync](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
     h.set_step(step);
     h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
     h.set_num_elements(static_cast<uint32_t>(info.size()));
-    return EncodeFrameShared(h, base + info.offset() * value_bytes, payload);
+    return EncodeFrameShared(h, chunk_bytes(info), payload);
   };
   // Sync: exactly version step+1. Async: whatever the server has now.
   return Start(ParameterMethod::kPushPull, std::move(chunks), make_request, sync ? step + 1 : 0,
@@ -175,7 +202,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartEndStep(int64_t 
     h.set_gradient_max_abs(gradient_max_abs);
     return EncodeFrame(h, nullptr);
   };
-  return Start(ParameterMethod::kPush, step_end_chunks_, make_request, 0, nullptr);
+  return Start(ParameterMethod::kPush, step_end_chunks_, make_request, 0, {});
 }
 
 float ParameterClient::PushedMaxAbs(int64_t step) const {
@@ -196,7 +223,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
                                                                  std::vector<uint32_t> chunks,
                                                                  RequestFn make_request,
                                                                  int64_t min_version,
-                                                                 float* params) {
+                                                                 FlatSpan params) {
   auto pending = std::make_unique<Pending>();
   if (cancelled()) return pending;
   auto exchange = std::make_shared<Exchange>();
@@ -274,7 +301,9 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
     // Each chunk is claimed once above, so copies never overlap. The count
     // goes down after the copy: Finish returns only once the values are in.
     if (!acks) {
-      frame->ReadValues(0, h.num_elements(), exchange->params + plan.chunks(h.chunk()).offset());
+      const FlatSpan& to = exchange->params;
+      frame->ReadValues(0, h.num_elements(),
+                        to.data + (plan.chunks(h.chunk()).offset() - to.offset));
       chunk_versions_[h.chunk()] = h.version();
     }
     absl::MutexLock lock(&exchange->mu);

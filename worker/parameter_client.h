@@ -63,6 +63,12 @@ class ParameterClient {
 
   // An exchange in flight: started by Start*, completed by Finish.
   class Pending;
+  // A part of the flat parameter space in memory: data[i] holds float
+  // offset + i. (A tensor of the client library's: its own memory.)
+  struct FlatSpan {
+    float* data = nullptr;
+    int64_t offset = 0;
+  };
   using RequestFn = std::function<grpc::ByteBuffer(uint32_t chunk)>;
 
   // The transport must outlive the client.
@@ -87,6 +93,23 @@ class ParameterClient {
   std::unique_ptr<Pending> StartPushPull(int64_t step,
                                          const std::shared_ptr<std::vector<float>>& grad,
                                          float* params, std::vector<uint32_t> chunks = {});
+  // The same for gradient and values anywhere in memory: `grad` holds the
+  // gradient of the floats from grad.offset on, kept alive by `owner` until
+  // the frames that reference it are gone; the replies land in `params`.
+  // `chunks` must lie inside both spans.
+  std::unique_ptr<Pending> StartPushPull(int64_t step, FlatSpan grad,
+                                         std::shared_ptr<const void> owner, FlatSpan params,
+                                         std::vector<uint32_t> chunks);
+
+  // External models (worker 0): sends `values` as the initial values of
+  // `chunks` (INIT frames; fp32 whatever the wire dtype). A server keeps the
+  // first it gets of each chunk. `values` must stay unchanged until Finish.
+  std::unique_ptr<Pending> StartInit(FlatSpan values, std::shared_ptr<const void> owner,
+                                     std::vector<uint32_t> chunks);
+
+  // Pulls `chunks` into `params` as PullAll does.
+  std::unique_ptr<Pending> StartPull(FlatSpan params, int64_t steps_applied,
+                                     std::vector<uint32_t> chunks);
   // Waits for the replies of an exchange, retrying what was lost.
   absl::Status Finish(std::unique_ptr<Pending> pending);
 
@@ -123,7 +146,7 @@ class ParameterClient {
   v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
   std::vector<uint32_t> AllChunks() const;
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
-                                 RequestFn make_request, int64_t min_version, float* params);
+                                 RequestFn make_request, int64_t min_version, FlatSpan params);
   // Sends `chunks` of the exchange: per server and channel, one stream
   // carrying its chunks in ascending id order. (With every stream of every
   // worker in ascending order, whatever their windows and channels, a window

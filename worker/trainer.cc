@@ -24,10 +24,6 @@ bool EvaluatesTheModel(const v1::JobSpec& spec, int worker) {
   return worker == 0 || spec.early_stopping().patience() > 0;
 }
 
-// The final loss of a worker is its mean training loss over this many steps.
-constexpr int64_t kFinalLossSteps = 50;
-// Weight of each step's loss in the exported moving average.
-constexpr double kLossEmaWeight = 0.02;
 
 kernels::Precision PrecisionOf(v1::Precision p) {
   switch (p) {

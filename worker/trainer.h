@@ -30,6 +30,7 @@
 #include "worker/in_process.h"
 #include "worker/loss_scale.h"
 #include "worker/parameter_client.h"
+#include "worker/progress_reporter.h"
 #include "worker/slice_layout.h"
 #include "worker/transport.h"
 #include "worker/worker_metrics.h"

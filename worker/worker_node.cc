@@ -14,6 +14,7 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "glog/logging.h"
+#include "worker/progress_reporter.h"
 #include "worker/trainer.h"
 
 namespace pstrain::worker {
@@ -56,7 +57,14 @@ class WorkerNodeImpl final : public WorkerNode {
     };
     membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
     membership_->Start();
-    reporter_ = std::thread([this] { ReportLoop(); });
+    reporter_ = std::make_unique<ProgressReporter>(
+        membership_.get(), [this](const v1::ReportProgressRequest& r) {
+          absl::MutexLock lock(&mu_);
+          if (running_trainer_ != nullptr && current_job_ == r.job_id() &&
+              current_generation_ == r.generation()) {
+            running_trainer_->Cancel();
+          }
+        });
   }
 
   void RequestStop() override {
@@ -97,7 +105,7 @@ class WorkerNodeImpl final : public WorkerNode {
     // Stopping membership first also cuts short a report being retried.
     if (membership_ != nullptr) membership_->Stop();
     if (job_thread.joinable()) job_thread.join();
-    if (reporter_.joinable()) reporter_.join();
+    if (reporter_ != nullptr) reporter_->Stop();
     LOG(INFO) << "worker stopped";
   }
 
@@ -163,7 +171,7 @@ class WorkerNodeImpl final : public WorkerNode {
         final_report = r;
         finished = true;
       } else {
-        Enqueue(r);
+        reporter_->Enqueue(r);
       }
     };
     absl::Status status;
@@ -243,64 +251,10 @@ class WorkerNodeImpl final : public WorkerNode {
     }
   }
 
-  // Progress reports go out on their own thread so that a slow coordinator
-  // never slows training; only the newest pending report is kept.
-  // A report not sent yet is replaced by the newer one, but the resume
-  // states it carries go with the newer one (a checkpoint needs them), and
-  // so does its evaluation unless the newer one has its own.
-  void Enqueue(const v1::ReportProgressRequest& r) {
-    absl::MutexLock lock(&mu_);
-    v1::ReportProgressRequest next = r;
-    if (pending_report_.has_value() && pending_report_->job_id() == r.job_id() &&
-        pending_report_->generation() == r.generation()) {
-      for (v1::WorkerResumeState& state : *pending_report_->mutable_checkpoint_states()) {
-        *next.add_checkpoint_states() = std::move(state);
-      }
-      if (pending_report_->evaluated() && !next.evaluated()) {
-        next.set_evaluated(true);
-        next.set_evaluated_step(pending_report_->evaluated_step());
-        next.set_test_accuracy(pending_report_->test_accuracy());
-        next.set_test_loss(pending_report_->test_loss());
-      }
-    }
-    pending_report_ = std::move(next);
-  }
-
-  void ReportLoop() {
-    while (true) {
-      v1::ReportProgressRequest r;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return pending_report_.has_value() || shut_down_;
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (!pending_report_.has_value()) return;
-        r = std::move(*pending_report_);
-        pending_report_.reset();
-      }
-      Send(r, absl::Seconds(5));
-    }
-  }
-
-  void Send(const v1::ReportProgressRequest& r, absl::Duration patience) {
-    absl::StatusOr<bool> active = membership_->ReportProgress(r, patience);
-    if (!active.ok()) {
-      LOG(WARNING) << "progress report for " << r.job_id() << " not delivered: "
-                   << active.status();
-    } else if (!*active) {
-      absl::MutexLock lock(&mu_);
-      if (running_trainer_ != nullptr && current_job_ == r.job_id() &&
-          current_generation_ == r.generation()) {
-        running_trainer_->Cancel();
-      }
-    }
-  }
-
   const Options options_;
   DatasetCache data_;
   std::unique_ptr<MembershipClient> membership_;
-  std::thread reporter_;
+  std::unique_ptr<ProgressReporter> reporter_;
   std::atomic<bool> fenced_{false};
 
   mutable absl::Mutex mu_;
@@ -318,7 +272,6 @@ class WorkerNodeImpl final : public WorkerNode {
   // Owned by the job thread; set while Run() may be cancelled.
   Trainer* running_trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::ReportProgressRequest> pending_report_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -145,6 +145,32 @@ std::string Fp16WithLossScale(const std::string& fields) {
   return std::string(kValid) + "precision: fp16\nloss_scale: {" + fields + "}\n";
 }
 
+// The valid spec with an external model of `tensors` (YAML list) instead.
+std::string External(const std::string& tensors, const std::string& more = "") {
+  return With("model: {type: mlp, hidden: [256, 128]}",
+              "model: {type: external, tensors: " + tensors + "}\ndata: {train_samples: 1000}") +
+         more;
+}
+
+TEST(JobSpecTest, AnExternalModelIsItsTensors) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecYaml(External("[{name: w, shape: [3, 4]}, {name: b, shape: [4]}, {name: s}]"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->data().dir().empty());  // no data of pstrain's
+  const std::vector<kernels::TensorDesc> tensors = JobTensors(*spec);
+  ASSERT_EQ(tensors.size(), 3u);
+  EXPECT_EQ(tensors[1].name, "b");
+  EXPECT_EQ(tensors[1].offset, 12);
+  EXPECT_EQ(tensors[2].size, 1);  // a scalar
+  EXPECT_EQ(NumParamsOf(*spec), 17);
+  EXPECT_EQ(WorkerBytesNeeded(*spec), 0);
+  // 1000 samples over a global batch of 128, 3 epochs.
+  EXPECT_EQ(StepsPerEpoch(*spec), 7);
+  EXPECT_EQ(TotalSteps(*spec), 21);
+}
+
 // The three modes' bounds and what a worker computing a step waits for.
 TEST(JobSpecTest, StalenessBoundsOfTheThreeModes) {
   absl::StatusOr<v1::JobSpec> ssp = ParseJobSpecYaml(With("mode: sync", "mode: ssp\nstaleness: 3"));
@@ -299,6 +325,35 @@ INSTANTIATE_TEST_SUITE_P(
                 std::string(kValid) + "eval_every_steps: 100\nearly_stopping: {patience: 3, "
                 "min_delta: -0.1}\n",
                 "early_stopping.min_delta"},
+        BadSpec{"external without tensors", External("[]"), "model.tensors"},
+        BadSpec{"external tensor of zero size", External("[{name: w, shape: [3, 0]}]"),
+                "model.tensors[0].shape[1]"},
+        BadSpec{"external tensors of one name",
+                External("[{name: w, shape: [3]}, {name: w, shape: [2]}]"),
+                "model.tensors[1].name"},
+        BadSpec{"external tensor without a name", External("[{shape: [3]}]"),
+                "model.tensors[0].name"},
+        BadSpec{"external model with hidden layers",
+                With("model: {type: mlp, hidden: [256, 128]}",
+                     "model: {type: external, hidden: [3], tensors: [{name: w}]}"),
+                "model.hidden"},
+        BadSpec{"tensors of a built-in model",
+                With("hidden: [256, 128]}", "hidden: [256, 128], tensors: [{name: w}]}"),
+                "model.tensors"},
+        BadSpec{"external with pstrain's data",
+                With("model: {type: mlp, hidden: [256, 128]}",
+                     "model: {type: external, tensors: [{name: w}]}\n"
+                     "data: {train_samples: 1000, dir: /tmp}"),
+                "data.dir"},
+        BadSpec{"external epochs without train_samples",
+                With("model: {type: mlp, hidden: [256, 128]}",
+                     "model: {type: external, tensors: [{name: w}]}"),
+                "data.train_samples"},
+        BadSpec{"external with eval_every_steps",
+                External("[{name: w}]", "eval_every_steps: 10\n"), "eval_every_steps"},
+        BadSpec{"external at fp16", External("[{name: w}]", "precision: fp16\n"), "precision"},
+        BadSpec{"train_samples of a built-in model", std::string(kValid) + "data: {train_samples: 5}\n",
+                "data.train_samples"},
         BadSpec{"absurd activations",
                 "model: {type: mlp, hidden: [16384]}\noptimizer: {type: sgd, learning_rate: 1}\n"
                 "batch_size: 20000\nsteps: 1\nnum_servers: 1\nnum_workers: 1\n",

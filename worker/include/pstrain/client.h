@@ -1,0 +1,186 @@
+// pstrain's client library: a training loop of one's own (C++ here, PyTorch
+// through the Python package `pstrain`) works as a worker of a job whose
+// model is external, against pstrain's parameter servers.
+//
+//   auto client = pstrain::Client::Join({.connect = {"127.0.0.1:7070"}, .job_id = id});
+//   for (int t = 0; t < n; ++t) client->BindTensor(t, my_params[t], sizes[t]);
+//   client->Start();                 // worker 0 sends the initial values
+//   while (client->step() < client->total_steps()) {
+//     auto batch = client->BatchIndices(client->step(), dataset_size);
+//     ... forward, backward (the gradient of the mean loss times gradient_scale()) ...
+//     for (int t = 0; t < n; ++t) client->PushGradient(t, my_grads[t], sizes[t]);
+//     client->EndStep(loss, batch.size());  // the new values are in my_params
+//   }
+//   client->Finish();
+//
+// The optimizer named in the job runs on the servers. Sync jobs are exact:
+// the servers sum the workers' pushes, so each worker pushes the gradient of
+// its mean loss times gradient_scale() (its share of the global batch), and
+// W workers of batch b train what one process of batch W*b does.
+//
+// Recovery: when the job goes on from a checkpoint (a node was lost), the
+// client goes with it: EndStep returns the step to compute next, which is
+// then earlier than the one just computed, and the bound tensors hold that
+// step's values. A process that joins again under the node id of a lost one
+// takes its place; step() says where it resumes.
+//
+// Thread-compatible: one thread drives a client (PushGradient may be called
+// from other threads, never at the same time as another call).
+#ifndef PSTRAIN_CLIENT_H_
+#define PSTRAIN_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+// The library exports its public API alone.
+#define PSTRAIN_CLIENT_API __attribute__((visibility("default")))
+
+namespace pstrain {
+
+// One tensor of an external model: fp32, contiguous, row-major.
+struct PSTRAIN_CLIENT_API TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // empty: a scalar
+  int64_t size() const;        // the product of the shape
+};
+
+// How to reach the coordinator.
+struct ConnectOptions {
+  std::string coordinator;  // host:port
+  // Mutual TLS: PEM files of this process's certificate, its key, and the
+  // CA; all empty: plaintext. A worker's certificate names its node id.
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+  // The bearer token of the control API (SubmitJob), if it asks for one.
+  std::string token;
+  // How long one call to the coordinator may take, retries included.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+// Submits a job whose model is external: `job_yaml` is a job file's text
+// (its model section, if any, must say `type: external` and list no
+// tensors) and `tensors` the model's tensors, in order. Returns the job id.
+// INVALID_ARGUMENT naming the field for a bad spec; the coordinator's error
+// otherwise.
+PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
+                                      const std::vector<TensorSpec>& tensors);
+
+// A test-set evaluation of the final model, which worker 0 reports.
+struct Evaluation {
+  double accuracy = 0;
+  double loss = 0;
+};
+
+class PSTRAIN_CLIENT_API Client {
+ public:
+  struct Options {
+    ConnectOptions connect;
+    std::string job_id;  // the job to work on; required
+    // The node id to register under (1-63 of a-z, 0-9, '-', '.'); empty:
+    // a random one (with TLS: the certificate's). A process that comes back
+    // under the id of a lost one takes its place in the job.
+    std::string node_id;
+    // How long Join waits for the coordinator to place this worker (the
+    // job waits for all its workers).
+    absl::Duration join_timeout = absl::Minutes(10);
+  };
+
+  // Registers as a worker of the job and waits until the coordinator has
+  // placed it. INVALID_ARGUMENT for bad options or a job whose model is not
+  // external, NOT_FOUND for an unknown job, DEADLINE_EXCEEDED after
+  // join_timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> Join(Options options);
+  // Stops heartbeating: a job not Finished sees this worker lost.
+  ~Client();
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The job as this worker runs it (in its current generation).
+  const std::string& job_id() const;
+  const std::string& node_id() const;
+  int worker_index() const;
+  int num_workers() const;
+  int batch_size() const;       // this worker's samples per step
+  int64_t global_batch() const;  // all workers' samples per step
+  int64_t total_steps() const;
+  // data.train_samples / global_batch(); a job of steps without train_samples: its steps.
+  int64_t steps_per_epoch() const;
+  uint64_t seed() const;
+  std::string mode() const;  // "sync", "async" or "ssp"
+  // What each worker multiplies the gradient of its mean loss by: its share
+  // of the global batch (batch_size / global_batch) where the servers sum
+  // the workers' pushes (sync, ssp); 1 in async mode.
+  double gradient_scale() const;
+  // The step to compute next.
+  int64_t step() const;
+  const std::vector<TensorSpec>& tensors() const;
+  // NOT_FOUND for a name the model does not have.
+  absl::StatusOr<int> TensorIndex(std::string_view name) const;
+
+  // Where tensor `tensor`'s values live: `size` floats that the client
+  // writes the new values into, in place, and (worker 0) reads the initial
+  // values from. They must stay valid while the client lives or until bound
+  // again. INVALID_ARGUMENT for an unknown tensor or a wrong size.
+  absl::Status BindTensor(int tensor, float* values, int64_t size);
+
+  // Once every tensor is bound: worker 0 sends the bound values as the
+  // initial values (the servers keep the first they get); then every
+  // worker receives the values of step() into the bound tensors.
+  // FAILED_PRECONDITION if a tensor is not bound.
+  absl::Status Start();
+
+  // This worker's samples of `step`: indices into a training set of
+  // `dataset_size` samples, as pstrain's own workers take theirs (each
+  // epoch a permutation by the job's seed; the global batch cut by worker
+  // index). INVALID_ARGUMENT if the set is smaller than the global batch.
+  absl::StatusOr<std::vector<int64_t>> BatchIndices(int64_t step, int64_t dataset_size) const;
+
+  // Starts pushing tensor `tensor`'s gradient of step() and returns at
+  // once (pushes overlap with the rest of backward). The gradient is sent
+  // from its own memory: it must stay unchanged until EndStep returns;
+  // `keep_alive`, if set, is held until the frames that reference it are
+  // gone. A tensor pushed twice in a step: INVALID_ARGUMENT.
+  absl::Status PushGradient(int tensor, const float* grad, int64_t size,
+                            std::shared_ptr<const void> keep_alive = nullptr);
+
+  // Ends step(): pushes zeros for the tensors not pushed, tells the servers
+  // the step is complete, and waits for the values the next step is
+  // computed from, which land in the bound tensors. `loss` (this worker's
+  // mean loss of the step) and `samples` go into the job's progress.
+  // Returns the step to compute next: step() + 1, or, after a recovery,
+  // the step the job goes on from. CANCELLED once the job is no longer
+  // running; the servers' error otherwise.
+  absl::StatusOr<int64_t> EndStep(double loss, int64_t samples);
+
+  // Receives the values the servers hold now into the bound tensors
+  // (async and ssp: with the other workers' latest pushes).
+  absl::Status Pull();
+
+  // Ends this worker's part: step() must be total_steps(). Worker 0 first
+  // waits for the final model, which becomes the job's model file (`psctl
+  // export`), and reports `evaluation` with it.
+  absl::Status Finish(std::optional<Evaluation> evaluation = std::nullopt);
+
+  // Fails the job with `message` (the script could not go on).
+  absl::Status Fail(const std::string& message);
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_CLIENT_H_
