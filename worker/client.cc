@@ -111,15 +111,13 @@ class Client::Impl {
  public:
   explicit Impl(Options options) : options_(std::move(options)) {}
 
+  // The reporter and the heartbeats first: nothing calls back into the
+  // parameter client once it goes.
   ~Impl() {
     if (reporter_ != nullptr) reporter_->Stop();
-    {
-      absl::MutexLock lock(&mu_);
-      if (params_ != nullptr) params_->Cancel();
-    }
+    if (membership_ != nullptr) membership_->Stop();
     params_.reset();
     transport_.reset();
-    if (membership_ != nullptr) membership_->Stop();
   }
 
   absl::Status Join() {
@@ -178,6 +176,7 @@ class Client::Impl {
     callbacks.on_fenced = [this](const absl::Status& status) {
       absl::MutexLock lock(&mu_);
       ended_ = absl::StrCat("another process took node id ", node_id_, ": ", status.message());
+      assignment_changed_.NotifyAll();
       if (params_ != nullptr) params_->Cancel();
     };
     membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
@@ -306,11 +305,9 @@ class Client::Impl {
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
     // The step end first: the pushes' replies wait for it.
-    absl::Status status = params_->Finish(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
-    for (auto& p : pending) {
-      absl::Status s = params_->Finish(std::move(p));
-      if (status.ok()) status = s;
-    }
+    const absl::Status status = FinishAll(
+        std::move(pending),
+        params_->Finish(params_->StartEndStep(step_, params_->PushedMaxAbs(step_))));
     if (!status.ok()) {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
       return step_;
@@ -380,6 +377,7 @@ class Client::Impl {
 
   void OnHeartbeat(const v1::HeartbeatResponse& response) {
     absl::MutexLock lock(&mu_);
+    assignment_changed_.NotifyAll();
     const v1::WorkerAssignment* mine = nullptr;
     for (const v1::WorkerAssignment& a : response.worker_jobs()) {
       if (a.job_id() == options_.job_id) mine = &a;
@@ -404,9 +402,20 @@ class Client::Impl {
     }
   }
 
-  // After a failed exchange: goes on in the job's next generation if there
-  // is one (ABORTED: this one is over), else returns the error.
-  absl::Status Recover(const absl::Status& error) {
+  // Finishes every exchange; the first error (`status` if it is one).
+  absl::Status FinishAll(std::vector<std::unique_ptr<ParameterClient::Pending>> pending,
+                         absl::Status status = absl::OkStatus()) {
+    for (auto& p : pending) {
+      absl::Status s = params_->Finish(std::move(p));
+      if (status.ok()) status = s;
+    }
+    return status;
+  }
+
+  // After a failed exchange: enters the job's next generation if there is
+  // one (ABORTED, or CANCELLED by a heartbeat that announced it), else
+  // returns the error (CANCELLED once the job is over here).
+  absl::Status ToNextGeneration(const absl::Status& error) {
     {
       absl::MutexLock lock(&mu_);
       if (!ended_.empty()) return absl::CancelledError(ended_);
@@ -416,8 +425,13 @@ class Client::Impl {
       return error;
     }
     const v1::RecoverySpec& recovery = spec_.recovery();
-    PSTRAIN_RETURN_IF_ERROR(EnterNextGeneration(absl::Seconds(
-        recovery.replace_after_seconds() + recovery.wait_timeout_seconds() + 60)));
+    return EnterNextGeneration(absl::Seconds(recovery.replace_after_seconds() +
+                                             recovery.wait_timeout_seconds() + 60));
+  }
+
+  // ToNextGeneration, and its start.
+  absl::Status Recover(const absl::Status& error) {
+    PSTRAIN_RETURN_IF_ERROR(ToNextGeneration(error));
     return GoOnWithGeneration();
   }
 
@@ -430,7 +444,7 @@ class Client::Impl {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !ended_.empty() || (next_.has_value() && next_->generation() > generation_);
       };
-      if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+      if (!assignment_changed_.AwaitWithTimeout(mu_, ready, timeout)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the coordinator placed this worker in no (new) generation of job ", options_.job_id,
             " within ", absl::FormatDuration(timeout)));
@@ -540,10 +554,7 @@ class Client::Impl {
                                               descs_[t].offset},
                                              initial_, chunks_of_tensor_[t]));
         }
-        for (auto& p : inits) {
-          absl::Status s = params_->Finish(std::move(p));
-          if (status.ok()) status = s;
-        }
+        status = FinishAll(std::move(inits));
       }
       if (status.ok()) {
         status = PullInto(spec_.mode() == v1::MODE_SYNC ? step_ : 0);
@@ -554,17 +565,7 @@ class Client::Impl {
         window_start_ = start_time_;
         return absl::OkStatus();
       }
-      {
-        absl::MutexLock lock(&mu_);
-        if (!ended_.empty()) return absl::CancelledError(ended_);
-      }
-      if (status.code() != absl::StatusCode::kAborted &&
-          status.code() != absl::StatusCode::kCancelled) {
-        return status;
-      }
-      const v1::RecoverySpec& recovery = spec_.recovery();
-      PSTRAIN_RETURN_IF_ERROR(EnterNextGeneration(absl::Seconds(
-          recovery.replace_after_seconds() + recovery.wait_timeout_seconds() + 60)));
+      PSTRAIN_RETURN_IF_ERROR(ToNextGeneration(status));
     }
   }
 
@@ -574,12 +575,7 @@ class Client::Impl {
       pulls.push_back(params_->StartPull({bound_[t], descs_[t].offset}, steps_applied,
                                          chunks_of_tensor_[t]));
     }
-    absl::Status status;
-    for (auto& p : pulls) {
-      absl::Status s = params_->Finish(std::move(p));
-      if (status.ok()) status = s;
-    }
-    return status;
+    return FinishAll(std::move(pulls));
   }
 
   v1::ReportProgressRequest Report() const {
@@ -655,6 +651,7 @@ class Client::Impl {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // the one running here; 0: none yet
   int64_t requested_checkpoint_ ABSL_GUARDED_BY(mu_) = 0;
   std::string ended_ ABSL_GUARDED_BY(mu_);  // non-empty: why the job is over here
+  MonotonicCondVar assignment_changed_;      // next_ or ended_ may have changed
   // Written by the driving thread under mu_, read by it without.
   std::unique_ptr<ParameterClient> params_;
 
