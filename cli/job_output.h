@@ -61,6 +61,9 @@ std::string JsonQuote(const std::string& s);
 // "running", "succeeded", ...
 std::string JobStateName(v1::JobState state);
 
+// The one-line JSON result of a job that ended (pstrain-local, pstrain-run).
+std::string ResultJson(const v1::Job& job);
+
 }  // namespace pstrain::cli
 
 #endif  // PSTRAIN_CLI_JOB_OUTPUT_H_

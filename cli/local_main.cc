@@ -59,19 +59,6 @@ namespace {
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-std::string ResultJson(const v1::Job& job) {
-  const v1::JobSpec& spec = job.spec();
-  const v1::JobResult& r = job.result();
-  return absl::StrFormat(
-      "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
-      "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
-      "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d}",
-      JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(ModeName(spec.mode())),
-      spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
-      r.samples_per_second(), r.final_loss(), r.test_accuracy(), job.recoveries(),
-      job.last_checkpoint_step());
-}
-
 // --eval: a model file's accuracy on the test set.
 int Evaluate(const std::string& path) {
   absl::StatusOr<ModelFile> model = ReadModelFile(path);

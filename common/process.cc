@@ -6,12 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
@@ -40,6 +43,20 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   std::vector<char*> argv;
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The environment: the parent's, less what options.env sets anew.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const bool replaced = std::any_of(options.env.begin(), options.env.end(),
+                                      [&](const std::string& set) {
+                                        return absl::StartsWith(entry, set.substr(0, set.find('=') + 1));
+                                      });
+    if (!replaced) env_strings.emplace_back(entry);
+  }
+  env_strings.insert(env_strings.end(), options.env.begin(), options.env.end());
+  std::vector<char*> envp;
+  for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   auto open_log = [](const std::string& path) -> absl::StatusOr<int> {
     if (path.empty()) return -1;
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -76,7 +93,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       dup2(*log_fd, STDERR_FILENO);
     }
     if (*err_fd >= 0) dup2(*err_fd, STDERR_FILENO);
-    execv(program.c_str(), argv.data());
+    execve(program.c_str(), argv.data(), envp.data());
     _exit(127);
   }
   if (*log_fd >= 0) close(*log_fd);

@@ -30,6 +30,9 @@ struct SpawnOptions {
   // (PR_SET_PDEATHSIG), so no child outlives a parent killed with SIGKILL.
   // Spawn from a thread that lives as long as the child should.
   bool die_with_parent = true;
+  // "NAME=value" entries set in the child's environment, beside (or over)
+  // what it inherits.
+  std::vector<std::string> env;
 };
 
 // fork + exec. INTERNAL if fork fails; a failing exec makes the child exit 127.

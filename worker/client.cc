@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chunk_codec.h"
 #include "common/clock.h"
 #include "common/dataset.h"
 #include "common/job_spec.h"
@@ -74,8 +75,11 @@ absl::Status CheckConnect(const ConnectOptions& c) {
 
 }  // namespace
 
+int64_t DataPlaneCopiedBytes() { return CopiedPayloadBytes(); }
+
 absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
-                                      const std::vector<TensorSpec>& tensors) {
+                                      const std::vector<TensorSpec>& tensors,
+                                      const std::string& request_id) {
   PSTRAIN_RETURN_IF_ERROR(CheckConnect(connect));
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobSpecYaml(job_yaml));
   v1::ModelSpec& model = *spec.mutable_model();
@@ -99,7 +103,9 @@ absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   std::random_device random;
-  request.set_request_id(absl::StrFormat("client-%08x%08x%08x", random(), random(), random()));
+  request.set_request_id(request_id.empty() ? absl::StrFormat("client-%08x%08x%08x", random(),
+                                                              random(), random())
+                                            : request_id);
   v1::SubmitJobResponse response;
   PSTRAIN_RETURN_IF_ERROR(CallControl(connect, [&](grpc::ClientContext& context) {
     return stub->SubmitJob(&context, request, &response);

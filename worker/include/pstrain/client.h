@@ -71,8 +71,18 @@ struct ConnectOptions {
 // tensors) and `tensors` the model's tensors, in order. Returns the job id.
 // INVALID_ARGUMENT naming the field for a bad spec; the coordinator's error
 // otherwise.
-PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
-                                      const std::vector<TensorSpec>& tensors);
+// `request_id` (1-128 printable characters; empty: none) makes a submit
+// idempotent: every submit with it gets the job the first one made (the
+// processes of one launch can all submit, and all get one job).
+PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect,
+                                                         const std::string& job_yaml,
+                                                         const std::vector<TensorSpec>& tensors,
+                                                         const std::string& request_id = "");
+
+// Payload bytes the data plane has copied in this process so far: 0 while
+// every push was sent from the gradient's own memory and every value was
+// written straight into the bound tensors.
+PSTRAIN_CLIENT_API int64_t DataPlaneCopiedBytes();
 
 // A test-set evaluation of the final model, which worker 0 reports.
 struct Evaluation {

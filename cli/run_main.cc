@@ -1,0 +1,337 @@
+// pstrain-run: runs a training script W times as the workers of one job, as
+// torchrun does: on a local cluster it starts (or against --coordinator),
+// with supervision (a worker process that dies is started again under its
+// node id and the job recovers), the job's progress, and the JSON result
+// line at the end.
+//
+//   pstrain-run --workers 2 --servers 2 --job job.yaml -- python3 train.py ARGS
+//
+// Each process gets PSTRAIN_COORDINATOR, PSTRAIN_RUN_ID (the submit's
+// request id: every process submits the same job and gets it),
+// PSTRAIN_NODE_ID, PSTRAIN_LOCAL_RANK, PSTRAIN_NUM_WORKERS,
+// PSTRAIN_NUM_SERVERS and, with --job, PSTRAIN_JOB_FILE (pstrain.init reads
+// them).
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "cli/job_output.h"
+#include "cli/local_cluster.h"
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/init.h"
+#include "common/job_spec.h"
+#include "common/process.h"
+#include "common/rpc.h"
+#include "pstrain/v1/control.grpc.pb.h"
+
+ABSL_FLAG(int, workers, 1, "worker processes: the job's num_workers");
+ABSL_FLAG(int, servers, 1, "parameter servers of the local cluster: the job's num_servers");
+ABSL_FLAG(std::string, job, "",
+          "job file (YAML) whose model is external; its num_workers and num_servers, if "
+          "given, must match --workers and --servers. Empty: the script gives its own");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of an existing cluster's coordinator: join it instead of starting one");
+ABSL_FLAG(std::string, run_dir, "",
+          "directory for the logs (the cluster's and each worker's, worker-N.log); default: "
+          "a new /tmp/pstrain-run.XXXXXX");
+ABSL_FLAG(std::string, bin_dir, "", "directory of the pstrain binaries; default: pstrain-run's");
+ABSL_FLAG(int, max_restarts, 3, "times a worker process that failed is started again");
+ABSL_FLAG(double, progress_interval_s, 1.0, "seconds between progress lines");
+ABSL_FLAG(double, find_job_timeout_s, 600,
+          "how long the scripts may take to submit the job (importing torch is slow)");
+
+namespace pstrain::cli {
+namespace {
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+std::string ExecutableDir() {
+  std::error_code error;
+  return std::filesystem::read_symlink("/proc/self/exe", error).parent_path().string();
+}
+
+// One worker process of the launch and its restarts.
+struct Script {
+  SpawnOptions spawn;
+  pid_t pid = -1;
+  int restarts = 0;
+  bool exited_ok = false;
+};
+
+int Run(const std::vector<std::string>& command) {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const int servers = absl::GetFlag(FLAGS_servers);
+  if (command.empty()) {
+    std::cerr << "pstrain-run: no command: pstrain-run [flags] -- python3 SCRIPT ARGS\n";
+    return kExitUsage;
+  }
+  if (workers < 1 || workers > 1024 || servers < 1 || servers > 256) {
+    std::cerr << "pstrain-run: --workers must be in [1, 1024] and --servers in [1, 256]\n";
+    return kExitUsage;
+  }
+  const std::string job_file = absl::GetFlag(FLAGS_job);
+  if (!job_file.empty()) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_file);
+    if (!spec.ok()) {
+      std::cerr << "pstrain-run: " << job_file << ": " << spec.status().message() << "\n";
+      return kExitUsage;
+    }
+    const v1::ModelType type = spec->model().type();
+    if (type != v1::MODEL_TYPE_UNSPECIFIED && type != v1::MODEL_TYPE_EXTERNAL) {
+      std::cerr << "pstrain-run: " << job_file << ": model.type: the script's model is external "
+                << "(pstrain-local runs built-in models)\n";
+      return kExitUsage;
+    }
+    if ((spec->num_workers() != 0 && spec->num_workers() != workers) ||
+        (spec->num_servers() != 0 && spec->num_servers() != servers)) {
+      std::cerr << "pstrain-run: " << job_file << " says num_workers: " << spec->num_workers()
+                << ", num_servers: " << spec->num_servers() << "; --workers " << workers
+                << ", --servers " << servers << "\n";
+      return kExitUsage;
+    }
+  }
+
+  std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (run_dir.empty()) {
+    char tmpl[] = "/tmp/pstrain-run.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::cerr << "pstrain-run: cannot make a run directory in /tmp\n";
+      return kExitFailed;
+    }
+    run_dir = tmpl;
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(run_dir, error);
+    run_dir = std::filesystem::absolute(run_dir).string();
+  }
+
+  std::unique_ptr<LocalCluster> cluster;
+  std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    LocalCluster::Options options;
+    options.bin_dir =
+        absl::GetFlag(FLAGS_bin_dir).empty() ? ExecutableDir() : absl::GetFlag(FLAGS_bin_dir);
+    options.run_dir = run_dir;
+    options.num_servers = servers;
+    options.num_workers = 0;  // the scripts are the workers
+    options.checkpoint_root = run_dir;
+    options.state_dir = run_dir + "/state";
+    options.restart_exited_children = true;
+    absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
+    if (!started.ok()) {
+      std::cerr << "pstrain-run: " << started.status().message() << "\n";
+      return kExitFailed;
+    }
+    cluster = std::move(*started);
+    coordinator = cluster->coordinator_address();
+  }
+  std::random_device random;
+  const std::string run_id = absl::StrFormat("run-%08x%08x", random(), random());
+  std::printf("pstrain-run: %d worker process(es) of `%s`, %s, logs in %s\n", workers,
+              command[0].c_str(),
+              cluster != nullptr ? absl::StrCat(servers, " server(s) started").c_str()
+                                 : ("coordinator " + coordinator).c_str(),
+              run_dir.c_str());
+  std::fflush(stdout);
+
+  std::vector<Script> scripts(workers);
+  for (int i = 0; i < workers; ++i) {
+    Script& s = scripts[i];
+    s.spawn.argv = command;
+    s.spawn.log_path = absl::StrCat(run_dir, "/worker-", i, ".log");
+    s.spawn.env = {"PSTRAIN_COORDINATOR=" + coordinator,
+                   "PSTRAIN_RUN_ID=" + run_id,
+                   absl::StrCat("PSTRAIN_NODE_ID=", run_id, "-", i),
+                   absl::StrCat("PSTRAIN_LOCAL_RANK=", i),
+                   absl::StrCat("PSTRAIN_NUM_WORKERS=", workers),
+                   absl::StrCat("PSTRAIN_NUM_SERVERS=", servers)};
+    // Where the local cluster's servers may write checkpoints.
+    if (cluster != nullptr) s.spawn.env.push_back("PSTRAIN_RUN_DIR=" + run_dir);
+    if (!job_file.empty()) {
+      s.spawn.env.push_back("PSTRAIN_JOB_FILE=" + std::filesystem::absolute(job_file).string());
+    }
+  }
+
+  absl::Mutex mu;
+  grpc::ClientContext* watching = nullptr;  // guarded by mu
+  std::string failure;                      // guarded by mu: why the run cannot succeed
+  std::atomic<bool> job_ended{false};
+  std::atomic<bool> done{false};
+  auto give_up = [&](const std::string& why) {
+    absl::MutexLock lock(&mu);
+    if (failure.empty()) failure = why;
+    if (watching != nullptr) watching->TryCancel();
+  };
+  // Starts every script, then watches them (and the cluster): a script that
+  // fails while the job runs is started again under its node id.
+  std::thread supervisor([&] {
+    for (Script& s : scripts) {
+      absl::StatusOr<pid_t> pid = Spawn(s.spawn);
+      if (!pid.ok()) return give_up(std::string(pid.status().message()));
+      s.pid = *pid;
+    }
+    while (!done) {
+      if (cluster != nullptr) {
+        for (const std::string& line : cluster->Supervise()) {
+          std::fprintf(stderr, "pstrain-run: %s\n", line.c_str());
+        }
+      }
+      int running = 0;
+      for (size_t i = 0; i < scripts.size(); ++i) {
+        Script& s = scripts[i];
+        if (s.pid < 0) continue;
+        const std::optional<int> status = TryReap(s.pid);
+        if (!status.has_value()) {
+          ++running;
+          continue;
+        }
+        s.pid = -1;
+        if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
+          s.exited_ok = true;
+          continue;
+        }
+        const std::string what = absl::StrCat("worker process ", i, " ", DescribeWaitStatus(*status),
+                                              " (", s.spawn.log_path, ")");
+        if (job_ended || s.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
+          if (!job_ended) give_up(what);
+          continue;
+        }
+        ++s.restarts;
+        std::fprintf(stderr, "pstrain-run: %s; starting it again\n", what.c_str());
+        absl::StatusOr<pid_t> pid = Spawn(s.spawn);
+        if (!pid.ok()) {
+          give_up(std::string(pid.status().message()));
+          continue;
+        }
+        s.pid = *pid;
+        ++running;
+      }
+      if (running == 0 && !job_ended) give_up("every worker process exited before the job ended");
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    for (Script& s : scripts) {
+      if (s.pid >= 0) StopProcess(s.pid, absl::Seconds(10));
+    }
+  });
+  auto finish = [&](int code) {
+    // The scripts finish on their own once the job ended (worker 0 uploads
+    // the model first); a minute at most.
+    const absl::Time deadline = MonotonicNow() + absl::Minutes(1);
+    while (MonotonicNow() < deadline) {
+      bool all = true;
+      for (const Script& s : scripts) all = all && s.pid < 0;
+      if (all || !job_ended) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    done = true;
+    supervisor.join();
+    if (cluster != nullptr) cluster->Stop();
+    return code;
+  };
+
+  auto stub = v1::Control::NewStub(MakeChannel(coordinator));
+  // The job: the one the scripts submitted under the run's request id.
+  std::string job_id;
+  const absl::Time find_deadline =
+      MonotonicNow() + absl::Seconds(absl::GetFlag(FLAGS_find_job_timeout_s));
+  while (job_id.empty()) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!failure.empty()) break;
+    }
+    if (MonotonicNow() > find_deadline) {
+      give_up("the worker processes submitted no job in time");
+      break;
+    }
+    v1::ListJobsRequest request;
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    if (stub->ListJobs(&context, request, &response).ok()) {
+      for (const v1::Job& j : response.jobs()) {
+        if (j.request_id() == run_id) job_id = j.id();
+      }
+    }
+    if (job_id.empty()) absl::SleepFor(absl::Milliseconds(200));
+  }
+  absl::StatusOr<v1::Job> job = absl::UnavailableError("no job");
+  if (!job_id.empty()) {
+    std::printf("job %s submitted\n", job_id.c_str());
+    std::fflush(stdout);
+    ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
+                            absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
+    while (true) {
+      grpc::ClientContext context;
+      {
+        absl::MutexLock lock(&mu);
+        if (!failure.empty()) break;
+        watching = &context;
+      }
+      job = FollowJob(*stub, job_id, context, [&](const v1::JobEvent& event, const v1::Job& now) {
+        display.OnEvent(event, now);
+      });
+      {
+        absl::MutexLock lock(&mu);
+        watching = nullptr;
+      }
+      if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    job_ended = true;
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    v1::Job full;
+    grpc::ClientContext get_context;
+    SetTimeout(get_context, absl::Seconds(10));
+    if (stub->GetJob(&get_context, get, &full).ok()) job = std::move(full);
+  }
+  std::string why;
+  {
+    absl::MutexLock lock(&mu);
+    why = failure;
+  }
+  if (!job.ok() || job->state() != v1::JOB_STATE_SUCCEEDED) {
+    if (job.ok()) why = absl::StrCat("job ", job->id(), " ", JobStateName(job->state()), ": ", job->reason());
+    std::cerr << "pstrain-run: " << why << " (logs in " << run_dir << ")\n";
+    return finish(kExitFailed);
+  }
+  const int code = finish(0);
+  std::printf("step time: %s\n", StepTimesSummary(job->result().step_times()).c_str());
+  std::printf("%s\n", ResultSummary(*job).c_str());
+  std::printf("%s\n", ResultJson(*job).c_str());
+  std::fflush(stdout);
+  return code;
+}
+
+}  // namespace
+}  // namespace pstrain::cli
+
+int main(int argc, char** argv) {
+  // Everything after "--" is the command.
+  int flags_end = argc;
+  std::vector<std::string> command;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      flags_end = i;
+      command.assign(argv + i + 1, argv + argc);
+      break;
+    }
+  }
+  pstrain::InitMain(flags_end, argv,
+                    "pstrain-run --workers W --servers S [--job FILE] [--coordinator HOST:PORT] "
+                    "-- COMMAND ARGS");
+  return pstrain::cli::Run(command);
+}

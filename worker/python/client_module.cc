@@ -1,0 +1,216 @@
+// pstrain._client: the client library (pstrain/client.h) for Python. Arrays
+// cross without copies: numpy arrays through the buffer protocol, torch
+// tensors (which have none) as their data_ptr() and size; pstrain.torch
+// builds on it. Every call that waits on the network releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pstrain/client.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// pstrain._client.Error(code, message): an absl::Status that is not OK.
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  PyErr_SetObject(g_error, py::make_tuple(absl::StatusCodeToString(status.code()),
+                                          std::string(status.message()))
+                               .ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+// Runs f() with the GIL released: it waits on the network.
+template <typename F>
+auto Unlocked(F f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+// Where a float32 array lives: a contiguous buffer (numpy, memoryview) or
+// (address, floats) of a torch tensor.
+struct FloatSpan {
+  float* data = nullptr;
+  int64_t size = 0;
+};
+
+FloatSpan SpanOf(const py::buffer& buffer, bool writable) {
+  py::buffer_info info = buffer.request(writable);
+  if (info.format != py::format_descriptor<float>::format() || info.itemsize != 4) {
+    throw py::type_error("pstrain: arrays must be float32, got format '" + info.format + "'");
+  }
+  int64_t expected = 4;
+  for (int d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw py::value_error("pstrain: arrays must be contiguous (C order)");
+    }
+    expected *= info.shape[d];
+  }
+  return {static_cast<float*>(info.ptr), info.size};
+}
+
+pstrain::ConnectOptions Connect(const std::string& coordinator, const std::string& cert_file,
+                                const std::string& key_file, const std::string& ca_file,
+                                const std::string& token, double timeout_s) {
+  pstrain::ConnectOptions c;
+  c.coordinator = coordinator;
+  c.cert_file = cert_file;
+  c.key_file = key_file;
+  c.ca_file = ca_file;
+  c.token = token;
+  c.timeout = absl::Seconds(timeout_s);
+  return c;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_client, m) {
+  m.doc() = "pstrain's client library: train a model of your own against pstrain's servers";
+  g_error = PyErr_NewException("pstrain._client.Error", PyExc_RuntimeError, nullptr);
+  m.attr("Error") = py::reinterpret_borrow<py::object>(g_error);
+
+  m.def(
+      "submit_job",
+      [](const std::string& coordinator, const std::string& job_yaml,
+         const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+         const std::string& request_id, const std::string& cert_file, const std::string& key_file,
+         const std::string& ca_file, const std::string& token, double timeout_s) {
+        std::vector<pstrain::TensorSpec> specs;
+        for (const auto& [name, shape] : tensors) specs.push_back({name, shape});
+        return Value(Unlocked([&] {
+          return pstrain::SubmitJob(
+              Connect(coordinator, cert_file, key_file, ca_file, token, timeout_s), job_yaml,
+              specs, request_id);
+        }));
+      },
+      py::arg("coordinator"), py::arg("job_yaml"), py::arg("tensors"),
+      py::arg("request_id") = "", py::arg("cert_file") = "", py::arg("key_file") = "",
+      py::arg("ca_file") = "", py::arg("token") = "", py::arg("timeout_s") = 30.0,
+      "Submits a job whose model is external; returns its id.");
+
+  m.def("copied_payload_bytes", &pstrain::DataPlaneCopiedBytes,
+        "Payload bytes the data plane has copied in this process (0: every push and pull "
+        "went from and to the arrays' own memory).");
+
+  py::class_<pstrain::Client>(m, "Client")
+      .def(py::init([](const std::string& coordinator, const std::string& job_id,
+                       const std::string& node_id, const std::string& cert_file,
+                       const std::string& key_file, const std::string& ca_file,
+                       double join_timeout_s, double timeout_s) {
+             pstrain::Client::Options o;
+             o.connect = Connect(coordinator, cert_file, key_file, ca_file, "", timeout_s);
+             o.job_id = job_id;
+             o.node_id = node_id;
+             o.join_timeout = absl::Seconds(join_timeout_s);
+             return Value(Unlocked([&] { return pstrain::Client::Join(std::move(o)); }));
+           }),
+           py::arg("coordinator"), py::arg("job_id"), py::arg("node_id") = "",
+           py::arg("cert_file") = "", py::arg("key_file") = "", py::arg("ca_file") = "",
+           py::arg("join_timeout_s") = 600.0, py::arg("timeout_s") = 30.0,
+           "Joins the job as one of its workers; returns once the coordinator placed it.")
+      .def_property_readonly("job_id", &pstrain::Client::job_id)
+      .def_property_readonly("node_id", &pstrain::Client::node_id)
+      .def_property_readonly("worker_index", &pstrain::Client::worker_index)
+      .def_property_readonly("num_workers", &pstrain::Client::num_workers)
+      .def_property_readonly("batch_size", &pstrain::Client::batch_size)
+      .def_property_readonly("global_batch", &pstrain::Client::global_batch)
+      .def_property_readonly("total_steps", &pstrain::Client::total_steps)
+      .def_property_readonly("steps_per_epoch", &pstrain::Client::steps_per_epoch)
+      .def_property_readonly("seed", &pstrain::Client::seed)
+      .def_property_readonly("mode", &pstrain::Client::mode)
+      .def_property_readonly("gradient_scale", &pstrain::Client::gradient_scale)
+      .def_property_readonly("step", &pstrain::Client::step)
+      .def_property_readonly("tensors",
+                             [](const pstrain::Client& c) {
+                               std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+                               for (const pstrain::TensorSpec& t : c.tensors()) {
+                                 out.emplace_back(t.name, t.shape);
+                               }
+                               return out;
+                             })
+      .def("tensor_index",
+           [](const pstrain::Client& c, const std::string& name) {
+             return Value(c.TensorIndex(name));
+           })
+      .def(
+          "bind",
+          [](pstrain::Client& c, int tensor, py::buffer values) {
+            const FloatSpan s = SpanOf(values, /*writable=*/true);
+            Check(c.BindTensor(tensor, s.data, s.size));
+          },
+          py::arg("tensor"), py::arg("values"),
+          "The tensor's values live in `values` (float32, contiguous, writable): the new "
+          "values are written there in place. Keep it alive.")
+      .def(
+          "bind_address",
+          [](pstrain::Client& c, int tensor, uintptr_t address, int64_t size) {
+            Check(c.BindTensor(tensor, reinterpret_cast<float*>(address), size));
+          },
+          py::arg("tensor"), py::arg("address"), py::arg("size"),
+          "bind for memory given by address (a torch tensor's data_ptr()) and float count.")
+      .def("start", [](pstrain::Client& c) { Check(Unlocked([&] { return c.Start(); })); })
+      .def(
+          "batch_indices",
+          [](const pstrain::Client& c, int64_t step, int64_t dataset_size) {
+            std::vector<int64_t> v = Value(c.BatchIndices(step, dataset_size));
+            return py::array_t<int64_t>(static_cast<py::ssize_t>(v.size()), v.data());
+          },
+          py::arg("step"), py::arg("dataset_size"))
+      .def(
+          "push",
+          [](pstrain::Client& c, int tensor, py::buffer grad) {
+            const FloatSpan s = SpanOf(grad, /*writable=*/false);
+            Check(c.PushGradient(tensor, s.data, s.size));
+          },
+          py::arg("tensor"), py::arg("grad"),
+          "Starts pushing the gradient from its own memory; it must stay alive and unchanged "
+          "until end_step returns.")
+      .def(
+          "push_address",
+          [](pstrain::Client& c, int tensor, uintptr_t address, int64_t size) {
+            Check(c.PushGradient(tensor, reinterpret_cast<const float*>(address), size));
+          },
+          py::arg("tensor"), py::arg("address"), py::arg("size"))
+      .def(
+          "end_step",
+          [](pstrain::Client& c, double loss, int64_t samples) {
+            return Value(Unlocked([&] { return c.EndStep(loss, samples); }));
+          },
+          py::arg("loss"), py::arg("samples"),
+          "Ends the step; waits for the new values (in the bound memory); returns the step "
+          "to compute next.")
+      .def("pull",
+           [](pstrain::Client& c) { Check(Unlocked([&] { return c.Pull(); })); })
+      .def(
+          "finish",
+          [](pstrain::Client& c, std::optional<double> accuracy, std::optional<double> loss) {
+            std::optional<pstrain::Evaluation> eval;
+            if (accuracy.has_value()) eval = pstrain::Evaluation{*accuracy, loss.value_or(0)};
+            Check(Unlocked([&] { return c.Finish(eval); }));
+          },
+          py::arg("test_accuracy") = py::none(), py::arg("test_loss") = py::none())
+      .def(
+          "fail",
+          [](pstrain::Client& c, const std::string& message) {
+            Check(Unlocked([&] { return c.Fail(message); }));
+          },
+          py::arg("message"));
+}

@@ -1,0 +1,83 @@
+"""pstrain's client library for Python: a training loop of your own, as a
+worker of a pstrain job whose model is external.
+
+    import pstrain
+    client = pstrain.init([("weight", [784, 10]), ("bias", [10])])
+    client.bind(0, w); client.bind(1, b)      # float32 arrays, updated in place
+    client.start()
+    while client.step < client.total_steps:
+        idx = client.batch_indices(client.step, len(train))
+        ...                                   # gradient of the mean loss
+        client.push(0, gw * client.gradient_scale); client.push(1, ...)
+        client.end_step(loss, len(idx))
+    client.finish(test_accuracy=acc)
+
+pstrain.torch has the drop-in for a PyTorch script. Errors are
+pstrain.Error, whose .code is the status code ("INVALID_ARGUMENT", ...)
+and .message the text.
+"""
+import os
+import re
+
+from pstrain._client import Client, Error, copied_payload_bytes, submit_job
+
+Error.code = property(lambda self: self.args[0], doc="the status code, e.g. 'NOT_FOUND'")
+Error.message = property(lambda self: self.args[1], doc="what went wrong")
+Error.__str__ = lambda self: "%s: %s" % (self.args[0], self.args[1])
+
+__all__ = ["Client", "Error", "copied_payload_bytes", "init", "submit_job"]
+
+
+def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **options):
+    """Joins this process's job as one of its workers and returns the Client.
+
+    tensors: the model's (name, shape) pairs, in order. The job is job_id, or
+    PSTRAIN_JOB_ID; without one, the job file job_yaml (or the text of the
+    file PSTRAIN_JOB_FILE) is submitted with these tensors, under the
+    request id PSTRAIN_RUN_ID if set, so that every process of one launch
+    (pstrain-run) submits the same job and joins it. The coordinator is
+    coordinator or PSTRAIN_COORDINATOR, the node id node_id or
+    PSTRAIN_NODE_ID (a restarted process under its old id takes its place).
+    Other keyword arguments go to Client (cert_file, key_file, ca_file, ...).
+    """
+    env = os.environ
+    coordinator = coordinator or env.get("PSTRAIN_COORDINATOR")
+    if not coordinator:
+        raise ValueError("pstrain.init: no coordinator (argument or PSTRAIN_COORDINATOR)")
+    job_id = job_id or env.get("PSTRAIN_JOB_ID")
+    tls = {k: options[k] for k in ("cert_file", "key_file", "ca_file") if k in options}
+    if not job_id:
+        if job_yaml is None:
+            path = env.get("PSTRAIN_JOB_FILE")
+            if not path:
+                raise ValueError("pstrain.init: no job (job_id, job_yaml, PSTRAIN_JOB_ID or "
+                                 "PSTRAIN_JOB_FILE)")
+            with open(path) as f:
+                job_yaml = f.read()
+        job_yaml = _with_launch_settings(job_yaml, env)
+        job_id = submit_job(coordinator, job_yaml, [(n, list(s)) for n, s in tensors],
+                            request_id=env.get("PSTRAIN_RUN_ID", ""),
+                            token=options.pop("token", env.get("PSTRAIN_TOKEN", "")), **tls)
+    options.pop("token", None)
+    return Client(coordinator, job_id, node_id=node_id or env.get("PSTRAIN_NODE_ID", ""),
+                  **options)
+
+
+def _with_launch_settings(job_yaml, env):
+    """The job file with what pstrain-run decided: num_workers and
+    num_servers (which the file may only repeat), and checkpoints in the
+    run directory unless the file has its own."""
+    for key, var in (("num_workers", "PSTRAIN_NUM_WORKERS"), ("num_servers", "PSTRAIN_NUM_SERVERS")):
+        value = env.get(var)
+        if not value:
+            continue
+        given = re.search(r"^%s\s*:\s*(\d+)" % key, job_yaml, re.MULTILINE)
+        if given is None:
+            job_yaml += "\n%s: %s\n" % (key, value)
+        elif given.group(1) != value:
+            raise ValueError("pstrain.init: the job says %s: %s, the launch %s" %
+                             (key, given.group(1), value))
+    run_dir = env.get("PSTRAIN_RUN_DIR")
+    if run_dir and re.search(r"^checkpoint\s*:", job_yaml, re.MULTILINE) is None:
+        job_yaml += "\ncheckpoint: {dir: %s/checkpoints}\n" % run_dir
+    return job_yaml

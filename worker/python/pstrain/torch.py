@@ -1,0 +1,117 @@
+"""pstrain for PyTorch scripts: the servers run the optimizer, the script
+computes gradients.
+
+    import pstrain.torch as pst
+    model = Net()
+    opt = pst.DistributedOptimizer(model)        # joins the job, binds the parameters
+    sampler = pst.ShardSampler(opt.client, len(train_set))
+    for indices in sampler:                      # this worker's batch of each step
+        x, y = ...                               # the samples `indices`
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)      # the mean loss of the batch
+        loss.backward()                          # each gradient pushed as it is ready
+        opt.step(loss)                           # the new values are in the parameters
+    opt.finish(test_accuracy=...)
+
+A parameter's gradient is scaled in place by the worker's share of the
+global batch (client.gradient_scale: 1/W for W workers of equal batches in
+sync and ssp, 1 in async) and pushed from its own memory as soon as
+backward has accumulated it (a hook on its AccumulateGrad node), while
+backward goes on with the layers below. step() waits for the new values,
+which the library writes into the parameters' own storage, in place (their
+data_ptr() never changes). The sampler reads the client's step each time,
+so after a recovery (the job gone back to a checkpoint) it goes on from
+there without a word from the script.
+"""
+import torch
+
+import pstrain
+
+
+class DistributedOptimizer:
+    """Trains `model` (a torch.nn.Module, or its named_parameters()) as a
+    worker of this process's pstrain job (pstrain.init: PSTRAIN_* from
+    pstrain-run), whose optimizer runs on the servers. Parameters must be
+    contiguous float32 CPU tensors; the job's tensors are the parameters'
+    names and shapes."""
+
+    def __init__(self, model, client=None, job_yaml=None, **init_options):
+        named = model.named_parameters() if hasattr(model, "named_parameters") else model
+        self._params = [(name, p) for name, p in named]
+        for name, p in self._params:
+            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+                raise ValueError("pstrain: parameter %s must be a contiguous float32 CPU tensor "
+                                 "(got %s on %s)" % (name, p.dtype, p.device))
+        shapes = [(name, list(p.shape)) for name, p in self._params]
+        self.client = client or pstrain.init(shapes, job_yaml=job_yaml, **init_options)
+        if [name for name, _ in self.client.tensors] != [name for name, _ in shapes]:
+            raise ValueError("pstrain: the job's tensors %s are not the model's parameters %s"
+                             % (self.client.tensors, shapes))
+        self._pushed = []      # this step's pushed gradients, alive until step() returns
+        self._accumulators = []  # the AccumulateGrad nodes the hooks sit on
+        for index, (name, p) in enumerate(self._params):
+            self.client.bind_address(index, p.data_ptr(), p.numel())
+            if p.requires_grad:
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                accumulator.register_hook(self._push_hook(index, p))
+                self._accumulators.append(accumulator)
+        self.client.start()
+
+    def _push_hook(self, index, p):
+        def hook(*_):
+            grad = p.grad
+            if grad is None:
+                return
+            if not grad.is_contiguous() or grad.dtype != torch.float32:
+                p.grad = grad = grad.contiguous().float()
+            grad.mul_(self.client.gradient_scale)
+            self._pushed.append(grad)
+            self.client.push_address(index, grad.data_ptr(), grad.numel())
+        return hook
+
+    @property
+    def step_index(self):
+        """The step to compute next."""
+        return self.client.step
+
+    def step(self, loss=None, samples=None):
+        """Ends the step (parameters without a gradient push zeros) and waits
+        for the new values; returns the step to compute next. `loss`: the
+        batch's mean loss (a tensor or a float) for the job's progress."""
+        value = float(loss.detach()) if torch.is_tensor(loss) else float(loss or 0.0)
+        try:
+            return self.client.end_step(value, samples or self.client.batch_size)
+        finally:
+            self._pushed.clear()
+
+    def zero_grad(self, set_to_none=True):
+        # A new gradient tensor each step: the pushed one is never written.
+        for _, p in self._params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def finish(self, test_accuracy=None, test_loss=None):
+        """After the job's last step: worker 0's final model becomes the
+        job's model file, with this evaluation."""
+        self.client.finish(test_accuracy=test_accuracy, test_loss=test_loss)
+
+
+class ShardSampler:
+    """This worker's batch of sample indices of each step, as pstrain's own
+    workers shard data: every epoch a permutation of the training set by the
+    job's seed, the global batch of a step cut by worker index. A
+    torch.utils.data.DataLoader takes it as batch_sampler (num_workers=0:
+    the step is read as each batch is taken)."""
+
+    def __init__(self, client, dataset_size):
+        self.client = client
+        self.dataset_size = dataset_size
+
+    def __iter__(self):
+        while self.client.step < self.client.total_steps:
+            yield self.client.batch_indices(self.client.step, self.dataset_size).tolist()
+
+    def __len__(self):
+        return self.client.total_steps - self.client.step
