@@ -10,7 +10,14 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libyaml-cpp-dev libopenblas-dev zlib1g-dev
   prometheus-cpp-dev libgtest-dev dataset-fashion-mnist prometheus iproute2 libssl-dev openssl
+  python3-dev pybind11-dev python3-numpy
 )
+# Building everything builds the tests, whose Python part trains with
+# PyTorch (several hundred MB): only then. The quick start's first command
+# names its target and skips them.
+if [ $# -eq 0 ]; then
+  packages+=(python3-torch python3-pytest)
+fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,0 +1,151 @@
+"""The Python package against real clusters: pstrain.torch scripts run by
+pstrain-run, and the client library called directly."""
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+import pstrain
+import pstrain.torch as pst
+from conftest import pstrain_run
+import train_worker
+
+
+def run_job(out_dir, *script_args, workers=2):
+    done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run"],
+                       [out_dir] + list(script_args))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, [dict(np.load(os.path.join(out_dir, "worker-%d.npz" % w))) for w in range(workers)]
+
+
+def one_process(indices_by_step, optimizer):
+    """The same model trained by one torch process on each step's global
+    batch (the workers' batches in worker order)."""
+    x, y = train_worker.data()
+    net = train_worker.model()
+    opt = (torch.optim.SGD(net.parameters(), lr=0.05) if optimizer == "sgd"
+           else torch.optim.Adam(net.parameters(), lr=0.001, eps=1e-8))
+    for idx in indices_by_step:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+        opt.step()
+    return {name: p.detach().numpy() for name, p in net.named_parameters()}
+
+
+def differences(actual, expected):
+    """Per tensor: relative L2 distance and largest absolute difference."""
+    out = {}
+    for name, e in expected.items():
+        d = actual[name].astype(np.float64) - e
+        out[name] = (np.linalg.norm(d) / max(np.linalg.norm(e), 1e-30), np.abs(d).max())
+    return out
+
+
+def global_batches(workers):
+    return [np.concatenate([w["indices"][i] for w in workers]) for i in range(len(workers[0]["steps"]))]
+
+
+# The C++ sync-equivalence bounds: relative L2 per tensor, largest difference.
+BOUNDS = {"sgd": (1e-5, 1e-4), "adam": (1e-5, 5e-4)}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
+    with tempfile.TemporaryDirectory() as out:
+        result, workers = run_job(out, "--optimizer", optimizer)
+        assert result["steps"] == 50
+        for w in workers:
+            assert len(w["indices"][0]) == 32
+        reference = one_process(global_batches(workers), optimizer)
+        for name, (relative, largest) in differences(workers[0], reference).items():
+            assert relative <= BOUNDS[optimizer][0], (name, relative)
+            assert largest <= BOUNDS[optimizer][1], (name, largest)
+        # Both workers end with the same model, bitwise.
+        for name in reference:
+            assert np.array_equal(workers[0][name], workers[1][name])
+
+
+def test_leaving_out_a_worker_breaks_the_bound():
+    with tempfile.TemporaryDirectory() as out:
+        _, workers = run_job(out, "--drop-worker", "1")
+        reference = one_process(global_batches(workers), "sgd")
+        assert any(r > BOUNDS["sgd"][0] or m > BOUNDS["sgd"][1]
+                   for r, m in differences(workers[0], reference).values())
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_async_and_ssp_train(mode):
+    with tempfile.TemporaryDirectory() as out:
+        result, workers = run_job(out, "--mode", mode, "--steps", "200")
+        assert result["mode"] == mode
+        for w in workers:
+            assert w["losses"][-20:].mean() < 0.8 * w["losses"][:20].mean()
+
+
+def test_a_killed_worker_is_restarted_and_changes_nothing():
+    with tempfile.TemporaryDirectory() as out:
+        os.makedirs(out + "/clean")
+        os.makedirs(out + "/killed")
+        _, clean = run_job(out + "/clean")
+        result, killed = run_job(out + "/killed", "--die-at", "25")
+        assert os.path.exists(out + "/killed/died-1")
+        assert result["recoveries"] >= 1
+        for name in clean[0]:
+            if name not in ("steps", "indices", "losses"):
+                assert np.array_equal(killed[0][name], clean[0][name]), name
+
+
+def test_pushes_and_values_use_the_tensors_own_memory(cluster):
+    net = torch.nn.Linear(2, 3)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+        net.bias.fill_(0.0)
+    # The job's tensors are the model's parameters (weight {3, 2}, bias {3}),
+    # in chunks of 4 floats over 2 servers.
+    job = pstrain.submit_job(cluster.coordinator,
+                             "optimizer: {type: sgd, learning_rate: 0.5}\nbatch_size: 4\n"
+                             "steps: 3\nnum_workers: 1\nnum_servers: 2\nchunk_bytes: 16\n",
+                             [("weight", [3, 2]), ("bias", [3])])
+    opt = pst.DistributedOptimizer(net, client=pstrain.Client(cluster.coordinator, job))
+    addresses = [p.data_ptr() for p in net.parameters()]
+    copied = pstrain.copied_payload_bytes()
+    for step in range(3):
+        opt.zero_grad()
+        (net.weight.sum() + 2 * net.bias.sum()).backward()  # gradients 1 and 2
+        assert opt.step(1.0, 4) == step + 1
+        # Updated in place: the same storage, SGD's values.
+        assert [p.data_ptr() for p in net.parameters()] == addresses
+        assert torch.all(net.weight == 1.0 - 0.5 * (step + 1))
+        assert torch.all(net.bias == -1.0 * (step + 1))
+    assert pstrain.copied_payload_bytes() == copied  # nothing copied on the way
+    opt.finish()
+
+
+def test_errors_are_exceptions_with_the_status(cluster):
+    with pytest.raises(pstrain.Error) as e:
+        pstrain.submit_job(cluster.coordinator, "optimizer: {type: sgd, learning_rate: 1}\n"
+                           "batch_size: 1\nsteps: 1\nnum_workers: 1\nnum_servers: 1\n",
+                           [("w", [3, 0])])
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "model.tensors[0].shape[1]" in e.value.message
+    with pytest.raises(pstrain.Error) as e:
+        pstrain.Client(cluster.coordinator, "no-such-job")
+    assert e.value.code == "NOT_FOUND"
+    job = pstrain.submit_job(cluster.coordinator, "optimizer: {type: sgd, learning_rate: 1}\n"
+                             "batch_size: 1\nsteps: 1\nnum_workers: 1\nnum_servers: 1\n",
+                             [("w", [2, 3])])
+    client = pstrain.Client(cluster.coordinator, job)
+    with pytest.raises(pstrain.Error) as e:
+        client.tensor_index("v")
+    assert e.value.code == "NOT_FOUND" and "'v'" in e.value.message
+    with pytest.raises(pstrain.Error) as e:
+        client.bind(0, np.zeros(5, np.float32))
+    assert e.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(TypeError):
+        client.bind(0, np.zeros(6, np.float64))
+    with pytest.raises(ValueError):
+        pst.DistributedOptimizer(torch.nn.Linear(3, 2), client=client)  # not the job's tensors

@@ -1,0 +1,79 @@
+"""One worker of the tests' jobs (started by pstrain-run): a small MLP on
+synthetic data through pstrain.torch. Writes what it trained to OUT_DIR:
+worker-W.npz with the final parameters and each step's sample indices.
+
+  train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
+                  [--drop-worker 1] [--die-at STEP]
+"""
+import argparse
+import os
+import signal
+
+import numpy as np
+import torch
+
+import pstrain.torch as pst
+
+SAMPLES, INPUTS, HIDDEN, CLASSES = 512, 20, 16, 4
+
+
+def data():
+    rng = np.random.RandomState(0)
+    x = rng.randn(SAMPLES, INPUTS).astype(np.float32)
+    y = (x[:, :CLASSES].argmax(axis=1) + (x[:, 4] > 1)).astype(np.int64) % CLASSES
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def model():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, CLASSES))
+
+
+def job_yaml(args):
+    optimizer = ("{type: sgd, learning_rate: 0.05}" if args.optimizer == "sgd"
+                 else "{type: adam, learning_rate: 0.001}")
+    text = "name: pytest\noptimizer: %s\nbatch_size: 32\nsteps: %d\nseed: 3\nmode: %s\n" % (
+        optimizer, args.steps, args.mode)
+    if args.mode == "ssp":
+        text += "staleness: 1\n"
+    return text + "checkpoint: {dir: %s/checkpoints, every_steps: 10}\n" % os.environ["PSTRAIN_RUN_DIR"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--mode", default="sync")
+    parser.add_argument("--drop-worker", type=int, default=-1)
+    parser.add_argument("--die-at", type=int, default=-1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x, y = data()
+    net = model()
+    opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args))
+    me = opt.client.worker_index
+    marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
+    indices, losses = {}, {}
+    for idx in pst.ShardSampler(opt.client, SAMPLES):
+        step = opt.client.step
+        if step == args.die_at and os.environ.get("PSTRAIN_LOCAL_RANK") == "1" and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # as a crash would
+        indices[step] = idx
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+        losses[step] = float(loss)
+        (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
+        opt.step(loss, len(idx))
+    opt.finish(test_accuracy=0.0)
+    steps = sorted(indices)
+    np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
+             steps=np.array(steps), indices=np.array([indices[s] for s in steps]),
+             losses=np.array([losses[s] for s in steps]),
+             **{name: p.detach().numpy() for name, p in net.named_parameters()})
+
+
+if __name__ == "__main__":
+    main()
