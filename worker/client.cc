@@ -1,6 +1,7 @@
 #include "pstrain/client.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -294,7 +295,8 @@ class Client::Impl {
       return absl::FailedPreconditionError(
           absl::StrCat("the job's ", TotalSteps(spec_), " steps are done: Finish"));
     }
-    const absl::Time step_start = last_step_end_;
+    // Until EndStep, the program computed (its pushes overlapping).
+    const absl::Time wait_start = MonotonicNow();
     for (size_t t = 0; t < tensors_.size(); ++t) {
       bool pushed;
       {
@@ -318,7 +320,7 @@ class Client::Impl {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
       return step_;
     }
-    RecordStep(loss, samples, step_start);
+    RecordStep(loss, samples, wait_start);
     return step_;
   }
 
@@ -344,13 +346,12 @@ class Client::Impl {
     report.set_finished(true);
     report.set_train_seconds(seconds_before_ +
                              absl::ToDoubleSeconds(last_step_end_ - start_time_));
-    const ParameterClient::Stats stats = params_->stats();
     const double n = static_cast<double>(std::max<int64_t>(total - first_step_, 1));
     v1::StepTimes& times = *report.mutable_step_times();
-    times.set_compute_seconds(compute_seconds_ / n);
-    times.set_push_seconds(stats.push_seconds / n);
-    times.set_wait_seconds(stats.wait_seconds / n);
-    times.set_pull_seconds(stats.pull_seconds / n);
+    times.set_compute_seconds(phase_seconds_[0] / n);
+    times.set_push_seconds(phase_seconds_[1] / n);
+    times.set_wait_seconds(phase_seconds_[2] / n);
+    times.set_pull_seconds(phase_seconds_[3] / n);
     if (assignment_.worker_index() == 0) {
       // The final model: every worker's last push applied on every chunk.
       std::vector<float> model(NumParamsOf(spec_));
@@ -540,7 +541,8 @@ class Client::Impl {
     }
     loss_ema_ = resume.loss_ema();
     seconds_before_ = resume.train_seconds();
-    compute_seconds_ = 0;
+    phase_seconds_ = {};
+    stats_before_ = params_->stats();
     LOG(INFO) << "job " << options_.job_id << ": worker " << assignment_.worker_index() << " of "
               << workers << " at generation " << assignment_.generation() << ", step " << step_;
     return absl::OkStatus();
@@ -596,13 +598,27 @@ class Client::Impl {
 
   // The bookkeeping of a completed step: losses, the checkpoint's resume
   // state, the progress report.
-  void RecordStep(double loss, int64_t samples, absl::Time step_start) {
+  // The step's time as pstrain's workers split it: the program's compute
+  // (from the last step's end to EndStep), and the wait in EndStep, the
+  // exchanges not hidden behind compute, split in proportion to the
+  // exchanges' own push, wait and pull times.
+  void RecordStep(double loss, int64_t samples, absl::Time wait_start) {
     const absl::Time now = MonotonicNow();
     const ParameterClient::Stats stats = params_->stats();
-    const double exchange = stats.push_seconds + stats.wait_seconds + stats.pull_seconds;
-    compute_seconds_ += std::max(0.0, absl::ToDoubleSeconds(now - step_start) -
-                                          (exchange - exchange_seconds_));
-    exchange_seconds_ = exchange;
+    const double push = stats.push_seconds - stats_before_.push_seconds;
+    const double wait = stats.wait_seconds - stats_before_.wait_seconds;
+    const double pull = stats.pull_seconds - stats_before_.pull_seconds;
+    stats_before_ = stats;
+    const double exposed = absl::ToDoubleSeconds(now - wait_start);
+    const double exchange = push + wait + pull;
+    phase_seconds_[0] += absl::ToDoubleSeconds(wait_start - last_step_end_);
+    if (exchange > 0) {
+      phase_seconds_[1] += exposed * push / exchange;
+      phase_seconds_[2] += exposed * wait / exchange;
+      phase_seconds_[3] += exposed * pull / exchange;
+    } else {
+      phase_seconds_[2] += exposed;
+    }
     last_step_end_ = now;
     recent_losses_[step_ % recent_losses_.size()] = loss;
     loss_ema_ = step_ == 0 ? loss : loss_ema_ + worker::kLossEmaWeight * (loss - loss_ema_);
@@ -694,8 +710,9 @@ class Client::Impl {
   double window_loss_ = 0;
   int64_t window_steps_ = 0;
   int64_t window_samples_ = 0;
-  double compute_seconds_ = 0;   // step time outside the exchanges, this generation
-  double exchange_seconds_ = 0;  // the parameter client's exchange time so far
+  // Compute, push, wait, pull over this generation's steps (RecordStep).
+  std::array<double, 4> phase_seconds_{};
+  ParameterClient::Stats stats_before_;  // the parameter client's, at the last step's end
 
   // BatchIndices' epoch order.
   mutable std::vector<int64_t> order_;
