@@ -2,7 +2,7 @@
 # pstrain vs PyTorch DistributedDataParallel on examples/torch/fashion_cnn.py:
 # 2 worker processes, batch 32 each, Adam, one torch and one BLAS thread per
 # process, the same epochs; pstrain with 2 servers (pstrain-run), DDP over
-# gloo (torch.distributed.run). The two run alternately, PAIRS times; the
+# gloo (two processes with torch's env:// rendezvous). The two run alternately, PAIRS times; the
 # table has each run and the medians.
 #   bench/torch_vs_ddp.sh [BUILD_DIR]     (EPOCHS=3 PAIRS=3 by default)
 set -euo pipefail
@@ -19,8 +19,15 @@ for pair in $(seq "$pairs"); do
   "$build/bin/pstrain-run" --workers 2 --servers 2 --job "$out/job.yaml" --run_dir "$out/run-$pair" \
     -- /usr/bin/python3 examples/torch/fashion_cnn.py > "$out/run-$pair.out"
   cat "$out/run-$pair"/worker-*.log | grep '"system"' >> "$out/results.jsonl"
-  /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
-    examples/torch/fashion_cnn.py --ddp --epochs "$epochs" 2>/dev/null | grep '"system"' >> "$out/results.jsonl"
+  # Debian's torch.distributed.run fails on Python 3.11: the processes by
+  # hand, with torch's env:// rendezvous.
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for rank in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank WORLD_SIZE=2 \
+      /usr/bin/python3 examples/torch/fashion_cnn.py --ddp --epochs "$epochs" > "$out/ddp-$pair-$rank.out" 2>&1 &
+  done
+  wait
+  cat "$out/ddp-$pair"-*.out | grep '"system"' >> "$out/results.jsonl"
 done
 /usr/bin/python3 - "$out/results.jsonl" "$epochs" <<'PY'
 import json, statistics, sys

@@ -68,7 +68,6 @@ struct Script {
   SpawnOptions spawn;
   pid_t pid = -1;
   int restarts = 0;
-  bool exited_ok = false;
 };
 
 int Run(const std::vector<std::string>& command) {
@@ -178,6 +177,7 @@ int Run(const std::vector<std::string>& command) {
   // Starts every script, then watches them (and the cluster): a script that
   // fails while the job runs is started again under its node id.
   std::thread supervisor([&] {
+    absl::Time all_exited = absl::InfiniteFuture();
     for (Script& s : scripts) {
       absl::StatusOr<pid_t> pid = Spawn(s.spawn);
       if (!pid.ok()) return give_up(std::string(pid.status().message()));
@@ -199,10 +199,7 @@ int Run(const std::vector<std::string>& command) {
           continue;
         }
         s.pid = -1;
-        if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
-          s.exited_ok = true;
-          continue;
-        }
+        if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) continue;
         const std::string what = absl::StrCat("worker process ", i, " ", DescribeWaitStatus(*status),
                                               " (", s.spawn.log_path, ")");
         if (job_ended || s.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
@@ -219,7 +216,14 @@ int Run(const std::vector<std::string>& command) {
         s.pid = *pid;
         ++running;
       }
-      if (running == 0 && !job_ended) give_up("every worker process exited before the job ended");
+      // All exited 0 (the job ends as their final reports come in); a job
+      // still running a minute later was left by them.
+      if (running == 0 && !job_ended) {
+        if (all_exited == absl::InfiniteFuture()) all_exited = MonotonicNow();
+        if (MonotonicNow() - all_exited > absl::Minutes(1)) {
+          give_up("every worker process exited, and the job did not end");
+        }
+      }
       absl::SleepFor(absl::Milliseconds(100));
     }
     for (Script& s : scripts) {

@@ -5,7 +5,8 @@ files (no download). Two ways, to compare them:
 
   pstrain-run --workers 2 --servers 2 --job examples/torch/fashion_cnn.yaml \\
       -- python3 examples/torch/fashion_cnn.py
-  python3 -m torch.distributed.run --nproc_per_node 2 examples/torch/fashion_cnn.py --ddp
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=0 python3 examples/torch/fashion_cnn.py --ddp &
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 python3 examples/torch/fashion_cnn.py --ddp
 
 With pstrain the servers run Adam (the job file's) and the workers push
 gradients; with --ddp each process runs torch's Adam after
