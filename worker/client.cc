@@ -78,6 +78,10 @@ absl::Status CheckConnect(const ConnectOptions& c) {
 
 int64_t DataPlaneCopiedBytes() { return CopiedPayloadBytes(); }
 
+std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n) {
+  return EpochOrder(seed, epoch, n);
+}
+
 absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
                                       const std::vector<TensorSpec>& tensors,
                                       const std::string& request_id) {
@@ -313,9 +317,9 @@ class Client::Impl {
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
     // The step end first: the pushes' replies wait for it.
-    const absl::Status status = FinishAll(
-        std::move(pending),
-        params_->Finish(params_->StartEndStep(step_, params_->PushedMaxAbs(step_))));
+    const absl::Status ended =
+        params_->Finish(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
+    const absl::Status status = FinishAll(std::move(pending), ended);
     if (!status.ok()) {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
       return step_;
@@ -365,7 +369,9 @@ class Client::Impl {
         report.set_test_loss(static_cast<float>(evaluation->loss));
       }
     }
-    reporter_->Stop();  // nothing older may overtake the final report
+    // What is queued first (a checkpoint's resume state), and nothing after.
+    reporter_->Flush();
+    reporter_->Stop();
     return membership_->ReportProgress(report, absl::Seconds(60)).status();
   }
 

@@ -33,6 +33,14 @@ void ProgressReporter::Enqueue(const v1::ReportProgressRequest& r) {
   pending_ = std::move(next);
 }
 
+void ProgressReporter::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto sent = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (!pending_.has_value() && !sending_);
+  };
+  mu_.Await(absl::Condition(&sent));
+}
+
 void ProgressReporter::Stop() {
   {
     absl::MutexLock lock(&mu_);
@@ -53,8 +61,13 @@ void ProgressReporter::Loop() {
       if (stopping_) return;
       r = std::move(*pending_);
       pending_.reset();
+      sending_ = true;
     }
     absl::StatusOr<bool> active = membership_->ReportProgress(r, absl::Seconds(5));
+    {
+      absl::MutexLock lock(&mu_);
+      sending_ = false;
+    }
     if (!active.ok()) {
       LOG(WARNING) << "progress report for " << r.job_id() << " not delivered: "
                    << active.status();

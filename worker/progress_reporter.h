@@ -33,6 +33,9 @@ class ProgressReporter {
   // them), and so does its evaluation unless the newer one has its own.
   void Enqueue(const v1::ReportProgressRequest& report);
 
+  // Waits until every queued report was sent (or failed to be).
+  void Flush();
+
   // Drops what is not sent yet and stops the thread; waits for it.
   void Stop();
 
@@ -44,6 +47,7 @@ class ProgressReporter {
   absl::Mutex mu_;
   std::optional<v1::ReportProgressRequest> pending_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

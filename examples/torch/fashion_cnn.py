@@ -11,7 +11,8 @@ files (no download). Two ways, to compare them:
 With pstrain the servers run Adam (the job file's) and the workers push
 gradients; with --ddp each process runs torch's Adam after
 DistributedDataParallel's all-reduce (gloo). Both: batch 32 per process,
-the same epochs, one torch thread per process. The last line is a JSON
+the same epochs, the same batches (pstrain.sample_order with the job's
+seed), one torch thread per process. The last line is a JSON
 object with the test accuracy and the training samples/s.
 """
 import argparse
@@ -89,7 +90,10 @@ def train_ddp(net, train, test, epochs, batch, seed):
     per_epoch = len(x) // (batch * world)
     start, samples = time.monotonic(), 0
     for epoch in range(epochs):
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed + epoch))
+        # The batches pstrain's sharding gives (the job's seed): both sides
+        # train on the same samples in the same order.
+        import pstrain
+        order = torch.from_numpy(pstrain.sample_order(seed, epoch, len(x)))
         for step in range(per_epoch):
             first = step * batch * world + rank * batch
             idx = order[first:first + batch]

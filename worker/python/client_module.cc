@@ -106,6 +106,15 @@ PYBIND11_MODULE(_client, m) {
       py::arg("ca_file") = "", py::arg("token") = "", py::arg("timeout_s") = 30.0,
       "Submits a job whose model is external; returns its id.");
 
+  m.def(
+      "sample_order",
+      [](uint64_t seed, int64_t epoch, int64_t n) {
+        if (n < 0 || epoch < 0) throw py::value_error("pstrain: negative epoch or size");
+        std::vector<int64_t> v = pstrain::SampleOrder(seed, epoch, n);
+        return py::array_t<int64_t>(static_cast<py::ssize_t>(v.size()), v.data());
+      },
+      py::arg("seed"), py::arg("epoch"), py::arg("n"),
+      "The order pstrain's sharding takes an epoch of n samples in (batch_indices cuts it).");
   m.def("copied_payload_bytes", &pstrain::DataPlaneCopiedBytes,
         "Payload bytes the data plane has copied in this process (0: every push and pull "
         "went from and to the arrays' own memory).");

@@ -84,6 +84,13 @@ PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& c
 // written straight into the bound tensors.
 PSTRAIN_CLIENT_API int64_t DataPlaneCopiedBytes();
 
+// The order in which pstrain's sharding takes a training set of n samples
+// in `epoch` with the job's seed: a permutation of [0, n), of which the
+// global batch of the epoch's step t is [t * global, (t + 1) * global), cut
+// by worker index (Client::BatchIndices). For a baseline (one process, DDP)
+// that must see the same batches.
+PSTRAIN_CLIENT_API std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n);
+
 // A test-set evaluation of the final model, which worker 0 reports.
 struct Evaluation {
   double accuracy = 0;

@@ -19,13 +19,13 @@ and .message the text.
 import os
 import re
 
-from pstrain._client import Client, Error, copied_payload_bytes, submit_job
+from pstrain._client import Client, Error, copied_payload_bytes, sample_order, submit_job
 
 Error.code = property(lambda self: self.args[0], doc="the status code, e.g. 'NOT_FOUND'")
 Error.message = property(lambda self: self.args[1], doc="what went wrong")
 Error.__str__ = lambda self: "%s: %s" % (self.args[0], self.args[1])
 
-__all__ = ["Client", "Error", "copied_payload_bytes", "init", "submit_job"]
+__all__ = ["Client", "Error", "copied_payload_bytes", "init", "sample_order", "submit_job"]
 
 
 def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **options):
