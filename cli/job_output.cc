@@ -208,4 +208,11 @@ std::string ResultJson(const v1::Job& job) {
       job.last_checkpoint_step());
 }
 
+void PrintResult(const v1::Job& job) {
+  std::printf("step time: %s\n", StepTimesSummary(job.result().step_times()).c_str());
+  std::printf("%s\n", ResultSummary(job).c_str());
+  std::printf("%s\n", ResultJson(job).c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace pstrain::cli

@@ -64,6 +64,10 @@ std::string JobStateName(v1::JobState state);
 // The one-line JSON result of a job that ended (pstrain-local, pstrain-run).
 std::string ResultJson(const v1::Job& job);
 
+// What the launchers print on stdout at the end of a job that succeeded:
+// the step-time line, ResultSummary, and ResultJson last.
+void PrintResult(const v1::Job& job);
+
 }  // namespace pstrain::cli
 
 #endif  // PSTRAIN_CLI_JOB_OUTPUT_H_

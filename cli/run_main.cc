@@ -313,10 +313,7 @@ int Run(const std::vector<std::string>& command) {
     return finish(kExitFailed);
   }
   const int code = finish(0);
-  std::printf("step time: %s\n", StepTimesSummary(job->result().step_times()).c_str());
-  std::printf("%s\n", ResultSummary(*job).c_str());
-  std::printf("%s\n", ResultJson(*job).c_str());
-  std::fflush(stdout);
+  PrintResult(*job);
   return code;
 }
 
