@@ -43,5 +43,7 @@ setup(
     package_dir={"pstrain": "worker/python/pstrain"},
     ext_modules=[Extension("pstrain._client", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
+    # setuptools' own build files beside CMake's, not among them.
+    options={"build": {"build_base": os.path.join("build", "setuptools")}},
     python_requires=">=3.9",
 )

@@ -16,7 +16,7 @@ packages=(
 # PyTorch (several hundred MB): only then. The quick start's first command
 # names its target and skips them.
 if [ $# -eq 0 ]; then
-  packages+=(python3-torch python3-pytest)
+  packages+=(python3-torch python3-pytest python3-venv)
 fi
 missing=()
 for p in "${packages[@]}"; do
