@@ -204,6 +204,7 @@ class Client::Impl {
   const v1::JobSpec& spec() const { return spec_; }
   const v1::WorkerAssignment& assignment() const { return assignment_; }
   int batch() const { return batch_; }
+  int num_workers() const { return num_workers_; }
   int64_t step() const { return step_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
 
@@ -498,6 +499,7 @@ class Client::Impl {
     // workers cut it.
     const int global = static_cast<int>(GlobalBatch(spec_));
     const int w = static_cast<int>(next.worker_index());
+    num_workers_ = workers;
     batch_ = global / workers + (w < global % workers ? 1 : 0);
     batch_offset_ = w * (global / workers) + std::min(w, global % workers);
 
@@ -687,6 +689,7 @@ class Client::Impl {
   v1::WorkerAssignment assignment_;
   v1::JobSpec spec_;
   std::unique_ptr<worker::ParameterTransport> transport_;
+  int num_workers_ = 0;  // of the generation
   int batch_ = 0;
   int batch_offset_ = 0;
   int64_t step_ = 0;
@@ -738,10 +741,7 @@ Client::~Client() = default;
 const std::string& Client::job_id() const { return impl_->options().job_id; }
 const std::string& Client::node_id() const { return impl_->node_id(); }
 int Client::worker_index() const { return static_cast<int>(impl_->assignment().worker_index()); }
-int Client::num_workers() const {
-  const int n = static_cast<int>(impl_->assignment().num_workers());
-  return n > 0 ? n : impl_->spec().num_workers();
-}
+int Client::num_workers() const { return impl_->num_workers(); }
 int Client::batch_size() const { return impl_->batch(); }
 int64_t Client::global_batch() const { return GlobalBatch(impl_->spec()); }
 int64_t Client::total_steps() const { return TotalSteps(impl_->spec()); }

@@ -46,6 +46,7 @@ def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **
         raise ValueError("pstrain.init: no coordinator (argument or PSTRAIN_COORDINATOR)")
     job_id = job_id or env.get("PSTRAIN_JOB_ID")
     tls = {k: options[k] for k in ("cert_file", "key_file", "ca_file") if k in options}
+    token = options.pop("token", env.get("PSTRAIN_TOKEN", ""))  # the control API's, to submit
     if not job_id:
         if job_yaml is None:
             path = env.get("PSTRAIN_JOB_FILE")
@@ -56,9 +57,7 @@ def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **
                 job_yaml = f.read()
         job_yaml = _with_launch_settings(job_yaml, env)
         job_id = submit_job(coordinator, job_yaml, [(n, list(s)) for n, s in tensors],
-                            request_id=env.get("PSTRAIN_RUN_ID", ""),
-                            token=options.pop("token", env.get("PSTRAIN_TOKEN", "")), **tls)
-    options.pop("token", None)
+                            request_id=env.get("PSTRAIN_RUN_ID", ""), token=token, **tls)
     return Client(coordinator, job_id, node_id=node_id or env.get("PSTRAIN_NODE_ID", ""),
                   **options)
 

@@ -69,11 +69,6 @@ class DistributedOptimizer:
             self.client.push_address(index, grad.data_ptr(), grad.numel())
         return hook
 
-    @property
-    def step_index(self):
-        """The step to compute next."""
-        return self.client.step
-
     def step(self, loss=None, samples=None):
         """Ends the step (parameters without a gradient push zeros) and waits
         for the new values; returns the step to compute next. `loss`: the
