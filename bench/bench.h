@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -14,14 +15,15 @@
 namespace pstrain::bench {
 
 struct TransportBenchOptions {
-  std::vector<int> model_mib = {4, 16, 64, 256};
-  std::vector<int> servers = {1, 2, 4};
-  std::vector<int> workers = {1, 2, 4};
+  std::vector<int> model_mib = {1, 4, 16, 64};
+  // (workers, servers)
+  std::vector<std::pair<int, int>> shapes = {{1, 1}, {2, 2}, {4, 4}};
   int64_t chunk_bytes = 1 << 20;
-  // The workers' gRPC transports; metrics are not used.
+  // The workers' gRPC transports (same_machine_sockets is set per row);
+  // metrics are not used.
   worker::GrpcTransportOptions grpc;
-  // Each configuration runs enough steps to move about this much.
-  double bytes_per_config = 4.0 * (1 << 30);
+  // How long each configuration is timed, pstrain and the plain sockets.
+  absl::Duration duration = absl::Seconds(4);
 };
 int RunTransportBench(const TransportBenchOptions& options);
 
@@ -34,12 +36,10 @@ struct ApplyBenchOptions {
 int RunApplyBench(const ApplyBenchOptions& options);
 
 struct TrainBenchOptions {
-  int batch = 512;
-  int steps = 300;
-  // 256 KiB: the first layer's weight (0.77 MiB) in 4 chunks, spread over
-  // 2 servers, each message large enough that gRPC's per-message costs stay
-  // small.
-  int64_t chunk_bytes = 256 << 10;
+  // Per worker; the quick-start job's batch and chunks.
+  int batch = 64;
+  int steps = 2000;
+  int64_t chunk_bytes = 64 << 10;
   std::string bin_dir;  // where pstrain-local is
 };
 int RunTrainBench(const TrainBenchOptions& options);

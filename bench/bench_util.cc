@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -174,6 +176,9 @@ absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::
     line += buffer;
     if (!line.empty() && line.back() == '\n') {
       if (line.size() > 1) run.result = line;
+      if (absl::StartsWith(line, "step time: ")) {
+        run.step_time = std::string(absl::StripTrailingAsciiWhitespace(line.substr(11)));
+      }
       line.clear();
     }
   }

@@ -75,6 +75,8 @@ class LocalServers {
 struct LocalRun {
   std::string result;  // its last line: the JSON result
   double samples_per_second = 0;
+  // Its "step time: compute ... (T ms per step)" line, without the prefix.
+  std::string step_time;
   std::string run_dir;  // its logs; removed unless kept
 };
 absl::StatusOr<LocalRun> RunPstrainLocal(const std::string& bin_dir, const std::string& job_yaml,

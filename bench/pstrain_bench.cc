@@ -11,26 +11,28 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "cli/local_cluster.h"
+#include "common/init.h"
 #include "common/job_spec.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(bool, tiny, false,
           "a configuration of seconds (CI runs it so that the benchmarks cannot rot)");
-ABSL_FLAG(std::string, model_mib, "4,16,64,256", "transport: model sizes, MiB");
-ABSL_FLAG(std::string, servers, "1,2,4", "transport: server counts");
-ABSL_FLAG(std::string, workers, "1,2,4", "transport: worker counts");
+ABSL_FLAG(std::string, model_mib, "1,4,16,64", "transport: model sizes, MiB");
+ABSL_FLAG(std::string, shapes, "1x1,2x2,4x4", "transport: WORKERSxSERVERS, comma-separated");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "transport, apply: the job's chunk_bytes");
 ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().channels_per_server,
           "transport: gRPC channels per server");
 ABSL_FLAG(int, window, pstrain::worker::GrpcTransportOptions().window,
           "transport: chunks a stream sends ahead of their replies");
-ABSL_FLAG(double, gib_per_config, 4, "transport: GiB moved per configuration");
+ABSL_FLAG(double, transport_seconds, 4,
+          "transport: seconds each configuration is timed (pstrain and the plain sockets)");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
-ABSL_FLAG(int, train_batch, 512, "train: per-worker batch");
-ABSL_FLAG(int, train_steps, 300, "train: steps per worker");
-ABSL_FLAG(int64_t, train_chunk_bytes, 256 << 10, "train: the jobs' chunk_bytes");
+ABSL_FLAG(int, train_batch, pstrain::bench::TrainBenchOptions().batch, "train: per-worker batch");
+ABSL_FLAG(int, train_steps, pstrain::bench::TrainBenchOptions().steps, "train: steps per worker");
+ABSL_FLAG(int64_t, train_chunk_bytes, pstrain::bench::TrainBenchOptions().chunk_bytes,
+          "train: the jobs' chunk_bytes");
 ABSL_FLAG(int, conv_batch, 64, "conv: the batch of the convolutions");
 ABSL_FLAG(double, conv_seconds, 8, "conv: seconds per layer");
 ABSL_FLAG(std::string, ssp_staleness, "0,1,4,inf", "ssp: staleness bounds (inf: unbounded)");
@@ -66,7 +68,7 @@ int Main(const std::vector<char*>& args) {
   }
   if (absl::GetFlag(FLAGS_apply_mib) < 1 || absl::GetFlag(FLAGS_apply_steps) < 1 ||
       absl::GetFlag(FLAGS_train_batch) < 1 || absl::GetFlag(FLAGS_train_steps) < 1 ||
-      !(absl::GetFlag(FLAGS_gib_per_config) > 0)) {
+      !(absl::GetFlag(FLAGS_transport_seconds) > 0)) {
     std::cerr << "pstrain-bench: sizes, steps and batches must be positive\n";
     return 2;
   }
@@ -76,17 +78,23 @@ int Main(const std::vector<char*>& args) {
   if (command == "transport" || command == "all") {
     TransportBenchOptions o;
     absl::StatusOr<std::vector<int>> mib = ParseIntList(absl::GetFlag(FLAGS_model_mib));
-    absl::StatusOr<std::vector<int>> servers = ParseIntList(absl::GetFlag(FLAGS_servers));
-    absl::StatusOr<std::vector<int>> workers = ParseIntList(absl::GetFlag(FLAGS_workers));
-    for (const auto* list : {&mib, &servers, &workers}) {
-      if (!list->ok()) {
-        std::cerr << "pstrain-bench: " << list->status().message() << "\n";
-        return 2;
-      }
+    if (!mib.ok()) {
+      std::cerr << "pstrain-bench: --model_mib: " << mib.status().message() << "\n";
+      return 2;
     }
     o.model_mib = *mib;
-    o.servers = *servers;
-    o.workers = *workers;
+    o.shapes.clear();
+    for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+      const std::vector<std::string> counts = absl::StrSplit(shape, 'x');
+      int workers = 0, servers = 0;
+      if (counts.size() != 2 || !absl::SimpleAtoi(counts[0], &workers) ||
+          !absl::SimpleAtoi(counts[1], &servers) || workers < 1 || servers < 1) {
+        std::cerr << "pstrain-bench: --shapes: '" << shape
+                  << "' is not WORKERSxSERVERS with positive counts\n";
+        return 2;
+      }
+      o.shapes.emplace_back(workers, servers);
+    }
     o.chunk_bytes = chunk_bytes;
     o.grpc.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
     o.grpc.window = absl::GetFlag(FLAGS_window);
@@ -94,12 +102,11 @@ int Main(const std::vector<char*>& args) {
       std::cerr << "pstrain-bench: --channels_per_server / --window: " << s.message() << "\n";
       return 2;
     }
-    o.bytes_per_config = absl::GetFlag(FLAGS_gib_per_config) * (1 << 30);
+    o.duration = absl::Seconds(absl::GetFlag(FLAGS_transport_seconds));
     if (tiny) {
       o.model_mib = {1};
-      o.servers = {1, 2};
-      o.workers = {1, 2};
-      o.bytes_per_config = 8 << 20;
+      o.shapes = {{1, 1}, {2, 2}};
+      o.duration = absl::Milliseconds(300);
     }
     status |= RunTransportBench(o);
   }
@@ -229,5 +236,6 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines
   google::InitGoogleLogging(argv[0]);
+  pstrain::SkipMutexDeadlockDetection();  // as in the daemons
   return pstrain::bench::Main(args);
 }

@@ -1,7 +1,10 @@
-// train: Fashion-MNIST MLP samples/s at one per-worker batch, trained in
-// this process without any server, and as real local clusters
-// (pstrain-local: coordinator, servers and workers as processes) with
-// 1 worker + 1 server and 2 workers + 2 servers, sync and async.
+// train: Fashion-MNIST MLP samples/s at one per-worker batch as real local
+// clusters (pstrain-local: coordinator, servers and workers as processes)
+// with 1 worker + 1 server and 2 workers + 2 servers, sync and async,
+// against the model trained in this process without any server at each
+// cluster's global batch; with each cluster's step-time breakdown.
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench.h"
@@ -32,12 +35,29 @@ std::string JobYaml(const TrainBenchOptions& options, const char* mode, int work
       kFashionDir, mode, options.batch, options.steps, servers, workers, options.chunk_bytes);
 }
 
-// samples/s of the same model and batch trained in this process, no server.
-absl::StatusOr<double> InProcessRate(const TrainBenchOptions& options, const Dataset& train) {
-  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobSpecYaml(JobYaml(options, "sync", 1, 1)));
+// samples/s of the model trained in this process at `batch`, no server.
+absl::StatusOr<double> InProcessRate(const TrainBenchOptions& options, int batch,
+                                     const Dataset& train) {
+  TrainBenchOptions one = options;
+  one.batch = batch;
+  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobSpecYaml(JobYaml(one, "sync", 1, 1)));
   const absl::Time start = absl::Now();
   PSTRAIN_RETURN_IF_ERROR(worker::TrainInProcess(spec, options.steps, train).status());
-  return static_cast<double>(options.steps) * options.batch / SecondsSince(start);
+  return static_cast<double>(options.steps) * batch / SecondsSince(start);
+}
+
+// The share of a step outside compute, from pstrain-local's step time line
+// ("compute C ms, reduce R ms, push P ms, wait W ms, pull L ms (T ms per
+// step)"): (P + W + L) / T; -1 if the line does not parse.
+double NonComputeShare(const std::string& step_time) {
+  double compute, reduce, push, wait, pull, total;
+  if (std::sscanf(step_time.c_str(),
+                  "compute %lf ms, reduce %lf ms, push %lf ms, wait %lf ms, pull %lf ms (%lf",
+                  &compute, &reduce, &push, &wait, &pull, &total) != 6 ||
+      !(total > 0)) {
+    return -1;
+  }
+  return (push + wait + pull) / total;
 }
 
 }  // namespace
@@ -54,15 +74,21 @@ int RunTrainBench(const TrainBenchOptions& options) {
     int workers, servers;
   };
   const Setup setups[] = {{"sync", 1, 1}, {"async", 1, 1}, {"sync", 2, 2}, {"async", 2, 2}};
-  // The baseline runs before and after the clusters; ratios are against
-  // the mean of the two, so that a machine that changes speed during the
-  // run (a shared one) shows in the two rows instead of skewing the ratios.
-  absl::StatusOr<double> before = InProcessRate(options, *train);
-  if (!before.ok()) {
-    LOG(ERROR) << "train in process: " << before.status();
-    return 1;
+  // The baselines, one process with each global batch, run before and
+  // after the clusters; ratios are against the mean of the two, so that a
+  // machine that changes speed during the run (a shared one) shows in the
+  // two rows instead of skewing the ratios.
+  const int batches[] = {options.batch, 2 * options.batch};
+  double before[2], after[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<double> rate = InProcessRate(options, batches[i], *train);
+    if (!rate.ok()) {
+      LOG(ERROR) << "train in process: " << rate.status();
+      return 1;
+    }
+    before[i] = *rate;
   }
-  std::vector<double> rates;
+  std::vector<LocalRun> runs;
   for (const Setup& s : setups) {
     absl::StatusOr<LocalRun> run =
         RunPstrainLocal(options.bin_dir, JobYaml(options, s.mode, s.workers, s.servers));
@@ -70,36 +96,52 @@ int RunTrainBench(const TrainBenchOptions& options) {
       LOG(ERROR) << "train " << s.mode << " " << s.workers << "w: " << run.status();
       return 1;
     }
-    rates.push_back(run->samples_per_second);
+    runs.push_back(*std::move(run));
   }
-  absl::StatusOr<double> after = InProcessRate(options, *train);
-  if (!after.ok()) {
-    LOG(ERROR) << "train in process: " << after.status();
-    return 1;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<double> rate = InProcessRate(options, batches[i], *train);
+    if (!rate.ok()) {
+      LOG(ERROR) << "train in process: " << rate.status();
+      return 1;
+    }
+    after[i] = *rate;
   }
-  const double baseline = (*before + *after) / 2;
 
-  Table table("train", {"setup", "mode", "workers", "servers", "batch", "samples/s", "ratio"});
+  Table table("train", {"setup", "mode", "workers", "servers", "global_batch", "samples/s",
+                        "ratio", "non_compute"});
   // The mode column says when the baseline ran.
-  for (const auto& [when, rate] : {std::pair{"before", *before}, std::pair{"after", *after}}) {
-    table.Add(Table::Row()
-                  .Text("in-process")
-                  .Text(when)
-                  .Int(1)
-                  .Int(0)
-                  .Int(options.batch)
-                  .Number(rate, 0)
-                  .Number(rate / baseline, 3));
+  for (int i = 0; i < 2; ++i) {
+    const double baseline = (before[i] + after[i]) / 2;
+    for (const auto& [when, rate] : {std::pair{"before", before[i]}, std::pair{"after", after[i]}}) {
+      table.Add(Table::Row()
+                    .Text("in-process")
+                    .Text(when)
+                    .Int(1)
+                    .Int(0)
+                    .Int(batches[i])
+                    .Number(rate, 0)
+                    .Number(rate / baseline, 3)
+                    .Text("-"));
+    }
   }
-  for (size_t i = 0; i < rates.size(); ++i) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    // Against one process with the same global batch.
+    const int b = setups[i].workers == 1 ? 0 : 1;
+    const double baseline = (before[b] + after[b]) / 2;
     table.Add(Table::Row()
                   .Text("local cluster")
                   .Text(setups[i].mode)
                   .Int(setups[i].workers)
                   .Int(setups[i].servers)
-                  .Int(options.batch)
-                  .Number(rates[i], 0)
-                  .Number(rates[i] / baseline, 3));
+                  .Int(setups[i].workers * options.batch)
+                  .Number(runs[i].samples_per_second, 0)
+                  .Number(runs[i].samples_per_second / baseline, 3)
+                  .Number(NonComputeShare(runs[i].step_time), 3));
+  }
+  table.Finish();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::printf("%s %dw x %ds step time: %s\n", setups[i].mode, setups[i].workers,
+                setups[i].servers, runs[i].step_time.c_str());
   }
   return 0;
 }

@@ -1,9 +1,11 @@
 // transport: W workers push a gradient of the whole model to S servers and
-// pull the new values back (sync PushPull over gRPC on loopback), against
-// plain loopback TCP moving the same bytes in the same pattern.
+// pull the new values back (sync PushPull over gRPC, on loopback TCP and
+// over the servers' same-machine sockets), against plain sockets of the
+// same kind moving the same bytes in the same pattern.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +14,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -30,20 +34,20 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-// Steps that move about `bytes` in all (at least 3, at most 100).
-int StepsFor(double bytes, double bytes_per_step) {
-  return static_cast<int>(std::clamp(bytes / bytes_per_step, 3.0, 100.0));
-}
-
-// One sync PushPull of the whole model per worker and step; the first
-// step (connections, first touch of the buffers) is not timed. Returns
-// bytes moved (pushed plus pulled) per second.
+// One sync PushPull of the whole model per worker and step, for `duration`
+// after an untimed first step (connections, first touch of the buffers).
+// Worker 0 watches the clock and names the last step; the others cannot
+// be past it then (their step needs its push). Returns bytes moved (pushed
+// plus pulled) per second; *steps: the timed steps.
 absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
-                                   const worker::GrpcTransportOptions& grpc, int steps) {
+                                   const worker::GrpcTransportOptions& grpc,
+                                   absl::Duration duration, int64_t* steps) {
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalServers> servers,
                            LocalServers::Start("bench", spec, plan));
   const int workers = spec.num_workers();
   std::barrier warm(workers + 1);
+  std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
+  absl::Time start;  // written before the barrier releases the workers
   std::vector<absl::Status> status(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -65,17 +69,22 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
       std::vector<float> params(plan.total_floats());
       status[w] = client.PushPull(0, grad, params.data());
       warm.arrive_and_wait();
-      for (int step = 1; step <= steps && status[w].ok(); ++step) {
+      for (int64_t step = 1; step <= last_step && status[w].ok(); ++step) {
         status[w] = client.PushPull(step, grad, params.data());
+        if (w == 0 && last_step == std::numeric_limits<int64_t>::max() &&
+            absl::Now() - start >= duration) {
+          last_step = step + 1;
+        }
       }
     });
   }
+  start = absl::Now();
   warm.arrive_and_wait();
-  const absl::Time start = absl::Now();
   for (std::thread& t : threads) t.join();
   const double seconds = SecondsSince(start);
   for (const absl::Status& s : status) PSTRAIN_RETURN_IF_ERROR(s);
-  return 2.0 * plan.total_floats() * 4 * workers * steps / seconds;
+  *steps = last_step;
+  return 2.0 * plan.total_floats() * 4 * workers * *steps / seconds;
 }
 
 bool WriteAll(int fd, const char* data, size_t n) {
@@ -98,33 +107,60 @@ bool ReadAll(int fd, char* data, size_t n) {
   return true;
 }
 
-// The same pattern over plain sockets: every worker connects to every
-// server; per step each connection sends the server's share of the model
-// and reads as many bytes back, which the server echoes from one reused
-// buffer. Returns bytes moved per second.
-absl::StatusOr<double> RawTcpRate(const std::vector<int64_t>& share_bytes, int workers,
-                                  int steps) {
+// A listening socket of `family` (AF_INET: loopback TCP on a free port;
+// AF_UNIX: an abstract Unix socket) and how to reach it; fd -1 on failure.
+struct Listener {
+  int fd = -1;
+  sockaddr_storage address{};
+  socklen_t address_len = 0;
+};
+
+Listener Listen(int family, int backlog, int index) {
+  Listener l;
+  l.fd = socket(family, SOCK_STREAM, 0);
+  if (family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&l.address);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    l.address_len = sizeof(sockaddr_in);
+  } else {
+    auto* un = reinterpret_cast<sockaddr_un*>(&l.address);
+    un->sun_family = AF_UNIX;
+    const std::string name = absl::StrCat("pstrain-bench-", getpid(), "-", index);
+    std::memcpy(un->sun_path + 1, name.data(), name.size());  // abstract: sun_path[0] is 0
+    l.address_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  }
+  auto* address = reinterpret_cast<sockaddr*>(&l.address);
+  if (l.fd < 0 || bind(l.fd, address, l.address_len) != 0 || listen(l.fd, backlog) != 0 ||
+      (family == AF_INET && getsockname(l.fd, address, &l.address_len) != 0)) {
+    if (l.fd >= 0) close(l.fd);
+    l.fd = -1;
+  }
+  return l;
+}
+
+// The same pattern over plain sockets of `family`: every worker connects to
+// every server; per step each connection sends the server's share of the
+// model and reads as many bytes back, which the server echoes from one
+// reused buffer; for `duration`. Returns bytes moved per second.
+absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& share_bytes,
+                                     int workers, absl::Duration duration) {
   const int servers = static_cast<int>(share_bytes.size());
-  std::vector<int> listeners;
-  std::vector<uint16_t> ports;
+  std::vector<Listener> listeners;
   for (int s = 0; s < servers; ++s) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(fd, workers) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return absl::InternalError(absl::StrCat("loopback listener: ", std::strerror(errno)));
+    listeners.push_back(Listen(family, workers, s));
+    if (listeners.back().fd < 0) {
+      const std::string error = std::strerror(errno);
+      for (const Listener& l : listeners) {
+        if (l.fd >= 0) close(l.fd);
+      }
+      return absl::InternalError(absl::StrCat("listener: ", error));
     }
-    listeners.push_back(fd);
-    ports.push_back(ntohs(addr.sin_port));
   }
   std::vector<std::thread> echoes;
   for (int s = 0; s < servers; ++s) {
     for (int w = 0; w < workers; ++w) {
-      echoes.emplace_back([fd = listeners[s], bytes = share_bytes[s]] {
+      echoes.emplace_back([fd = listeners[s].fd, bytes = share_bytes[s]] {
         const int conn = accept(fd, nullptr, nullptr);
         if (conn < 0) return;
         std::vector<char> buffer(bytes);
@@ -136,39 +172,39 @@ absl::StatusOr<double> RawTcpRate(const std::vector<int64_t>& share_bytes, int w
   }
   std::barrier warm(servers * workers + 1);
   std::atomic<bool> failed{false};
+  std::atomic<int64_t> echoed_bytes{0};
+  absl::Time start;  // written before the barrier releases the clients
   std::vector<std::thread> clients;
   for (int w = 0; w < workers; ++w) {
     for (int s = 0; s < servers; ++s) {
-      clients.emplace_back([&, port = ports[s], bytes = share_bytes[s]] {
-        const int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        addr.sin_port = htons(port);
+      clients.emplace_back([&, s, bytes = share_bytes[s]] {
+        const int fd = socket(family, SOCK_STREAM, 0);
         std::vector<char> out(bytes, 1), in(bytes);
-        bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+        bool ok = fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&listeners[s].address),
+                                     listeners[s].address_len) == 0;
         ok = ok && WriteAll(fd, out.data(), bytes) && ReadAll(fd, in.data(), bytes);
         warm.arrive_and_wait();
-        for (int step = 0; ok && step < steps; ++step) {
+        int64_t done = 0;
+        while (ok && absl::Now() - start < duration) {
           ok = WriteAll(fd, out.data(), bytes) && ReadAll(fd, in.data(), bytes);
+          done += ok;
         }
+        echoed_bytes += done * bytes;
         if (!ok) failed = true;
         if (fd >= 0) close(fd);
       });
     }
   }
+  start = absl::Now();
   warm.arrive_and_wait();
-  const absl::Time start = absl::Now();
   for (std::thread& t : clients) t.join();
   const double seconds = SecondsSince(start);
   // Wakes echo threads still in accept (a client that never connected).
-  for (int fd : listeners) shutdown(fd, SHUT_RDWR);
+  for (const Listener& l : listeners) shutdown(l.fd, SHUT_RDWR);
   for (std::thread& t : echoes) t.join();
-  for (int fd : listeners) close(fd);
-  if (failed) return absl::InternalError("a loopback connection failed");
-  int64_t total = 0;
-  for (int64_t b : share_bytes) total += b;
-  return 2.0 * total * workers * steps / seconds;
+  for (const Listener& l : listeners) close(l.fd);
+  if (failed) return absl::InternalError("a plain socket connection failed");
+  return 2.0 * static_cast<double>(echoed_bytes) / seconds;
 }
 
 // iperf3's loopback figure in bytes/s, or 0 when iperf3 is not installed.
@@ -196,35 +232,43 @@ double Iperf3Rate() {
 
 int RunTransportBench(const TransportBenchOptions& options) {
   const worker::GrpcTransportOptions& grpc = options.grpc;
-  std::printf("channels per server: %d, window: %d, chunk: %lld bytes\n", grpc.channels_per_server,
-              grpc.window, static_cast<long long>(options.chunk_bytes));
-  Table table("transport", {"model_MiB", "servers", "workers", "steps", "pstrain_MiB/s",
-                            "tcp_MiB/s", "ratio"});
+  std::printf("channels per server: %d, window: %d (or %lld bytes), chunk: %lld bytes, %s per "
+              "configuration\n",
+              grpc.channels_per_server, grpc.window, static_cast<long long>(grpc.window_bytes),
+              static_cast<long long>(options.chunk_bytes),
+              absl::FormatDuration(options.duration).c_str());
+  Table table("transport", {"model_MiB", "workers", "servers", "transport", "steps",
+                            "pstrain_MiB/s", "socket_MiB/s", "ratio"});
   for (int mib : options.model_mib) {
-    for (int servers : options.servers) {
-      for (int workers : options.workers) {
-        const v1::JobSpec spec = JobOfSize(static_cast<int64_t>(mib * kMiB / 4), servers,
-                                           workers, options.chunk_bytes);
-        const v1::PartitionPlan plan = PlanOf(spec);
-        const double model_bytes = 4.0 * plan.total_floats();
-        const int steps = StepsFor(options.bytes_per_config, 2 * model_bytes * workers);
-        absl::StatusOr<double> ours = PstrainRate(spec, plan, grpc, steps);
-        std::vector<int64_t> shares;
-        for (int64_t floats : ServerLoads(plan)) shares.push_back(4 * floats);
-        absl::StatusOr<double> tcp = RawTcpRate(shares, workers, steps);
-        if (!ours.ok() || !tcp.ok()) {
-          LOG(ERROR) << "transport " << mib << " MiB, " << servers << " servers, " << workers
-                     << " workers: " << (ours.ok() ? tcp.status() : ours.status());
+    for (const auto& [workers, servers] : options.shapes) {
+      const v1::JobSpec spec = JobOfSize(static_cast<int64_t>(mib * kMiB / 4), servers, workers,
+                                         options.chunk_bytes);
+      const v1::PartitionPlan plan = PlanOf(spec);
+      std::vector<int64_t> shares;
+      for (int64_t floats : ServerLoads(plan)) shares.push_back(4 * floats);
+      // pstrain over TCP against a plain TCP socket pair; over its
+      // same-machine socket against a plain Unix socket pair.
+      for (const bool same_machine : {false, true}) {
+        worker::GrpcTransportOptions transport = grpc;
+        transport.same_machine_sockets = same_machine;
+        int64_t steps = 0;
+        absl::StatusOr<double> ours = PstrainRate(spec, plan, transport, options.duration, &steps);
+        absl::StatusOr<double> plain = RawSocketRate(same_machine ? AF_UNIX : AF_INET, shares,
+                                                     workers, options.duration);
+        if (!ours.ok() || !plain.ok()) {
+          LOG(ERROR) << "transport " << mib << " MiB, " << workers << " workers, " << servers
+                     << " servers: " << (ours.ok() ? plain.status() : ours.status());
           return 1;
         }
         table.Add(Table::Row()
-                      .Number(model_bytes / kMiB, 1)
-                      .Int(servers)
+                      .Number(4.0 * plan.total_floats() / kMiB, 1)
                       .Int(workers)
+                      .Int(servers)
+                      .Text(same_machine ? "unix" : "tcp")
                       .Int(steps)
                       .Number(*ours / kMiB, 0)
-                      .Number(*tcp / kMiB, 0)
-                      .Number(*ours / *tcp, 3));
+                      .Number(*plain / kMiB, 0)
+                      .Number(*ours / *plain, 3));
       }
     }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -232,44 +233,38 @@ void Frame::CopyPayloadTo(void* dst) const {
 
 namespace {
 
-// The largest magnitude of `count` values, read in blocks of floats by
-// read(first, count, block); infinity if one is NaN or infinite.
-template <typename ReadBlock>
-float MaxAbsOfBlocks(int64_t count, ReadBlock&& read) {
-  constexpr int64_t kBlock = 1024;
-  float block[kBlock];
-  float max_abs = 0.0f;
-  for (int64_t first = 0; first < count; first += kBlock) {
-    const int64_t n = std::min(kBlock, count - first);
-    read(first, n, block);
-    // No early exit inside a block: the loop vectorizes. A NaN compares
-    // false and is caught below.
-    bool finite = true;
-    float block_max = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      finite &= std::isfinite(block[i]);
-      block_max = std::max(block_max, std::fabs(block[i]));
-    }
-    if (!finite) return std::numeric_limits<float>::infinity();
-    max_abs = std::max(max_abs, block_max);
+// The magnitude whose bits (sign cleared) are `bits` in `dtype`, or
+// infinity for a NaN or an infinity.
+float MagnitudeOf(v1::DType dtype, uint32_t bits) {
+  if (bits == 0) return 0.0f;
+  if (DTypeBytes(dtype) == 4) {
+    return bits >= 0x7f800000u ? std::numeric_limits<float>::infinity()
+                               : std::bit_cast<float>(bits);
   }
-  return max_abs;
+  if (bits >= (dtype == v1::DTYPE_BF16 ? 0x7f80u : 0x7c00u)) {
+    return std::numeric_limits<float>::infinity();
+  }
+  const uint16_t half = static_cast<uint16_t>(bits);
+  float value;
+  DecodeRun(dtype, reinterpret_cast<const unsigned char*>(&half), 1, &value, /*add=*/false);
+  return value;
 }
 
 }  // namespace
 
 float Frame::MaxAbs() const {
-  return MaxAbsOfBlocks(header_.num_elements(), [this](int64_t first, int64_t n, float* block) {
-    ReadValues(first, n, block);
+  const v1::DType dtype = header_.dtype();
+  const int value_bytes = static_cast<int>(DTypeBytes(dtype));
+  uint32_t max_bits = 0;
+  ForEachRun(0, header_.num_elements(), [&](const unsigned char* bytes, int64_t n, int64_t) {
+    max_bits = std::max(max_bits, kernels::MaxMagnitudeBits(bytes, value_bytes, n));
   });
+  return MagnitudeOf(dtype, max_bits);
 }
 
 float MaxAbsOf(v1::DType dtype, const void* values, int64_t count) {
-  const auto* bytes = static_cast<const unsigned char*>(values);
-  const size_t value_bytes = DTypeBytes(dtype);
-  return MaxAbsOfBlocks(count, [&](int64_t first, int64_t n, float* block) {
-    DecodeRun(dtype, bytes + first * value_bytes, n, block, /*add=*/false);
-  });
+  return MagnitudeOf(dtype, kernels::MaxMagnitudeBits(
+                                values, static_cast<int>(DTypeBytes(dtype)), count));
 }
 
 }  // namespace pstrain

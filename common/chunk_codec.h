@@ -26,6 +26,7 @@ namespace pstrain {
 inline constexpr char kPushMethod[] = "/pstrain.v1.Parameters/Push";
 inline constexpr char kPullMethod[] = "/pstrain.v1.Parameters/Pull";
 inline constexpr char kPushPullMethod[] = "/pstrain.v1.Parameters/PushPull";
+inline constexpr char kHelloMethod[] = "/pstrain.v1.Parameters/Hello";
 
 // Bytes per value of a payload dtype; 0 for an unknown one.
 size_t DTypeBytes(v1::DType dtype);

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/files.h"
 #include "common/metrics.h"
 #include "glog/logging.h"
@@ -34,6 +35,13 @@ void InitMain(int argc, char** argv, absl::string_view usage) {
   // SIGTERM, which the daemons handle as a graceful stop: that one goes back.
   google::InstallFailureSignalHandler();
   std::signal(SIGTERM, SIG_DFL);
+  SkipMutexDeadlockDetection();
+}
+
+void SkipMutexDeadlockDetection() {
+#ifdef NDEBUG
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
 }
 
 void PublishAddress(const std::string& path, const std::string& address) {

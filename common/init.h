@@ -13,6 +13,13 @@ namespace pstrain {
 // output to stderr, and sets the usage line shown by --help.
 void InitMain(int argc, char** argv, absl::string_view usage);
 
+// Debian's Abseil is built with its debug checks, which record every mutex
+// acquisition in a lock-order graph (a few percent of a training step's
+// CPU). Release builds (NDEBUG) turn that off; the lock order is checked at
+// compile time (clang's -Wthread-safety) and by the tests, which keep it.
+// InitMain calls this.
+void SkipMutexDeadlockDetection();
+
 // Call once a daemon has checked its flags and before it starts anything:
 // with --check_flags it prints "flags ok" and exits 0, so that a manifest's
 // command line can be tried against the real binary's flag parser (an

@@ -2,27 +2,15 @@
 
 #include <unistd.h>
 
-#include <random>
-
 #include "absl/strings/str_format.h"
 
 #include "common/clock.h"
+#include "common/node_id.h"
 #include "common/rpc.h"
 #include "common/tls.h"
 #include "glog/logging.h"
 
 namespace pstrain {
-
-namespace {
-
-uint64_t RandomIncarnation() {
-  std::random_device entropy;
-  uint64_t n = 0;
-  while (n == 0) n = (uint64_t{entropy()} << 32) | entropy();
-  return n;
-}
-
-}  // namespace
 
 MembershipClient::MembershipClient(Options options, Callbacks callbacks)
     : options_(std::move(options)),
@@ -32,7 +20,7 @@ MembershipClient::MembershipClient(Options options, Callbacks callbacks)
                       {.security = options_.security,
                        .peer_roles = {PeerRole::kCoordinator},
                        .metrics = options_.rpc}))),
-      incarnation_(RandomIncarnation()),
+      incarnation_(RandomProcessToken()),
       // Without an id of its own the node names itself, so that a retried
       // registration is recognised as the same node.
       node_id_(!options_.node_id.empty()

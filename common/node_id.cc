@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -44,6 +45,13 @@ absl::StatusOr<std::string> ExpandNodeId(const std::string& flag, const std::str
         flag, " '", text, "' has {node_id} but the node has no id (--node_id, $PSTRAIN_NODE_ID)"));
   }
   return absl::StrReplaceAll(text, {{kPlaceholder, node_id}});
+}
+
+uint64_t RandomProcessToken() {
+  std::random_device entropy;
+  uint64_t n = 0;
+  while (n == 0) n = (uint64_t{entropy()} << 32) | entropy();
+  return n;
 }
 
 }  // namespace pstrain

@@ -2,6 +2,7 @@
 #ifndef PSTRAIN_COMMON_NODE_ID_H_
 #define PSTRAIN_COMMON_NODE_ID_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,10 @@ absl::StatusOr<std::string> NodeIdFromFlagOrEnvironment(const std::string& flag)
 // INVALID_ARGUMENT naming the flag if it has one and the node has no id.
 absl::StatusOr<std::string> ExpandNodeId(const std::string& flag, const std::string& text,
                                          const std::string& node_id);
+
+// A random number that tells one process apart from every other (never 0):
+// a node's incarnation, a server's Hello instance.
+uint64_t RandomProcessToken();
 
 }  // namespace pstrain
 

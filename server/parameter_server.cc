@@ -1,11 +1,14 @@
 #include "server/parameter_server.h"
 
+#include <unistd.h>
+
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/membership_client.h"
+#include "common/node_id.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/tls.h"
@@ -35,11 +38,27 @@ class ParameterServerImpl final : public ParameterServer {
         std::shared_ptr<grpc::ServerCredentials> credentials,
         ListenCredentials(options_.security, options_.listen_address, options_.insecure));
     builder.AddListeningPort(options_.listen_address, credentials, &port);
+    v1::HelloReply hello;
+    hello.set_instance(RandomProcessToken());
+    int local_port = 0;
+    if (options_.local_socket && options_.security == nullptr) {
+      // Abstract: no file to clean up, gone with the process, and only
+      // reachable from the server's network namespace.
+      hello.set_local_address(absl::StrCat("unix-abstract:pstrain-server-", getpid(), "-",
+                                           absl::Hex(hello.instance())));
+      builder.AddListeningPort(hello.local_address(), grpc::InsecureServerCredentials(),
+                               &local_port);
+    }
     builder.RegisterCallbackGenericService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen_address));
     }
+    if (!hello.local_address().empty() && local_port == 0) {
+      LOG(WARNING) << "cannot listen on " << hello.local_address() << ": TCP only";
+      hello.clear_local_address();
+    }
+    service_.SetHello(hello);
     PSTRAIN_ASSIGN_OR_RETURN(
         address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
     LOG(INFO) << "parameter server listening on " << address_;

@@ -46,6 +46,10 @@ class ParameterServer {
     bool insecure = false;
     // The server's /metrics address, given to the coordinator.
     std::string metrics_address;
+    // Also serve the parameter service on an abstract Unix socket (only in
+    // plaintext), which workers of this machine find through Hello and use
+    // instead of TCP.
+    bool local_socket = true;
   };
 
   // Starts serving and, with a coordinator, registering and heartbeating.

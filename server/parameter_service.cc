@@ -311,6 +311,27 @@ void StreamState::FinishNow() {
   reactor->Finish(ToGrpcStatus(status));
 }
 
+// Hello: reads the request, answers `reply`.
+class HelloCall final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit HelloCall(const std::string& reply) {
+    grpc::Slice slice(reply);
+    reply_ = grpc::ByteBuffer(&slice, 1);
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Hello without a request"));
+      return;
+    }
+    StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer request_, reply_;
+};
+
 // A stream ended at once with `status`.
 class Refused final : public grpc::ServerGenericBidiReactor {
  public:
@@ -328,6 +349,10 @@ std::string PeerHost(const std::string& peer) {
 
 grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
+  if (ctx->method() == kHelloMethod) {
+    absl::MutexLock lock(&hello_mu_);
+    return new HelloCall(hello_);
+  }
   Method method;
   if (ctx->method() == kPushPullMethod) {
     method = Method::kPushPull;
@@ -346,6 +371,11 @@ grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
     return new Refused(ToGrpcStatus(s));
   }
   return new ChunkStream(store_, method, roster_, std::move(caller), &load_, std::move(client));
+}
+
+void ParameterService::SetHello(const v1::HelloReply& hello) {
+  absl::MutexLock lock(&hello_mu_);
+  hello_ = hello.SerializeAsString();
 }
 
 absl::Status ClientLoad::OpenStream(const std::string& client) {

@@ -83,10 +83,14 @@ class ClientLoad {
 // client has half-closed and every request has been answered; a bad frame
 // ends it with INVALID_ARGUMENT (NOT_FOUND for a job not held) and the
 // message. Over TLS every frame is checked against the roster first.
+// Hello is answered with `hello` (SetHello), whoever asks.
 class ParameterService final : public grpc::CallbackGenericService {
  public:
   ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {})
       : store_(store), roster_(roster), load_(limits) {}
+
+  // What Hello answers from now on. Thread-safe.
+  void SetHello(const v1::HelloReply& hello);
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
@@ -94,6 +98,8 @@ class ParameterService final : public grpc::CallbackGenericService {
   ShardStore* const store_;
   const WorkerRoster* const roster_;
   ClientLoad load_;
+  absl::Mutex hello_mu_;
+  std::string hello_ ABSL_GUARDED_BY(hello_mu_);  // serialized v1::HelloReply
 };
 
 }  // namespace pstrain::server

@@ -41,6 +41,9 @@ ABSL_FLAG(int64_t, max_waits_per_client, pstrain::server::ClientLimits().owed_re
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int, apply_threads, 1,
           "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]");
+ABSL_FLAG(bool, local_socket, pstrain::server::ParameterServer::Options().local_socket,
+          "also serve on an abstract Unix socket, which workers of this machine use instead "
+          "of TCP (plaintext only)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
 ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_job_grace_s, 300,
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-server: --coordinator is required\n";
     return 2;
   }
+  options.local_socket = absl::GetFlag(FLAGS_local_socket);
   options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   options.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.client_limits.streams = absl::GetFlag(FLAGS_max_streams_per_client);

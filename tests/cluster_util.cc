@@ -116,8 +116,10 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
       options.devices = run.devices;
       options.make_transport = worker::GrpcTransportFactory(run.grpc);
       if (w == 0) options.trace = run.trace;
+      options.min_push_bytes = run.min_push_bytes;
       options.metrics = run.metrics;
       options.client.retry = options.client.retry.WithPatience(absl::Seconds(30));
+      options.client.bytes_per_stream = run.bytes_per_stream;
       absl::StatusOr<std::unique_ptr<worker::Trainer>> trainer =
           worker::Trainer::Create(std::move(options));
       absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();

@@ -61,8 +61,12 @@ struct RunOptions {
   worker::DeviceList devices;
   // Worker 0's step events.
   std::function<void(const worker::StepEvent&)> trace;
+  // The workers' TrainerOptions::min_push_bytes.
+  int64_t min_push_bytes = worker::TrainerOptions().min_push_bytes;
   // The gRPC transports' channels and window (without make_transport).
   worker::GrpcTransportOptions grpc;
+  // The parameter clients' ParameterClient::Options::bytes_per_stream.
+  int64_t bytes_per_stream = worker::ParameterClient::Options().bytes_per_stream;
   // The generation the workers run in, and its first step.
   int64_t generation = 0;
   int64_t resume_step = 0;

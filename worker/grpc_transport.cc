@@ -2,17 +2,21 @@
 // per server, each stream with a window of requests ahead of their replies.
 #include "worker/transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/chunk_codec.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/tls.h"
+#include "glog/logging.h"
 #include "grpcpp/generic/generic_stub.h"
 
 namespace pstrain::worker {
@@ -35,11 +39,11 @@ class GrpcTransport;
 class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeCall(GrpcTransport* transport, std::vector<grpc::ByteBuffer> requests, int window,
-               ParameterTransport::SentFn on_sent, ParameterTransport::ReplyFn on_reply,
-               ParameterTransport::DoneFn on_done)
+               int64_t window_bytes, ParameterTransport::SentFn on_sent,
+               ParameterTransport::ReplyFn on_reply, ParameterTransport::DoneFn on_done)
       : transport_(transport),
         requests_(std::move(requests)),
-        window_(window),
+        window_(WindowOf(requests_, window, window_bytes)),
         on_sent_(std::move(on_sent)),
         on_reply_(std::move(on_reply)),
         on_done_(std::move(on_done)) {}
@@ -100,6 +104,15 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
  private:
   // The request to write now, if the window allows one and no write is in
   // progress (gRPC allows one at a time); marks it in progress.
+  // `window` requests, or as many of the largest as fit `window_bytes`.
+  static int WindowOf(const std::vector<grpc::ByteBuffer>& requests, int window,
+                      int64_t window_bytes) {
+    size_t largest = 1;
+    for (const grpc::ByteBuffer& r : requests) largest = std::max(largest, r.Length());
+    return static_cast<int>(std::clamp<int64_t>(window_bytes / static_cast<int64_t>(largest),
+                                                window, std::max<int64_t>(window, requests.size())));
+  }
+
   const grpc::ByteBuffer* NextWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || written_ >= requests_.size() ||
         written_ - replies_ >= static_cast<size_t>(window_)) {
@@ -126,12 +139,18 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 class GrpcTransport final : public ParameterTransport {
  public:
   GrpcTransport(const std::vector<std::string>& addresses, const GrpcTransportOptions& options)
-      : channels_per_server_(options.channels_per_server), window_(options.window) {
+      : channels_per_server_(options.channels_per_server),
+        window_(options.window),
+        window_bytes_(options.window_bytes) {
     // gRPC shares one connection between all channels of a process with
     // equal arguments, whichever transport made them: every channel gets a
     // pool index of its own, process-wide.
     static std::atomic<int> next_pool_index{0};
-    for (const std::string& address : addresses) {
+    for (const std::string& server_address : addresses) {
+      const std::string address =
+          options.same_machine_sockets && options.security == nullptr
+              ? SameMachineAddress(server_address)
+              : server_address;
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
             MakeChannel(address, {.security = options.security,
@@ -162,8 +181,8 @@ class GrpcTransport final : public ParameterTransport {
   void StartExchange(int server, int channel, ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                      SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
-    auto* call = new ExchangeCall(this, std::move(requests), window_, std::move(on_sent),
-                                  std::move(on_reply), std::move(on_done));
+    auto* call = new ExchangeCall(this, std::move(requests), window_, window_bytes_,
+                                  std::move(on_sent), std::move(on_reply), std::move(on_done));
     call->context()->set_deadline(absl::ToChronoTime(deadline));
     {
       absl::MutexLock lock(&mu_);
@@ -224,6 +243,7 @@ class GrpcTransport final : public ParameterTransport {
 
   const int channels_per_server_;
   const int window_;
+  const int64_t window_bytes_;
   // Server s, channel c: stubs_[s * channels_per_server_ + c].
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   absl::Mutex mu_;
@@ -249,7 +269,48 @@ void ExchangeCall::OnDone(const grpc::Status& status) {
   transport->Release();
 }
 
+// The server's Hello reply over `target`; nullopt if there is none in time.
+std::optional<v1::HelloReply> Hello(const std::string& target, absl::Duration timeout) {
+  static std::atomic<int> next_pool_index{1 << 20};  // apart from the data channels
+  grpc::GenericStub stub(MakeChannel(target, {.pool_index = next_pool_index++}));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Slice empty(std::string(v1::HelloRequest().SerializeAsString()));
+  const grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, kHelloMethod, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  std::vector<grpc::Slice> slices;
+  if (!status.ok() || !response.Dump(&slices).ok()) return std::nullopt;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  v1::HelloReply reply;
+  if (!reply.ParseFromString(bytes)) return std::nullopt;
+  return reply;
+}
+
 }  // namespace
+
+std::string SameMachineAddress(const std::string& address, absl::Duration timeout) {
+  const std::optional<v1::HelloReply> remote = Hello(address, timeout);
+  if (!remote.has_value() || remote->local_address().empty()) return address;
+  const std::optional<v1::HelloReply> local = Hello(remote->local_address(), timeout);
+  if (!local.has_value() || local->instance() != remote->instance()) {
+    VLOG(1) << "server " << address << ": " << remote->local_address()
+            << " is not reachable from here, or not the same process: TCP";
+    return address;
+  }
+  VLOG(1) << "server " << address << " reached over " << remote->local_address();
+  return remote->local_address();
+}
 
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
   if (options.channels_per_server < 1 || options.channels_per_server > 16) {
@@ -259,6 +320,10 @@ absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
   if (options.window < 1 || options.window > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("stream window must be in [1, 1024], not ", options.window));
+  }
+  if (options.window_bytes < 0 || options.window_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream window bytes must be in [0, 1 GiB], not ", options.window_bytes));
   }
   return absl::OkStatus();
 }

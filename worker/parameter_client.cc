@@ -42,15 +42,12 @@ ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
     : options_(std::move(options)),
       transport_(transport),
       channels_(std::max(1, transport_->channels_per_server())),
-      chunk_versions_(options_.plan.chunks_size(), -1) {
+      chunk_versions_(options_.plan.chunks_size(), -1),
+      next_channel_(transport_->num_servers(), 0) {
   CHECK_EQ(static_cast<uint32_t>(transport_->num_servers()), options_.plan.num_servers())
       << "the transport does not reach the plan's servers";
-  std::vector<int> next_channel(transport_->num_servers(), 0);
   std::vector<bool> has_chunk(transport_->num_servers(), false);
   for (const v1::ChunkInfo& info : options_.plan.chunks()) {
-    int& next = next_channel[info.server()];
-    channel_of_chunk_.push_back(next);
-    next = (next + 1) % channels_;
     if (!has_chunk[info.server()]) step_end_chunks_.push_back(info.id());
     has_chunk[info.server()] = true;
   }
@@ -249,12 +246,35 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
   const v1::PartitionPlan& plan = options_.plan;
   const int num_servers = transport_->num_servers();
   std::sort(chunks.begin(), chunks.end());
-  // By stream (server * channels_ + channel): its chunks and their requests.
+  // Each server's chunks go on as few streams as carry their bytes (values
+  // one way or both): a stream costs a call on both ends, which is most of
+  // what a small exchange costs.
+  std::vector<int64_t> server_bytes(num_servers, 0);
+  for (uint32_t c : chunks) {
+    server_bytes[plan.chunks(c).server()] += plan.chunks(c).size() * int64_t{sizeof(float)};
+  }
+  std::vector<int> server_streams(num_servers), first_channel(num_servers);
+  {
+    absl::MutexLock lock(&mu_);
+    for (int s = 0; s < num_servers; ++s) {
+      const int64_t per_stream = std::max<int64_t>(1, options_.bytes_per_stream);
+      server_streams[s] = static_cast<int>(
+          std::clamp<int64_t>((server_bytes[s] + per_stream - 1) / per_stream, 1, channels_));
+      // Consecutive exchanges start on different channels.
+      first_channel[s] = next_channel_[s];
+      next_channel_[s] = (next_channel_[s] + server_streams[s]) % channels_;
+    }
+  }
+  // By stream (server * channels_ + channel): its chunks and their requests,
+  // the server's chunks round-robin over its streams.
   std::vector<std::vector<uint32_t>> stream_chunks(num_servers * channels_);
   std::vector<std::vector<grpc::ByteBuffer>> requests(num_servers * channels_);
+  std::vector<int> chunks_placed(num_servers, 0);
   int64_t bytes = 0;
   for (uint32_t c : chunks) {
-    const int stream = plan.chunks(c).server() * channels_ + channel_of_chunk_[c];
+    const int s = static_cast<int>(plan.chunks(c).server());
+    const int channel = (first_channel[s] + chunks_placed[s]++ % server_streams[s]) % channels_;
+    const int stream = s * channels_ + channel;
     stream_chunks[stream].push_back(c);
     requests[stream].push_back(exchange->make_request(c));
     if (exchange->method == ParameterMethod::kPushPull) {

@@ -35,6 +35,9 @@ class ParameterClient {
     // How pushed gradients travel: fp32, or rounded to bf16 or fp16 (half
     // the bytes). Replies come in the job's wire dtype, whatever this is.
     v1::DType wire_dtype = v1::DTYPE_FP32;
+    // A server's chunks of one exchange take one stream per this many
+    // bytes of values, up to the transport's channels per server.
+    int64_t bytes_per_stream = 1 << 20;
     // Longest one stream may take, barrier waits included.
     absl::Duration exchange_timeout = absl::Minutes(10);
     // What is retried and how: the transient codes and NOT_FOUND (the
@@ -147,8 +150,9 @@ class ParameterClient {
   std::vector<uint32_t> AllChunks() const;
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
                                  RequestFn make_request, int64_t min_version, FlatSpan params);
-  // Sends `chunks` of the exchange: per server and channel, one stream
-  // carrying its chunks in ascending id order. (With every stream of every
+  // Sends `chunks` of the exchange: per server, on as many of its channels
+  // as options_.bytes_per_stream asks for, each stream carrying its chunks
+  // in ascending id order. (With every stream of every
   // worker in ascending order, whatever their windows and channels, a window
   // always holds the lowest chunk its stream still waits for, so a sync
   // barrier can always complete the lowest chunk that any worker waits for:
@@ -164,9 +168,6 @@ class ParameterClient {
   const Options options_;
   ParameterTransport* const transport_;
   const int channels_;  // per server
-  // The channel of each chunk: chunks round-robin over their server's
-  // channels in plan order.
-  std::vector<int> channel_of_chunk_;
   // Where step ends go: the lowest chunk of each server that has any.
   std::vector<uint32_t> step_end_chunks_;
   // 16-bit wire dtype: the pushed gradient, cast; null for fp32.
@@ -177,6 +178,8 @@ class ParameterClient {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   MonotonicCondVar cancelled_cv_;  // cancelled_ set
   int streams_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per server: the channel the next exchange's first stream takes.
+  std::vector<int> next_channel_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex pushed_mu_;
   int64_t pushed_step_ ABSL_GUARDED_BY(pushed_mu_) = -1;
   float pushed_max_abs_ ABSL_GUARDED_BY(pushed_mu_) = 0;  // of pushed_step_

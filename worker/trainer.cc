@@ -288,10 +288,28 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   // scale times the loss's, and go out divided by it (exactly: a power of two).
   const double loss_scale = loss_scale_ ? loss_scale_->scale() : 1.0;
   const v1::PartitionPlan& plan = options_.assignment.plan();
+  // Final chunks not pushed yet, their bytes, and their layers.
+  std::vector<uint32_t> unsent;
+  int64_t unsent_bytes = 0;
+  std::vector<int> unsent_layers;
+  auto flush = [&] {
+    if (unsent.empty()) return;
+    d.pending.push_back(
+        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(unsent)));
+    unsent.clear();
+    unsent_bytes = 0;
+    if (options_.trace) {
+      for (int layer : unsent_layers) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+    }
+    unsent_layers.clear();
+  };
   auto push = [&](int layer, int first_chunk, int last_chunk) {
     if (first_chunk >= last_chunk) return;
-    std::vector<uint32_t> chunks;
-    for (int c = first_chunk; c < last_chunk; ++c) chunks.push_back(c);
+    for (int c = first_chunk; c < last_chunk; ++c) {
+      unsent.push_back(c);
+      unsent_bytes += plan.chunks(c).size() * int64_t{sizeof(float)};
+    }
+    if (unsent_layers.empty() || unsent_layers.back() != layer) unsent_layers.push_back(layer);
     if (loss_scale != 1.0) {
       const float unscale = static_cast<float>(1.0 / loss_scale);
       float* from = d.push_grad->data() + plan.chunks(first_chunk).offset();
@@ -299,10 +317,8 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
                   plan.chunks(last_chunk - 1).size();
       for (float* g = from; g < to; ++g) *g *= unscale;
     }
-    d.pending.push_back(
-        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(chunks)));
     first_unpushed[layer] = last_chunk;
-    if (options_.trace) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+    if (unsent_bytes >= options_.min_push_bytes) flush();
   };
   int micro_batch = 0;
   auto on_ready = [&](int layer, int64_t ready_floats) {
@@ -381,6 +397,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
     status = d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), n,
                                       grad_scale, d.grad_ptr, &result->stats, on_ready);
   }
+  if (status.ok() && push_status.ok()) flush();
   result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds;
   result->reduce_seconds = reduce_seconds;
   PSTRAIN_RETURN_IF_ERROR(status);

@@ -73,6 +73,12 @@ struct TrainerOptions {
   WorkerMetrics* metrics = nullptr;
   // Called from the device threads as backward and pushes progress (tests).
   std::function<void(const StepEvent&)> trace;
+  // Gradient chunks that are final wait until at least this many bytes of
+  // them (or the end of the backward pass) are there, then go out in one
+  // exchange: a push costs a stream per server on both ends, which would
+  // outweigh what a small layer's early start gains. 0: every layer (and
+  // every row block of the first) goes out as soon as it is final.
+  int64_t min_push_bytes = 256 << 10;
   // Retry and timeout policy of the parameter clients (job_id, worker, mode
   // and plan are filled in from the assignment).
   ParameterClient::Options client;

@@ -56,22 +56,38 @@ struct GrpcTransportOptions {
   // reply, so this bounds the chunks in flight per stream (and what a
   // server holds for it at a sync barrier).
   int window = 2;
+  // ... and more while they total at most this many bytes: a stream of
+  // small chunks keeps them all in flight instead of waiting a barrier for
+  // every `window` of them.
+  int64_t window_bytes = 1 << 20;
   // Measures the calls; null: not measured.
   RpcMetrics* metrics = nullptr;
   // Mutual TLS with the worker's certificate (servers must present a
   // server's); null: plaintext. Must outlive the transports.
   const TransportSecurity* security = nullptr;
+  // In plaintext, reach a server of this machine over its same-machine
+  // socket (an abstract Unix socket) instead of TCP: it names the socket in
+  // its Hello reply, and the transport uses it once a second Hello over it
+  // comes from the same process. Any failure on the way: TCP.
+  bool same_machine_sockets = true;
 };
 
 // INVALID_ARGUMENT, naming the option, unless channels_per_server is in
-// [1, 16] and window in [1, 1024].
+// [1, 16], window in [1, 1024] and window_bytes in [0, 1 GiB].
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
 
 // The gRPC transport: options.channels_per_server channels per server
-// address, each its own connection (also across transports). INVALID_ARGUMENT
-// on an empty address list or invalid options.
+// address, each its own connection (also across transports); a server of
+// this machine over its same-machine socket (options.same_machine_sockets).
+// INVALID_ARGUMENT on an empty address list or invalid options.
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});
+
+// What a transport dials for the server at `address`: its same-machine
+// socket if it offers one and answers over it as the same process (two
+// Hello calls, each given `timeout`); else `address`.
+std::string SameMachineAddress(const std::string& address,
+                               absl::Duration timeout = absl::Seconds(2));
 
 // Makes a transport to a job's servers (by server index). The seam through
 // which a worker's transports can be wrapped (fault_injecting_transport.h).

@@ -33,6 +33,9 @@ ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().chan
           "gRPC channels (TCP connections) to each parameter server, in [1, 16]");
 ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
           "chunks a stream sends ahead of their replies, in [1, 1024]");
+ABSL_FLAG(bool, same_machine_sockets, pstrain::worker::GrpcTransportOptions().same_machine_sockets,
+          "reach servers of this machine over their Unix sockets (found and verified through "
+          "Hello) instead of TCP; plaintext only");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(int64_t, max_memory_bytes, -1,
           "bytes a job may take in this process per device (the coordinator places only jobs "
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   pstrain::worker::GrpcTransportOptions transport;
   transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
   transport.window = absl::GetFlag(FLAGS_stream_window);
+  transport.same_machine_sockets = absl::GetFlag(FLAGS_same_machine_sockets);
   if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
     std::cerr << "pstrain-worker: --channels_per_server / --stream_window: " << s.message()
               << "\n";

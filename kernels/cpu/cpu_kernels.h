@@ -32,6 +32,12 @@ void RoundTo(Precision precision, const float* in, float* out, int64_t n);
 // payload, straight from gRPC's slices).
 void AddUnalignedFloats(const void* src, float* dst, int64_t n);
 
+// The largest of n values' bits with the sign bit cleared, the values
+// 32-bit (value_bytes 4) or 16-bit (2) IEEE floats at any address: their
+// order is the order of the magnitudes, and a NaN or an infinity has the
+// format's exponent bits all set, so this one integer says both.
+uint32_t MaxMagnitudeBits(const void* src, int value_bytes, int64_t n);
+
 // Number of threads OpenBLAS uses in this process (pstrain's default is 1:
 // several processes usually share the machine's cores).
 void SetBlasThreads(int threads);

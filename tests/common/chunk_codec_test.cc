@@ -1,6 +1,8 @@
 #include "common/chunk_codec.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -150,6 +152,46 @@ TEST(ChunkCodecTest, SixteenBitPayloadsDecodeToTheirCasts) {
         ASSERT_TRUE(frame.ok()) << frame.status();
         EXPECT_EQ(frame->payload_bytes(), 2 * n);
         ExpectReadsMatch(*frame, expected, absl::StrCat("dtype ", dtype, ", ", n, " values"));
+      }
+    }
+  }
+}
+
+// MaxAbs (frames cut anywhere) and MaxAbsOf (memory) against a plain
+// loop over the decoded values, in each dtype, with NaNs and infinities.
+TEST(ChunkCodecTest, MaxAbsMatchesAPlainLoop) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_BF16, v1::DTYPE_FP16}) {
+    for (const float special : {0.0f, -kInf, std::numeric_limits<float>::quiet_NaN(), 1e-40f}) {
+      for (size_t n : {0, 1, 7, 1023, 3001}) {
+        const std::string context = absl::StrCat("dtype ", dtype, ", ", n, " values, ", special);
+        std::vector<float> values = RandomFloats(n, n + dtype);
+        if (n > 0) values[n / 2] = special == 0.0f ? values[n / 2] : special;
+        std::vector<uint16_t> wire(n);
+        std::vector<float> decoded = values;
+        const void* payload = values.data();
+        if (dtype != v1::DTYPE_FP32) {
+          payload = wire.data();
+          if (dtype == v1::DTYPE_BF16) {
+            kernels::CastToBf16(values.data(), wire.data(), n);
+            kernels::CastFromBf16(wire.data(), decoded.data(), n);
+          } else {
+            kernels::CastToFp16(values.data(), wire.data(), n);
+            kernels::CastFromFp16(wire.data(), decoded.data(), n);
+          }
+        }
+        float expected = 0.0f;
+        for (float v : decoded) expected = std::isfinite(v) ? std::max(expected, std::fabs(v)) : kInf;
+        EXPECT_EQ(MaxAbsOf(dtype, payload, static_cast<int64_t>(n)), expected) << context;
+        const std::string bytes = Flatten(EncodeFrame(Header(n, dtype), payload));
+        // Cut inside values, so that some are split between slices.
+        std::vector<size_t> cuts;
+        for (size_t at = bytes.size() - DTypeBytes(dtype) * n + 1; at < bytes.size(); at += 777) {
+          cuts.push_back(at);
+        }
+        absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
+        ASSERT_TRUE(frame.ok()) << frame.status();
+        EXPECT_EQ(frame->MaxAbs(), expected) << context;
       }
     }
   }

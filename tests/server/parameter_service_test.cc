@@ -61,14 +61,30 @@ ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
   return StartExchange(transport, server, method, std::move(frames))->Await();
 }
 
-class ParameterServiceTest : public ::testing::Test {
+// The data-plane suite runs over each way a worker reaches a server.
+enum class Transport { kTcp, kSameMachineSocket };
+
+std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
+  return info.param == Transport::kTcp ? "Tcp" : "SameMachineSocket";
+}
+
+class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
  protected:
+  worker::GrpcTransportOptions TransportOptions() const {
+    worker::GrpcTransportOptions options;
+    options.same_machine_sockets = GetParam() == Transport::kSameMachineSocket;
+    return options;
+  }
+  std::unique_ptr<worker::ParameterTransport> NewTransport() const {
+    return *worker::CreateGrpcTransport(servers_->addresses(), TransportOptions());
+  }
+
   void SetUp() override {
     spec_ = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.1f, 2, 8, 2, 10);
     plan_ = PlanFor(spec_);
     servers_ = std::make_unique<InProcessServers>(2, server::ShardStore::Options(), client_limits_);
     ASSERT_TRUE(servers_->AddJob("job-1", spec_, plan_).ok());
-    transport_ = *worker::CreateGrpcTransport(servers_->addresses());
+    transport_ = NewTransport();
     for (const v1::ChunkInfo& c : plan_.chunks()) {
       if (c.server() == 0 && own_chunk_ < 0) own_chunk_ = c.id();
       if (c.server() == 1 && other_chunk_ < 0) other_chunk_ = c.id();
@@ -132,7 +148,7 @@ class ParameterServiceTest : public ::testing::Test {
       options.job_id = job_id;
       options.worker = w;
       options.plan = plan_;
-      workers.transports.push_back(*worker::CreateGrpcTransport(servers_->addresses()));
+      workers.transports.push_back(NewTransport());
       workers.clients.push_back(
           std::make_unique<worker::ParameterClient>(options, workers.transports[w].get()));
     }
@@ -191,7 +207,7 @@ class ParameterServiceTest : public ::testing::Test {
   int own_chunk_ = -1, other_chunk_ = -1;
 };
 
-TEST_F(ParameterServiceTest, BadPushesAreRejectedAndChangeNothing) {
+TEST_P(ParameterServiceTest, BadPushesAreRejectedAndChangeNothing) {
   const auto before = Snapshot();
   struct Case {
     const char* what;
@@ -231,7 +247,7 @@ TEST_F(ParameterServiceTest, BadPushesAreRejectedAndChangeNothing) {
   EXPECT_EQ(Snapshot(), before);
 }
 
-TEST_F(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
+TEST_P(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   // Worker 0 pushes its step-0 gradient with Push: acknowledged at once.
   ExchangeResult pushed =
       Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))});
@@ -283,7 +299,7 @@ std::vector<std::string> JobErrors(InProcessServers& servers, const std::string&
 // whole: no chunk of any server applies any worker's gradient of it (the
 // sync mean is never biased), and after max_skipped_steps skipped in a row
 // every server reports that the job cannot go on (the coordinator fails it).
-TEST_F(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
+TEST_P(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_max_skipped_steps(3);
   ASSERT_TRUE(servers_->AddJob("job-nan", spec, plan_).ok());
@@ -330,7 +346,7 @@ TEST_F(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
 
 // A push whose values exceed what its worker's step end said is not
 // applied either: no value that is not finite reaches a parameter.
-TEST_F(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
+TEST_P(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
   const auto before = servers_->server(0).store().ReadChunk("job-1", own_chunk_)->values;
   for (int w = 0; w < 2; ++w) {
     v1::ChunkHeader h = Push(own_chunk_, 0, w);
@@ -347,7 +363,7 @@ TEST_F(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
 
 // Async: a worker's step with a NaN is skipped on every server; the other
 // worker's steps are applied.
-TEST_F(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer) {
+TEST_P(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_mode(v1::MODE_ASYNC);
   ASSERT_TRUE(servers_->AddJob("job-async", spec, plan_).ok());
@@ -360,7 +376,7 @@ TEST_F(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer)
     options.plan = plan_;
     // (A client cancels its transport when it goes: one each.)
     std::unique_ptr<worker::ParameterTransport> transport =
-        *worker::CreateGrpcTransport(servers_->addresses());
+        NewTransport();
     worker::ParameterClient client(options, transport.get());
     auto grad = std::make_shared<std::vector<float>>(plan_.total_floats(), 0.01f);
     (*grad)[plan_.chunks(own_chunk_).offset()] = odd;
@@ -381,7 +397,7 @@ TEST_F(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer)
 
 // The servers apply the rate the job's schedule gives each step: with SGD
 // and both workers pushing 1.0, every value moves by 2 * rate.
-TEST_F(ParameterServiceTest, TheServersApplyTheScheduledRateOfEachStep) {
+TEST_P(ParameterServiceTest, TheServersApplyTheScheduledRateOfEachStep) {
   v1::JobSpec spec = spec_;  // sgd at 0.1, 10 steps
   v1::LearningRateSchedule& schedule = *spec.mutable_optimizer()->mutable_schedule();
   schedule.set_type(v1::SCHEDULE_TYPE_STEP);
@@ -403,7 +419,7 @@ TEST_F(ParameterServiceTest, TheServersApplyTheScheduledRateOfEachStep) {
   }
 }
 
-TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
+TEST_P(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
   // Only worker 0 pushes: the barrier never completes on its own.
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                               {Frame(Push(own_chunk_))});
@@ -415,7 +431,7 @@ TEST_F(ParameterServiceTest, ShutdownReleasesAWaitingPush) {
 // A client destroyed with an exchange never finished (a step that failed
 // half-way) ends its streams: the barrier completing later writes nothing
 // into the parameters, and nothing touches the destroyed client.
-TEST_F(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
+TEST_P(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
   worker::ParameterClient::Options options;
   options.job_id = "job-1";
   options.worker = 0;
@@ -430,7 +446,7 @@ TEST_F(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
 
   // Worker 1 completes the barrier on both servers, over its own transport.
   std::unique_ptr<worker::ParameterTransport> other =
-      *worker::CreateGrpcTransport(servers_->addresses());
+      NewTransport();
   for (const v1::ChunkInfo& c : plan_.chunks()) {
     ASSERT_TRUE(Exchange(*other, c.server(), worker::ParameterMethod::kPush,
                          {Frame(Push(c.id(), 0, 1))})
@@ -443,7 +459,7 @@ TEST_F(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
 
 // A plain Push, and then the step ends, that complete the barrier must
 // wake the push-and-wait already parked there.
-TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
+TEST_P(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                               {Frame(Push(own_chunk_, 0, 0))});
   ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
@@ -458,7 +474,7 @@ TEST_F(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
   EXPECT_EQ(result.replies[0].version(), 1);
 }
 
-TEST_F(ParameterServiceTest, RemovingTheJobEndsParkedWaitsWithAborted) {
+TEST_P(ParameterServiceTest, RemovingTheJobEndsParkedWaitsWithAborted) {
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                               {Frame(Push(own_chunk_))});
   ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
@@ -469,7 +485,7 @@ TEST_F(ParameterServiceTest, RemovingTheJobEndsParkedWaitsWithAborted) {
 
 // Far more requests than the stream buffers: reading pauses and resumes,
 // and every request is answered.
-TEST_F(ParameterServiceTest, ThousandsOfPullsOnOneStreamAreAllAnswered) {
+TEST_P(ParameterServiceTest, ThousandsOfPullsOnOneStreamAreAllAnswered) {
   constexpr int kPulls = 5000;
   std::vector<grpc::ByteBuffer> frames;
   for (int i = 0; i < kPulls; ++i) {
@@ -490,7 +506,7 @@ class WaitsPerClientTest : public ParameterServiceTest {
   WaitsPerClientTest() { client_limits_ = {.streams = 8, .owed_replies = 3}; }
 };
 
-TEST_F(WaitsPerClientTest, AtAndPastTheLimit) {
+TEST_P(WaitsPerClientTest, AtAndPastTheLimit) {
   // Three pulls of a version far ahead park (a stream sends two ahead of
   // its replies); a fourth is refused.
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
@@ -511,7 +527,7 @@ TEST_F(WaitsPerClientTest, AtAndPastTheLimit) {
   EXPECT_EQ(parked_too->Await().status.code(), absl::StatusCode::kCancelled);
   // (A transport is done once cancelled: a new one, of the same client.)
   std::unique_ptr<worker::ParameterTransport> again =
-      *worker::CreateGrpcTransport(servers_->addresses());
+      NewTransport();
   ExchangeResult answered;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (absl::Now() < give_up) {
@@ -530,7 +546,7 @@ class StreamsPerClientTest : public ParameterServiceTest {
   StreamsPerClientTest() { client_limits_ = {.streams = 2, .owed_replies = 100}; }
 };
 
-TEST_F(StreamsPerClientTest, AtAndPastTheLimit) {
+TEST_P(StreamsPerClientTest, AtAndPastTheLimit) {
   auto first = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
                              {Frame(Pull(own_chunk_, 100))});
   auto second = StartExchange(*transport_, 0, worker::ParameterMethod::kPull,
@@ -548,6 +564,34 @@ TEST_F(StreamsPerClientTest, AtAndPastTheLimit) {
       Exchange(*transport_, 1, worker::ParameterMethod::kPull, {Frame(Pull(other_chunk_, 0))})
           .status);
 }
+
+// Hello names the server's same-machine socket, which answers as the same
+// process; without one (or with nobody there) the address stays as it is.
+TEST_P(ParameterServiceTest, SameMachineAddressIsTheServersOwnSocket) {
+  const std::string tcp = servers_->addresses()[0];
+  const std::string local = worker::SameMachineAddress(tcp);
+  EXPECT_TRUE(absl::StartsWith(local, "unix-abstract:pstrain-server-")) << local;
+  EXPECT_NE(local, worker::SameMachineAddress(servers_->addresses()[1]));
+  EXPECT_EQ(worker::SameMachineAddress("127.0.0.1:1", absl::Milliseconds(500)), "127.0.0.1:1");
+
+  server::ParameterServer::Options tcp_only;
+  tcp_only.local_socket = false;
+  absl::StatusOr<std::unique_ptr<server::ParameterServer>> plain =
+      server::ParameterServer::Create(tcp_only);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(worker::SameMachineAddress((*plain)->address()), (*plain)->address());
+  (*plain)->Shutdown(absl::Seconds(1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ParameterServiceTest,
+                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
+                         TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, WaitsPerClientTest,
+                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
+                         TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, StreamsPerClientTest,
+                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
+                         TransportName);
 
 }  // namespace
 }  // namespace pstrain::testing

@@ -48,11 +48,15 @@ TEST_F(DataPlaneTest, ParallelPushesGiveTheBitsOfTheSequentialPath) {
   RunOptions sequential;
   sequential.grpc.channels_per_server = 1;
   sequential.grpc.window = 1;
+  sequential.grpc.window_bytes = 0;
   const Trained reference = Train(spec, sequential);
 
+  // Every exchange over all four channels of each server.
   RunOptions parallel;
   parallel.grpc.channels_per_server = 4;
   parallel.grpc.window = 8;
+  parallel.grpc.window_bytes = 0;
+  parallel.bytes_per_stream = 1;
   const int64_t copied_before = CopiedPayloadBytes();
   const Trained result = Train(spec, parallel);
   // Workers and servers share this process: neither side copied a payload.

@@ -90,7 +90,8 @@ TEST_F(MultiDeviceTest, AccumulatedMicroBatchesOnKDevicesGiveOneBatch) {
   EXPECT_EQ(result.device_samples[3], int64_t{kSteps} * 7);
 }
 
-// The last layer's push starts before the first layer's backward is done.
+// Without coalescing, the last layer's push starts before the first
+// layer's backward is done.
 TEST_F(MultiDeviceTest, PushesOverlapTheBackwardPass) {
   for (int k : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << k << " devices");
@@ -99,6 +100,7 @@ TEST_F(MultiDeviceTest, PushesOverlapTheBackwardPass) {
     std::vector<worker::StepEvent> events;
     RunOptions run;
     run.devices = Cpus(k);
+    run.min_push_bytes = 0;
     run.trace = [&](const worker::StepEvent& e) {
       absl::MutexLock lock(&mu);
       if (e.device == 0) events.push_back(e);
@@ -117,6 +119,41 @@ TEST_F(MultiDeviceTest, PushesOverlapTheBackwardPass) {
     ASSERT_GE(first_done, 0);
     EXPECT_LT(push_last, first_done);
   }
+}
+
+// Coalescing small pushes into fewer exchanges changes no bit of the
+// result, on one device and on several.
+TEST_F(MultiDeviceTest, CoalescedPushesGiveTheSameParameters) {
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 0.001f, 2, 32, 2, 4);
+  for (int k : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << k << " devices");
+    RunOptions each_layer;
+    each_layer.devices = Cpus(k);
+    each_layer.min_push_bytes = 0;
+    RunOptions coalesced = each_layer;
+    coalesced.min_push_bytes = int64_t{1} << 30;  // one push per step
+    const WorkersResult a = Train(spec, each_layer);
+    const WorkersResult b = Train(spec, coalesced);
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    EXPECT_EQ(a.params, b.params);
+  }
+}
+
+// Sync training gives bitwise the same parameters over the same-machine
+// socket as over TCP.
+TEST_F(MultiDeviceTest, EveryTransportGivesTheParametersOfTcp) {
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 0.001f, 2, 32, 2, 6);
+  RunOptions tcp;
+  tcp.devices = Cpus(1);
+  tcp.grpc.same_machine_sockets = false;
+  RunOptions same_machine = tcp;
+  same_machine.grpc.same_machine_sockets = true;
+  const WorkersResult a = Train(spec, tcp);
+  const WorkersResult b = Train(spec, same_machine);
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(a.params, b.params);
 }
 
 // Reduce-scatter and all-gather over padded, chunk-aligned slices of sizes
