@@ -80,14 +80,18 @@ int RunTrainBench(const TrainBenchOptions& options) {
   // two rows instead of skewing the ratios.
   const int batches[] = {options.batch, 2 * options.batch};
   double before[2], after[2];
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<double> rate = InProcessRate(options, batches[i], *train);
-    if (!rate.ok()) {
-      LOG(ERROR) << "train in process: " << rate.status();
-      return 1;
+  auto baselines = [&](double* rates) {
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<double> rate = InProcessRate(options, batches[i], *train);
+      if (!rate.ok()) {
+        LOG(ERROR) << "train in process: " << rate.status();
+        return false;
+      }
+      rates[i] = *rate;
     }
-    before[i] = *rate;
-  }
+    return true;
+  };
+  if (!baselines(before)) return 1;
   std::vector<LocalRun> runs;
   for (const Setup& s : setups) {
     absl::StatusOr<LocalRun> run =
@@ -98,14 +102,7 @@ int RunTrainBench(const TrainBenchOptions& options) {
     }
     runs.push_back(*std::move(run));
   }
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<double> rate = InProcessRate(options, batches[i], *train);
-    if (!rate.ok()) {
-      LOG(ERROR) << "train in process: " << rate.status();
-      return 1;
-    }
-    after[i] = *rate;
-  }
+  if (!baselines(after)) return 1;
 
   Table table("train", {"setup", "mode", "workers", "servers", "global_batch", "samples/s",
                         "ratio", "non_compute"});

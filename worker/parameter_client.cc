@@ -253,11 +253,11 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
   for (uint32_t c : chunks) {
     server_bytes[plan.chunks(c).server()] += plan.chunks(c).size() * int64_t{sizeof(float)};
   }
+  const int64_t per_stream = std::max<int64_t>(1, options_.bytes_per_stream);
   std::vector<int> server_streams(num_servers), first_channel(num_servers);
   {
     absl::MutexLock lock(&mu_);
     for (int s = 0; s < num_servers; ++s) {
-      const int64_t per_stream = std::max<int64_t>(1, options_.bytes_per_stream);
       server_streams[s] = static_cast<int>(
           std::clamp<int64_t>((server_bytes[s] + per_stream - 1) / per_stream, 1, channels_));
       // Consecutive exchanges start on different channels.

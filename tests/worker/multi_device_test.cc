@@ -35,6 +35,16 @@ class MultiDeviceTest : public ::testing::Test {
     return result;
   }
 
+  // Training with `a` and with `b` ends with bitwise the same parameters.
+  void ExpectTheSameParameters(const v1::JobSpec& spec, const RunOptions& a,
+                               const RunOptions& b) {
+    const WorkersResult with_a = Train(spec, a);
+    const WorkersResult with_b = Train(spec, b);
+    ASSERT_TRUE(with_a.status.ok()) << with_a.status;
+    ASSERT_TRUE(with_b.status.ok()) << with_b.status;
+    EXPECT_EQ(with_a.params, with_b.params);
+  }
+
   static DatasetCache* data_;
 };
 
@@ -132,11 +142,7 @@ TEST_F(MultiDeviceTest, CoalescedPushesGiveTheSameParameters) {
     each_layer.min_push_bytes = 0;
     RunOptions coalesced = each_layer;
     coalesced.min_push_bytes = int64_t{1} << 30;  // one push per step
-    const WorkersResult a = Train(spec, each_layer);
-    const WorkersResult b = Train(spec, coalesced);
-    ASSERT_TRUE(a.status.ok()) << a.status;
-    ASSERT_TRUE(b.status.ok()) << b.status;
-    EXPECT_EQ(a.params, b.params);
+    ExpectTheSameParameters(spec, each_layer, coalesced);
   }
 }
 
@@ -149,11 +155,7 @@ TEST_F(MultiDeviceTest, EveryTransportGivesTheParametersOfTcp) {
   tcp.grpc.same_machine_sockets = false;
   RunOptions same_machine = tcp;
   same_machine.grpc.same_machine_sockets = true;
-  const WorkersResult a = Train(spec, tcp);
-  const WorkersResult b = Train(spec, same_machine);
-  ASSERT_TRUE(a.status.ok()) << a.status;
-  ASSERT_TRUE(b.status.ok()) << b.status;
-  EXPECT_EQ(a.params, b.params);
+  ExpectTheSameParameters(spec, tcp, same_machine);
 }
 
 // Reduce-scatter and all-gather over padded, chunk-aligned slices of sizes
