@@ -102,8 +102,6 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   void OnDone(const grpc::Status& status) override;
 
  private:
-  // The request to write now, if the window allows one and no write is in
-  // progress (gRPC allows one at a time); marks it in progress.
   // `window` requests, or as many of the largest as fit `window_bytes`.
   static int WindowOf(const std::vector<grpc::ByteBuffer>& requests, int window,
                       int64_t window_bytes) {
@@ -113,6 +111,8 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
                                                 window, std::max<int64_t>(window, requests.size())));
   }
 
+  // The request to write now, if the window allows one and no write is in
+  // progress (gRPC allows one at a time); marks it in progress.
   const grpc::ByteBuffer* NextWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || written_ >= requests_.size() ||
         written_ - replies_ >= static_cast<size_t>(window_)) {
@@ -275,7 +275,7 @@ std::optional<v1::HelloReply> Hello(const std::string& target, absl::Duration ti
   grpc::GenericStub stub(MakeChannel(target, {.pool_index = next_pool_index++}));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  grpc::Slice empty(std::string(v1::HelloRequest().SerializeAsString()));
+  grpc::Slice empty(v1::HelloRequest().SerializeAsString());
   const grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
   absl::Notification done;
