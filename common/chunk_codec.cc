@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -246,7 +245,11 @@ float MagnitudeOf(v1::DType dtype, uint32_t bits) {
   }
   const uint16_t half = static_cast<uint16_t>(bits);
   float value;
-  DecodeRun(dtype, reinterpret_cast<const unsigned char*>(&half), 1, &value, /*add=*/false);
+  if (dtype == v1::DTYPE_BF16) {
+    kernels::CastFromBf16(&half, &value, 1);
+  } else {
+    kernels::CastFromFp16(&half, &value, 1);
+  }
   return value;
 }
 

@@ -54,6 +54,22 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed) {
   return values;
 }
 
+// `values` cast to the 16-bit `dtype` into wire[0, n), and what a reader
+// decodes from it.
+std::vector<float> CastForTheWire(v1::DType dtype, const std::vector<float>& values,
+                                  uint16_t* wire) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<float> decoded(n);
+  if (dtype == v1::DTYPE_BF16) {
+    kernels::CastToBf16(values.data(), wire, n);
+    kernels::CastFromBf16(wire, decoded.data(), n);
+  } else {
+    kernels::CastToFp16(values.data(), wire, n);
+    kernels::CastFromFp16(wire, decoded.data(), n);
+  }
+  return decoded;
+}
+
 // ReadValues and AddValues of every value range a reader asks for.
 void ExpectReadsMatch(const Frame& frame, const std::vector<float>& expected,
                       const std::string& context) {
@@ -133,14 +149,7 @@ TEST(ChunkCodecTest, SixteenBitPayloadsDecodeToTheirCasts) {
     for (size_t n : {1, 5, 1023, 1025, 3001}) {
       const std::vector<float> values = RandomFloats(n, n + dtype);
       std::vector<uint16_t> wire(n);
-      std::vector<float> expected(n);
-      if (dtype == v1::DTYPE_BF16) {
-        kernels::CastToBf16(values.data(), wire.data(), n);
-        kernels::CastFromBf16(wire.data(), expected.data(), n);
-      } else {
-        kernels::CastToFp16(values.data(), wire.data(), n);
-        kernels::CastFromFp16(wire.data(), expected.data(), n);
-      }
+      const std::vector<float> expected = CastForTheWire(dtype, values, wire.data());
       const std::string bytes = Flatten(EncodeFrame(Header(n, dtype), wire.data()));
       for (size_t odd : {size_t{0}, size_t{1}}) {
         // Cuts that split a 16-bit value (odd) or fall between two.
@@ -168,18 +177,9 @@ TEST(ChunkCodecTest, MaxAbsMatchesAPlainLoop) {
         std::vector<float> values = RandomFloats(n, n + dtype);
         if (n > 0) values[n / 2] = special == 0.0f ? values[n / 2] : special;
         std::vector<uint16_t> wire(n);
-        std::vector<float> decoded = values;
-        const void* payload = values.data();
-        if (dtype != v1::DTYPE_FP32) {
-          payload = wire.data();
-          if (dtype == v1::DTYPE_BF16) {
-            kernels::CastToBf16(values.data(), wire.data(), n);
-            kernels::CastFromBf16(wire.data(), decoded.data(), n);
-          } else {
-            kernels::CastToFp16(values.data(), wire.data(), n);
-            kernels::CastFromFp16(wire.data(), decoded.data(), n);
-          }
-        }
+        const bool fp32 = dtype == v1::DTYPE_FP32;
+        const std::vector<float> decoded = fp32 ? values : CastForTheWire(dtype, values, wire.data());
+        const void* payload = fp32 ? static_cast<const void*>(values.data()) : wire.data();
         float expected = 0.0f;
         for (float v : decoded) expected = std::isfinite(v) ? std::max(expected, std::fabs(v)) : kInf;
         EXPECT_EQ(MaxAbsOf(dtype, payload, static_cast<int64_t>(n)), expected) << context;
