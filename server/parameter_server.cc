@@ -58,6 +58,16 @@ class ParameterServerImpl final : public ParameterServer {
       LOG(WARNING) << "cannot listen on " << hello.local_address() << ": TCP only";
       hello.clear_local_address();
     }
+    if (options_.shared_memory && options_.security == nullptr) {
+      const std::string name =
+          absl::StrCat("pstrain-shm-", getpid(), "-", absl::Hex(hello.instance()));
+      if (absl::Status s = service_.ServeSharedMemory(name, hello.instance(), options_.shm);
+          s.ok()) {
+        hello.set_shm_address(name);
+      } else {
+        LOG(WARNING) << "no shared-memory connections: " << s;
+      }
+    }
     service_.SetHello(hello);
     PSTRAIN_ASSIGN_OR_RETURN(
         address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
@@ -131,6 +141,7 @@ class ParameterServerImpl final : public ParameterServer {
     }
     if (membership_ != nullptr) membership_->Stop();
     store_.Shutdown();
+    service_.StopSharedMemory();
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     LOG(INFO) << "parameter server " << address_ << " stopped";
   }

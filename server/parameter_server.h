@@ -50,6 +50,12 @@ class ParameterServer {
     // plaintext), which workers of this machine find through Hello and use
     // instead of TCP.
     bool local_socket = true;
+    // Also take shared-memory connections (only in plaintext), which
+    // workers of this machine find through Hello and prefer to any socket:
+    // the parameter service through memory both processes map.
+    bool shared_memory = true;
+    // Their pipes' size and largest message.
+    ShmOptions shm{};
   };
 
   // Starts serving and, with a coordinator, registering and heartbeating.

@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/shm_connection.h"
 #include "common/status.h"
+#include "glog/logging.h"
 #include "common/tls.h"
 
 namespace pstrain::server {
@@ -23,19 +25,18 @@ enum class Method { kPush, kPull, kPushPull };
 constexpr int64_t kMaxRepliesOwed = 1024;
 constexpr int64_t kMaxQueuedReplyBytes = 64 << 20;
 
-class ChunkStream;
-
-// The part of a stream that the store may call into after the reactor is
-// gone: owned jointly by the reactor and by the store's waits.
-class StreamState final : public ChunkWaiter {
+// A stream as the store and the request handling see it, whatever carries
+// it: every request owes one reply, which the store's waits or an ACK pay.
+class ReplyingStream : public ChunkWaiter {
  public:
-  StreamState(ChunkStream* reactor, ClientLoad* load, std::string client)
-      : reactor_(reactor), load_(load), client_(std::move(client)) {}
-  // The replies still owed are released once the store holds no wait of
-  // the stream any more.
-  ~StreamState() override { load_->Paid(client_, replies_owed_); }
+  // Called for every request before it is handled: it owes one reply.
+  // RESOURCE_EXHAUSTED past the client's limit.
+  virtual absl::Status ExpectReply() = 0;
+  virtual void Reply(grpc::ByteBuffer frame) = 0;
+  // Ends the stream with `status`; later replies are dropped.
+  virtual void Fail(const absl::Status& status) = 0;
 
-  void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) override {
+  void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) final {
     v1::ChunkHeader reply;
     reply.set_kind(v1::FRAME_KIND_VALUES);
     reply.set_job_id(request.job_id());
@@ -47,22 +48,102 @@ class StreamState final : public ChunkWaiter {
     reply.set_num_elements(static_cast<uint32_t>(values.num_values));
     Reply(EncodeFrameShared(reply, values.data, values.owner));
   }
-  void OnAbort(const absl::Status& status) override { Fail(status); }
+  void OnAbort(const absl::Status& status) final { Fail(status); }
+};
+
+// The requests of one stream: each frame checked and handed to the store,
+// which answers through the stream. The stream's carrier calls it from one
+// thread at a time.
+class StreamRequests {
+ public:
+  // `caller`: the node id of the client's certificate, checked against
+  // `roster` for every frame; nullopt: plaintext, not checked.
+  StreamRequests(ShardStore* store, Method method, const WorkerRoster* roster,
+                 std::optional<std::string> caller)
+      : store_(store), method_(method), roster_(roster), caller_(std::move(caller)) {}
+
+  // An error ends the stream (nothing was handed to the store).
+  absl::Status Handle(const grpc::ByteBuffer& request,
+                      const std::shared_ptr<ReplyingStream>& stream) {
+    absl::StatusOr<Frame> frame = Frame::Parse(request);
+    if (!frame.ok()) return frame.status();
+    const v1::FrameKind kind = frame->header().kind();
+    const v1::FrameKind expected = method_ == Method::kPull ? v1::FRAME_KIND_PULL
+                                                            : v1::FRAME_KIND_PUSH;
+    const bool step_end = method_ == Method::kPush && kind == v1::FRAME_KIND_STEP_END;
+    const bool init = method_ == Method::kPush && kind == v1::FRAME_KIND_INIT;
+    if (kind != expected && !step_end && !init) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
+    }
+    if (caller_.has_value()) PSTRAIN_RETURN_IF_ERROR(roster_->Check(*caller_, frame->header()));
+    PSTRAIN_RETURN_IF_ERROR(stream->ExpectReply());
+    absl::Status status;
+    switch (method_) {
+      case Method::kPush: {
+        v1::ChunkHeader ack = frame->header();
+        status = step_end ? store_->EndStep(ack)
+                 : init   ? store_->Init(*frame)
+                          : store_->Push(*std::move(frame), nullptr);
+        if (status.ok()) {
+          ack.set_kind(v1::FRAME_KIND_ACK);
+          ack.set_num_elements(0);
+          stream->Reply(EncodeFrame(ack, nullptr));
+        }
+        break;
+      }
+      case Method::kPushPull:
+        parked_.emplace(frame->header().job_id(), frame->header().chunk());
+        status = store_->Push(*std::move(frame), stream);
+        break;
+      case Method::kPull:
+        parked_.emplace(frame->header().job_id(), frame->header().chunk());
+        status = store_->Pull(frame->header(), stream);
+        break;
+    }
+    return status;
+  }
+
+  // The stream is gone: its waits are dropped now, which releases the
+  // client's budget.
+  void DropWaits() {
+    for (const auto& [job_id, chunk] : parked_) store_->DropAbandonedWaits(job_id, chunk);
+    parked_.clear();
+  }
+
+ private:
+  ShardStore* const store_;
+  const Method method_;
+  const WorkerRoster* const roster_;
+  const std::optional<std::string> caller_;
+  // The chunks where the stream's requests may wait, by job.
+  std::set<std::pair<std::string, uint32_t>> parked_;
+};
+
+class ChunkStream;
+
+// The part of a gRPC stream that the store may call into after the
+// reactor is gone: owned jointly by the reactor and by the store's waits.
+class StreamState final : public ReplyingStream {
+ public:
+  StreamState(ChunkStream* reactor, ClientLoad* load, std::string client)
+      : reactor_(reactor), load_(load), client_(std::move(client)) {}
+  // The replies still owed are released once the store holds no wait of
+  // the stream any more.
+  ~StreamState() override { load_->Paid(client_, replies_owed_); }
+
   bool Abandoned() const override {
     absl::MutexLock lock(&mu_);
     return reactor_ == nullptr || !error_.ok();
   }
-
-  // Called for every request before it is handled: it owes one reply.
-  // RESOURCE_EXHAUSTED past the client's limit.
-  absl::Status ExpectReply() {
+  absl::Status ExpectReply() override {
     PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
     absl::MutexLock lock(&mu_);
     ++replies_owed_;
     return absl::OkStatus();
   }
-  void Reply(grpc::ByteBuffer frame);
-  void Fail(const absl::Status& status);
+  void Reply(grpc::ByteBuffer frame) override;
+  void Fail(const absl::Status& status) override;
   void ReadsDone();
   // Returns true if reading, paused by back-pressure, should resume now;
   // the caller then starts the read and calls ReadStarted.
@@ -124,10 +205,7 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
   // opened the stream in it).
   ChunkStream(ShardStore* store, Method method, const WorkerRoster* roster,
               std::optional<std::string> caller, ClientLoad* load, std::string client)
-      : store_(store),
-        method_(method),
-        roster_(roster),
-        caller_(std::move(caller)),
+      : requests_(store, method, roster, std::move(caller)),
         load_(load),
         client_(client),
         state_(std::make_shared<StreamState>(this, load, std::move(client))) {
@@ -139,7 +217,7 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
       state_->ReadsDone();
       return;
     }
-    if (absl::Status s = Handle(); !s.ok()) {
+    if (absl::Status s = requests_.Handle(request_, state_); !s.ok()) {
       state_->Fail(s);
       return;
     }
@@ -154,8 +232,7 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
 
   void OnDone() override {
     state_->Detach();
-    // Its waits are abandoned now: dropped, they release the client's budget.
-    for (const auto& [job_id, chunk] : parked_) store_->DropAbandonedWaits(job_id, chunk);
+    requests_.DropWaits();
     load_->CloseStream(client_);
     delete this;
   }
@@ -166,55 +243,10 @@ class ChunkStream final : public grpc::ServerGenericBidiReactor {
     state_->ReadStarted();
   }
 
-  absl::Status Handle() {
-    absl::StatusOr<Frame> frame = Frame::Parse(request_);
-    if (!frame.ok()) return frame.status();
-    const v1::FrameKind kind = frame->header().kind();
-    const v1::FrameKind expected = method_ == Method::kPull ? v1::FRAME_KIND_PULL
-                                                            : v1::FRAME_KIND_PUSH;
-    const bool step_end = method_ == Method::kPush && kind == v1::FRAME_KIND_STEP_END;
-    const bool init = method_ == Method::kPush && kind == v1::FRAME_KIND_INIT;
-    if (kind != expected && !step_end && !init) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
-    }
-    if (caller_.has_value()) PSTRAIN_RETURN_IF_ERROR(roster_->Check(*caller_, frame->header()));
-    PSTRAIN_RETURN_IF_ERROR(state_->ExpectReply());
-    absl::Status status;
-    switch (method_) {
-      case Method::kPush: {
-        v1::ChunkHeader ack = frame->header();
-        status = step_end ? store_->EndStep(ack)
-                 : init   ? store_->Init(*frame)
-                          : store_->Push(*std::move(frame), nullptr);
-        if (status.ok()) {
-          ack.set_kind(v1::FRAME_KIND_ACK);
-          ack.set_num_elements(0);
-          state_->Reply(EncodeFrame(ack, nullptr));
-        }
-        break;
-      }
-      case Method::kPushPull:
-        parked_.emplace(frame->header().job_id(), frame->header().chunk());
-        status = store_->Push(*std::move(frame), state_);
-        break;
-      case Method::kPull:
-        parked_.emplace(frame->header().job_id(), frame->header().chunk());
-        status = store_->Pull(frame->header(), state_);
-        break;
-    }
-    return status;
-  }
-
-  ShardStore* const store_;
-  const Method method_;
-  const WorkerRoster* const roster_;
-  const std::optional<std::string> caller_;
+  StreamRequests requests_;
   ClientLoad* const load_;
   const std::string client_;
   const std::shared_ptr<StreamState> state_;
-  // The chunks where the stream's requests may wait, by job.
-  std::set<std::pair<std::string, uint32_t>> parked_;
   grpc::ByteBuffer request_;
   friend class StreamState;
 };
@@ -339,6 +371,113 @@ class Refused final : public grpc::ServerGenericBidiReactor {
   void OnDone() override { delete this; }
 };
 
+// A shared-memory connection's sending side as its streams see it: the
+// store may hold a stream after the connection is gone.
+class ShmSender {
+ public:
+  explicit ShmSender(ShmConnection* connection) : connection_(connection) {}
+  void Send(uint8_t type, uint32_t stream, const grpc::ByteBuffer* body) {
+    absl::ReaderMutexLock lock(&mu_);
+    if (connection_ != nullptr) connection_->Send(type, 0, stream, body);
+  }
+  void Post(std::function<void()> fn) {
+    absl::ReaderMutexLock lock(&mu_);
+    if (connection_ != nullptr) connection_->Post(std::move(fn));
+  }
+  bool gone() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return connection_ == nullptr;
+  }
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    connection_ = nullptr;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  ShmConnection* connection_ ABSL_GUARDED_BY(mu_);
+};
+
+// kShmDone's body.
+grpc::ByteBuffer DoneBody(const absl::Status& status) {
+  std::string body(4, '\0');
+  const auto code = static_cast<uint32_t>(status.code());
+  for (int i = 0; i < 4; ++i) body[i] = static_cast<char>(code >> (8 * i));
+  body.append(status.message().data(), status.message().size());
+  grpc::Slice slice(body);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// One stream of a shared-memory connection. It ends OK once the client
+// has sent its last request and every request has been answered; then (or
+// on a failure) `on_end` runs, on any thread.
+class ShmStream final : public ReplyingStream {
+ public:
+  ShmStream(std::shared_ptr<ShmSender> sender, uint32_t id, ClientLoad* load, std::string client,
+            std::function<void()> on_end)
+      : sender_(std::move(sender)),
+        id_(id),
+        load_(load),
+        client_(std::move(client)),
+        on_end_(std::move(on_end)) {}
+  ~ShmStream() override { load_->Paid(client_, owed_); }
+
+  absl::Status ExpectReply() override {
+    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
+    absl::MutexLock lock(&mu_);
+    ++owed_;
+    return absl::OkStatus();
+  }
+  void Reply(grpc::ByteBuffer frame) override {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    --owed_;
+    load_->Paid(client_, 1);
+    sender_->Send(kShmReply, id_, &frame);
+    EndIfDone();
+  }
+  void Fail(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    End(status);
+  }
+  bool Abandoned() const override {
+    absl::MutexLock lock(&mu_);
+    return ended_ || sender_->gone();
+  }
+  void LastRequest() {
+    absl::MutexLock lock(&mu_);
+    last_request_ = true;
+    EndIfDone();
+  }
+  // The client gave up on it: no reply is sent any more.
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  }
+
+ private:
+  void EndIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (last_request_ && owed_ == 0) End(absl::OkStatus());
+  }
+  void End(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ended_) return;
+    ended_ = true;
+    const grpc::ByteBuffer done = DoneBody(status);
+    sender_->Send(kShmDone, id_, &done);
+    on_end_();
+  }
+
+  const std::shared_ptr<ShmSender> sender_;
+  const uint32_t id_;
+  ClientLoad* const load_;
+  const std::string client_;
+  const std::function<void()> on_end_;
+  mutable absl::Mutex mu_;
+  int64_t owed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool last_request_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7" (gRPC's peer strings).
 std::string PeerHost(const std::string& peer) {
   const size_t colon = peer.rfind(':');
@@ -371,6 +510,165 @@ grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
     return new Refused(ToGrpcStatus(s));
   }
   return new ChunkStream(store_, method, roster_, std::move(caller), &load_, std::move(client));
+}
+
+// One shared-memory client (a worker's transport): its streams, handled
+// on the connection's thread as a gRPC stream's are on gRPC's.
+class ParameterService::ShmPeer {
+ public:
+  ShmPeer(ParameterService* service, std::unique_ptr<ShmConnection> connection)
+      : service_(service),
+        connection_(std::move(connection)),
+        sender_(std::make_shared<ShmSender>(connection_.get())),
+        client_(absl::StrCat("local process ", connection_->peer_pid())) {
+    connection_->Start([this](ShmMessage m) { OnMessage(std::move(m)); },
+                       [this](const absl::Status& status) { OnClosed(status); });
+  }
+  // Ends the connection: its streams are dropped as the client's would be.
+  ~ShmPeer() { connection_->Close(); }
+
+  bool closed() const {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  struct Stream {
+    std::shared_ptr<ShmStream> state;
+    std::unique_ptr<StreamRequests> requests;
+  };
+
+  void OnMessage(ShmMessage m) {
+    switch (m.type) {
+      case kShmOpen:
+        Open(m.stream, m.flags);
+        return;
+      case kShmRequest: {
+        auto it = streams_.find(m.stream);
+        if (it == streams_.end()) return;  // ended already: its requests go nowhere
+        const grpc::ByteBuffer request(&m.body, 1);
+        if (absl::Status s = it->second.requests->Handle(request, it->second.state); !s.ok()) {
+          it->second.state->Fail(s);
+          return;
+        }
+        if (m.flags & kShmLast) it->second.state->LastRequest();
+        return;
+      }
+      case kShmCancel:
+        if (auto it = streams_.find(m.stream); it != streams_.end()) {
+          it->second.state->Cancel();
+          Erase(it);
+        }
+        return;
+      default:
+        LOG(WARNING) << "shared-memory client " << client_ << ": unknown message type "
+                     << static_cast<int>(m.type) << ", ignored";
+    }
+  }
+
+  void Open(uint32_t id, uint8_t method_code) {
+    auto refuse = [&](const absl::Status& status) {
+      const grpc::ByteBuffer done = DoneBody(status);
+      sender_->Send(kShmDone, id, &done);
+    };
+    if (streams_.count(id) != 0) {
+      refuse(absl::InvalidArgumentError(absl::StrCat("stream ", id, " is open already")));
+      return;
+    }
+    Method method;
+    switch (method_code) {
+      case kShmPush:
+        method = Method::kPush;
+        break;
+      case kShmPull:
+        method = Method::kPull;
+        break;
+      case kShmPushPull:
+        method = Method::kPushPull;
+        break;
+      default:
+        refuse(absl::UnimplementedError(absl::StrCat("unknown method ", method_code)));
+        return;
+    }
+    if (absl::Status s = service_->load_.OpenStream(client_); !s.ok()) {
+      refuse(s);
+      return;
+    }
+    // Runs where the stream ends (any thread): erased on the connection's.
+    auto on_end = [this, id, sender = sender_] {
+      sender->Post([this, id] {
+        if (auto it = streams_.find(id); it != streams_.end()) Erase(it);
+      });
+    };
+    Stream& stream = streams_[id];
+    stream.state =
+        std::make_shared<ShmStream>(sender_, id, &service_->load_, client_, std::move(on_end));
+    stream.requests = std::make_unique<StreamRequests>(service_->store_, method, service_->roster_,
+                                                       std::nullopt);
+  }
+
+  void Erase(std::map<uint32_t, Stream>::iterator it) {
+    it->second.requests->DropWaits();
+    service_->load_.CloseStream(client_);
+    streams_.erase(it);
+  }
+
+  void OnClosed(const absl::Status& status) {
+    VLOG(1) << "shared-memory client " << client_ << " gone: " << status;
+    sender_->Detach();
+    while (!streams_.empty()) {
+      streams_.begin()->second.state->Cancel();
+      Erase(streams_.begin());
+    }
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+
+  ParameterService* const service_;
+  const std::unique_ptr<ShmConnection> connection_;
+  const std::shared_ptr<ShmSender> sender_;
+  const std::string client_;  // its ClientLoad budget: the process
+  std::map<uint32_t, Stream> streams_;  // the connection's thread only
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+ParameterService::ParameterService(ShardStore* store, const WorkerRoster* roster,
+                                   ClientLimits limits)
+    : store_(store), roster_(roster), load_(limits) {}
+
+ParameterService::~ParameterService() { StopSharedMemory(); }
+
+absl::Status ParameterService::ServeSharedMemory(const std::string& name, uint64_t instance,
+                                                 const ShmOptions& options) {
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShmListener> listener,
+      ShmListener::Listen(name, instance, options, [this](std::unique_ptr<ShmConnection> c) {
+        absl::MutexLock lock(&shm_mu_);
+        if (shm_stopped_) return;
+        // Peers whose client went away are dropped as new ones come.
+        std::erase_if(shm_peers_, [](const std::unique_ptr<ShmPeer>& p) { return p->closed(); });
+        shm_peers_.push_back(std::make_unique<ShmPeer>(this, std::move(c)));
+      }));
+  absl::MutexLock lock(&shm_mu_);
+  shm_listener_ = std::move(listener);
+  return absl::OkStatus();
+}
+
+void ParameterService::StopSharedMemory() {
+  std::unique_ptr<ShmListener> listener;
+  {
+    absl::MutexLock lock(&shm_mu_);
+    shm_stopped_ = true;
+    listener = std::move(shm_listener_);
+  }
+  if (listener != nullptr) listener->Stop();
+  std::vector<std::unique_ptr<ShmPeer>> peers;
+  {
+    absl::MutexLock lock(&shm_mu_);
+    peers.swap(shm_peers_);
+  }
+  peers.clear();  // each ends its connection and drops its streams
 }
 
 void ParameterService::SetHello(const v1::HelloReply& hello) {

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
+#include "common/shm_connection.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/shard_store.h"
 
@@ -84,22 +85,41 @@ class ClientLoad {
 // ends it with INVALID_ARGUMENT (NOT_FOUND for a job not held) and the
 // message. Over TLS every frame is checked against the roster first.
 // Hello is answered with `hello` (SetHello), whoever asks.
+//
+// The same service is offered to processes of this machine over shared
+// memory (ServeSharedMemory): the same streams, limits and errors, with
+// the frames in memory both processes map instead of in gRPC messages.
 class ParameterService final : public grpc::CallbackGenericService {
  public:
-  ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {})
-      : store_(store), roster_(roster), load_(limits) {}
+  ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {});
+  ~ParameterService() override;  // StopSharedMemory()
 
   // What Hello answers from now on. Thread-safe.
   void SetHello(const v1::HelloReply& hello);
 
+  // Takes shared-memory connections at abstract socket `name` from clients
+  // that ask for `instance` (plaintext only: no certificate is checked).
+  // UNAVAILABLE if the name cannot be bound.
+  absl::Status ServeSharedMemory(const std::string& name, uint64_t instance,
+                                 const ShmOptions& options);
+  // Stops taking them and ends those open (their streams end as a gone
+  // client's do). Idempotent.
+  void StopSharedMemory();
+
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
  private:
+  class ShmPeer;
+
   ShardStore* const store_;
   const WorkerRoster* const roster_;
   ClientLoad load_;
   absl::Mutex hello_mu_;
   std::string hello_ ABSL_GUARDED_BY(hello_mu_);  // serialized v1::HelloReply
+  absl::Mutex shm_mu_;
+  std::unique_ptr<ShmListener> shm_listener_ ABSL_GUARDED_BY(shm_mu_);
+  std::vector<std::unique_ptr<ShmPeer>> shm_peers_ ABSL_GUARDED_BY(shm_mu_);
+  bool shm_stopped_ ABSL_GUARDED_BY(shm_mu_) = false;
 };
 
 }  // namespace pstrain::server

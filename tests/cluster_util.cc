@@ -1,8 +1,10 @@
 #include "tests/cluster_util.h"
 
 #include <cmath>
+#include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
@@ -139,6 +141,16 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
   }
   for (std::thread& t : threads) t.join();
   return result;
+}
+
+int SharedMemoryMappings(int pid) {
+  std::ifstream maps(pid == 0 ? std::string("/proc/self/maps")
+                              : absl::StrCat("/proc/", pid, "/maps"));
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/memfd:pstrain-shm") != std::string::npos;
+  }
+  return n;
 }
 
 std::vector<TensorDiff> CompareTensors(const v1::PartitionPlan& plan,

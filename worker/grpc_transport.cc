@@ -15,9 +15,11 @@
 #include "common/chunk_codec.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/shm_connection.h"
 #include "common/tls.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "worker/shm_streams.h"
 
 namespace pstrain::worker {
 namespace {
@@ -136,6 +138,15 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   ParameterTransport::DoneFn on_done_;
 };
 
+// How a transport reaches one server: the address its channels dial, and
+// a shared-memory connection if the server is a process of this machine
+// that takes them.
+struct ServerRoute {
+  std::string dial;
+  std::unique_ptr<ShmConnection> shm;
+};
+ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
+
 class GrpcTransport final : public ParameterTransport {
  public:
   GrpcTransport(const std::vector<std::string>& addresses, const GrpcTransportOptions& options)
@@ -147,10 +158,10 @@ class GrpcTransport final : public ParameterTransport {
     // pool index of its own, process-wide.
     static std::atomic<int> next_pool_index{0};
     for (const std::string& server_address : addresses) {
-      const std::string address =
-          options.same_machine_sockets && options.security == nullptr
-              ? SameMachineAddress(server_address)
-              : server_address;
+      ServerRoute route = RouteTo(server_address, options);
+      const std::string& address = route.dial;
+      shm_.push_back(route.shm == nullptr ? nullptr
+                                          : std::make_unique<ShmStreams>(std::move(route.shm)));
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
             MakeChannel(address, {.security = options.security,
@@ -164,6 +175,7 @@ class GrpcTransport final : public ParameterTransport {
 
   ~GrpcTransport() override {
     CancelAll();
+    shm_.clear();  // their streams have ended when this returns
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
@@ -181,6 +193,12 @@ class GrpcTransport final : public ParameterTransport {
   void StartExchange(int server, int channel, ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                      SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
+    // Shared memory while the server's connection lasts; its sockets after.
+    if (ShmStreams* shm = shm_[server].get();
+        shm != nullptr && shm->StartExchange(method, std::move(requests), deadline, on_sent,
+                                             on_reply, on_done)) {
+      return;
+    }
     auto* call = new ExchangeCall(this, std::move(requests), window_, window_bytes_,
                                   std::move(on_sent), std::move(on_reply), std::move(on_done));
     call->context()->set_deadline(absl::ToChronoTime(deadline));
@@ -195,6 +213,9 @@ class GrpcTransport final : public ParameterTransport {
   }
 
   void CancelAll() override {
+    for (const auto& shm : shm_) {
+      if (shm != nullptr) shm->CancelAll();
+    }
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     for (ExchangeCall* call : calls_) call->context()->TryCancel();
@@ -246,6 +267,8 @@ class GrpcTransport final : public ParameterTransport {
   const int64_t window_bytes_;
   // Server s, channel c: stubs_[s * channels_per_server_ + c].
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  // By server: its shared-memory streams; null: none.
+  std::vector<std::unique_ptr<ShmStreams>> shm_;
   absl::Mutex mu_;
   std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);  // cancellable
   int calls_open_ ABSL_GUARDED_BY(mu_) = 0;             // not yet Released
@@ -297,19 +320,51 @@ std::optional<v1::HelloReply> Hello(const std::string& target, absl::Duration ti
   return reply;
 }
 
+// The same-machine socket that `remote` (the Hello reply from `address`)
+// names, if it answers as the same process; else `address`.
+std::string LocalSocketOf(const std::string& address, const v1::HelloReply& remote,
+                          absl::Duration timeout) {
+  if (remote.local_address().empty()) return address;
+  const std::optional<v1::HelloReply> local = Hello(remote.local_address(), timeout);
+  if (!local.has_value() || local->instance() != remote.instance()) {
+    VLOG(1) << "server " << address << ": " << remote.local_address()
+            << " is not reachable from here, or not the same process: TCP";
+    return address;
+  }
+  VLOG(1) << "server " << address << " reached over " << remote.local_address();
+  return remote.local_address();
+}
+
+ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options) {
+  constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
+  ServerRoute route{address, nullptr};
+  if (options.security != nullptr || (!options.same_machine_sockets && !options.shared_memory)) {
+    return route;
+  }
+  const std::optional<v1::HelloReply> remote = Hello(address, kHelloTimeout);
+  if (!remote.has_value()) return route;
+  if (options.same_machine_sockets) route.dial = LocalSocketOf(address, *remote, kHelloTimeout);
+  if (options.shared_memory && !remote->shm_address().empty()) {
+    // The handshake checks that the process behind the name is the one
+    // that answered at `address`.
+    absl::StatusOr<std::unique_ptr<ShmConnection>> shm =
+        ShmConnection::Connect(remote->shm_address(), remote->instance(), options.shm,
+                               kHelloTimeout);
+    if (shm.ok()) {
+      VLOG(1) << "server " << address << " reached through shared memory";
+      route.shm = *std::move(shm);
+    } else {
+      VLOG(1) << "server " << address << ": no shared memory: " << shm.status();
+    }
+  }
+  return route;
+}
+
 }  // namespace
 
 std::string SameMachineAddress(const std::string& address, absl::Duration timeout) {
   const std::optional<v1::HelloReply> remote = Hello(address, timeout);
-  if (!remote.has_value() || remote->local_address().empty()) return address;
-  const std::optional<v1::HelloReply> local = Hello(remote->local_address(), timeout);
-  if (!local.has_value() || local->instance() != remote->instance()) {
-    VLOG(1) << "server " << address << ": " << remote->local_address()
-            << " is not reachable from here, or not the same process: TCP";
-    return address;
-  }
-  VLOG(1) << "server " << address << " reached over " << remote->local_address();
-  return remote->local_address();
+  return remote.has_value() ? LocalSocketOf(address, *remote, timeout) : address;
 }
 
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
@@ -325,7 +380,7 @@ absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stream window bytes must be in [0, 1 GiB], not ", options.window_bytes));
   }
-  return absl::OkStatus();
+  return ValidateShmOptions(options.shm);
 }
 
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(

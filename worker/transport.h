@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/shm_connection.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace pstrain {
@@ -70,15 +71,22 @@ struct GrpcTransportOptions {
   // its Hello reply, and the transport uses it once a second Hello over it
   // comes from the same process. Any failure on the way: TCP.
   bool same_machine_sockets = true;
+  // In plaintext, reach a server of this machine that takes shared-memory
+  // connections (its Hello names the socket) through memory both processes
+  // map, before any socket; if the connection ends (the server went away),
+  // its sockets. The transport asks for pipes of shm.pipe_bytes.
+  bool shared_memory = true;
+  ShmOptions shm{};
 };
 
 // INVALID_ARGUMENT, naming the option, unless channels_per_server is in
-// [1, 16], window in [1, 1024] and window_bytes in [0, 1 GiB].
+// [1, 16], window in [1, 1024], window_bytes in [0, 1 GiB] and shm valid.
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
 
 // The gRPC transport: options.channels_per_server channels per server
 // address, each its own connection (also across transports); a server of
-// this machine over its same-machine socket (options.same_machine_sockets).
+// this machine over its same-machine socket (options.same_machine_sockets),
+// and through shared memory while it can (options.shared_memory).
 // INVALID_ARGUMENT on an empty address list or invalid options.
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});

@@ -36,6 +36,12 @@ ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
 ABSL_FLAG(bool, same_machine_sockets, pstrain::worker::GrpcTransportOptions().same_machine_sockets,
           "reach servers of this machine over their Unix sockets (found and verified through "
           "Hello) instead of TCP; plaintext only");
+ABSL_FLAG(bool, shared_memory, pstrain::worker::GrpcTransportOptions().shared_memory,
+          "reach servers of this machine through shared memory (found and verified through "
+          "Hello and a handshake) before any socket; plaintext only");
+ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
+          "bytes of each shared-memory pipe (one each way per server), a power of two in "
+          "[64 KiB, 1 GiB]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(int64_t, max_memory_bytes, -1,
           "bytes a job may take in this process per device (the coordinator places only jobs "
@@ -77,8 +83,11 @@ int main(int argc, char** argv) {
   transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
   transport.window = absl::GetFlag(FLAGS_stream_window);
   transport.same_machine_sockets = absl::GetFlag(FLAGS_same_machine_sockets);
+  transport.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  transport.shm.pipe_bytes = absl::GetFlag(FLAGS_shm_pipe_bytes);
   if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
-    std::cerr << "pstrain-worker: --channels_per_server / --stream_window: " << s.message()
+    std::cerr << "pstrain-worker: --channels_per_server / --stream_window / --shm_pipe_bytes: "
+              << s.message()
               << "\n";
     return 2;
   }

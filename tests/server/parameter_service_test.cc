@@ -62,17 +62,29 @@ ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
 }
 
 // The data-plane suite runs over each way a worker reaches a server.
-enum class Transport { kTcp, kSameMachineSocket };
+enum class Transport { kTcp, kSameMachineSocket, kSharedMemory };
 
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
-  return info.param == Transport::kTcp ? "Tcp" : "SameMachineSocket";
+  switch (info.param) {
+    case Transport::kTcp:
+      return "Tcp";
+    case Transport::kSameMachineSocket:
+      return "SameMachineSocket";
+    case Transport::kSharedMemory:
+      return "SharedMemory";
+  }
+  return "";
 }
+
+const auto kEveryTransport = ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket,
+                                               Transport::kSharedMemory);
 
 class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
  protected:
   worker::GrpcTransportOptions TransportOptions() const {
     worker::GrpcTransportOptions options;
     options.same_machine_sockets = GetParam() == Transport::kSameMachineSocket;
+    options.shared_memory = GetParam() == Transport::kSharedMemory;
     return options;
   }
   std::unique_ptr<worker::ParameterTransport> NewTransport() const {
@@ -84,7 +96,13 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     plan_ = PlanFor(spec_);
     servers_ = std::make_unique<InProcessServers>(2, server::ShardStore::Options(), client_limits_);
     ASSERT_TRUE(servers_->AddJob("job-1", spec_, plan_).ok());
+    const int mapped_before = SharedMemoryMappings();
     transport_ = NewTransport();
+    // Shared memory is really used, not a silent fall back to a socket:
+    // each connection maps its region twice here (server and worker are
+    // in this process).
+    EXPECT_EQ(SharedMemoryMappings() - mapped_before,
+              GetParam() == Transport::kSharedMemory ? 2 * 2 : 0);
     for (const v1::ChunkInfo& c : plan_.chunks()) {
       if (c.server() == 0 && own_chunk_ < 0) own_chunk_ = c.id();
       if (c.server() == 1 && other_chunk_ < 0) other_chunk_ = c.id();
@@ -584,15 +602,9 @@ TEST(SameMachineAddressTest, IsTheServersOwnSocket) {
   (*plain)->Shutdown(absl::Seconds(1));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ParameterServiceTest,
-                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
-                         TransportName);
-INSTANTIATE_TEST_SUITE_P(Transports, WaitsPerClientTest,
-                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
-                         TransportName);
-INSTANTIATE_TEST_SUITE_P(Transports, StreamsPerClientTest,
-                         ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket),
-                         TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, ParameterServiceTest, kEveryTransport, TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, WaitsPerClientTest, kEveryTransport, TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, StreamsPerClientTest, kEveryTransport, TransportName);
 
 }  // namespace
 }  // namespace pstrain::testing

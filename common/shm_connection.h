@@ -1,0 +1,182 @@
+// A message connection between two processes of one machine through shared
+// memory: two byte pipes (one each way) in a memfd_create region that the
+// connecting side makes and hands to the listening side over an abstract
+// Unix socket (SCM_RIGHTS). The socket stays open as the doorbell (a byte
+// wakes a peer that sleeps) and as the liveness signal: a peer that exits,
+// however it dies, closes it, and the other side sees the connection end.
+//
+// Messages are (type, flags, stream, body) with bodies of any size up to
+// Options::max_message_bytes: a body larger than a pipe streams through it.
+// No gRPC here beyond its slices (the bodies are gRPC byte buffers, as the
+// parameter service's frames are).
+//
+// Nothing the peer writes into the shared region is trusted: indices are
+// checked against the pipe's size, each message is copied out of the pipe
+// before it is handed on, and the region is sealed against shrinking (a peer
+// cannot make this process fault on its mapping).
+#ifndef PSTRAIN_COMMON_SHM_CONNECTION_H_
+#define PSTRAIN_COMMON_SHM_CONNECTION_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace pstrain {
+
+struct ShmMessage {
+  uint8_t type = 0;
+  uint8_t flags = 0;
+  uint32_t stream = 0;
+  grpc::Slice body;  // this process's own memory
+};
+
+struct ShmOptions {
+  // Bytes of each pipe (one each way): a power of two in [64 KiB, 1 GiB].
+  int64_t pipe_bytes = 4 << 20;
+  // Largest message body either side accepts; a larger one ends the
+  // connection (INVALID_ARGUMENT).
+  int64_t max_message_bytes = (64 << 20) + (1 << 20);
+};
+
+// INVALID_ARGUMENT, naming the option, unless the options are in range.
+absl::Status ValidateShmOptions(const ShmOptions& options);
+
+// One end of a connection. Thread-safe. Send may be called from any
+// thread; every callback runs on the connection's own thread, one at a time.
+class ShmConnection {
+ public:
+  using MessageFn = std::function<void(ShmMessage message)>;
+  // Called once, last, when the connection ends: the peer went away (or
+  // broke the protocol), or Close was called (CANCELLED).
+  using ClosedFn = std::function<void(const absl::Status& status)>;
+
+  // Connects to the listener at abstract socket `name`, hands it a new
+  // shared region, and checks that the process that accepts is `instance`
+  // (its ShmListener's). UNAVAILABLE if nothing listens or it does not
+  // answer within `timeout`; FAILED_PRECONDITION if another process does.
+  static absl::StatusOr<std::unique_ptr<ShmConnection>> Connect(const std::string& name,
+                                                                uint64_t instance,
+                                                                const ShmOptions& options,
+                                                                absl::Duration timeout);
+  ~ShmConnection();  // Close()
+
+  // Starts the connection's thread: messages from the peer go to
+  // on_message from now on; on_tick (if set) runs about once a second,
+  // busy or not (deadlines). Once.
+  void Start(MessageFn on_message, ClosedFn on_closed, std::function<void()> on_tick = nullptr);
+
+  // Sends a message whose body is `body` (may be null: none). Written into
+  // the pipe at once, on this thread, as far as it has room; the rest by
+  // the connection's thread, in order. Returns false (nothing sent) once
+  // the connection has ended. `on_written`, if set, runs once the whole
+  // message is in the pipe: on this thread or on the connection's.
+  bool Send(uint8_t type, uint8_t flags, uint32_t stream, const grpc::ByteBuffer* body,
+            std::function<void()> on_written = nullptr);
+  // The same for a body given as slices.
+  bool Send(uint8_t type, uint8_t flags, uint32_t stream, std::vector<grpc::Slice> body,
+            std::function<void()> on_written = nullptr);
+
+  // Runs `fn` on the connection's thread soon (after the messages it is
+  // handing on now). False if the connection has ended.
+  bool Post(std::function<void()> fn);
+
+  // Ends the connection (the peer sees it end) and waits for the
+  // connection's thread: on_closed has run when it returns (if Started).
+  // Must not be called from a callback.
+  void Close();
+
+  // The peer's process id (from the socket's credentials).
+  int peer_pid() const { return peer_pid_; }
+
+  class Pipe;
+
+ private:
+  friend class ShmListener;
+  struct Outgoing;
+  ShmConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
+                const ShmOptions& options, int peer_pid);
+
+  void Loop();
+  // Writes queued messages while the pipe has room. Returns true if
+  // anything was written.
+  bool FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // Reads what the peer wrote and hands on whole messages. Returns true if
+  // anything was read; an error ends the connection.
+  absl::StatusOr<bool> Drain();
+  void RingPeer();
+  void Wake();
+  bool SendQueued(std::unique_ptr<Outgoing> message);
+
+  const int socket_fd_;
+  const int wake_fd_;  // eventfd: Send, Post and Close wake the thread
+  void* const region_;
+  const size_t region_bytes_;
+  const ShmOptions options_;
+  const int peer_pid_;
+  std::unique_ptr<Pipe> in_, out_;
+  MessageFn on_message_;
+  ClosedFn on_closed_;
+  std::function<void()> on_tick_;
+  std::thread thread_;
+
+  absl::Mutex send_mu_;
+  std::deque<std::unique_ptr<Outgoing>> queue_ ABSL_GUARDED_BY(send_mu_);
+  std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(send_mu_);
+  bool ended_ ABSL_GUARDED_BY(send_mu_) = false;   // no more sends
+  bool closing_ ABSL_GUARDED_BY(send_mu_) = false;  // Close called
+  bool started_ ABSL_GUARDED_BY(send_mu_) = false;
+
+  // The message being read (connection thread only).
+  unsigned char header_[12];
+  size_t header_got_ = 0;
+  grpc::Slice body_;
+  size_t body_got_ = 0;
+};
+
+// Accepts connections on an abstract Unix socket. Thread-safe.
+class ShmListener {
+ public:
+  using AcceptFn = std::function<void(std::unique_ptr<ShmConnection> connection)>;
+
+  // Listens on abstract socket `name`; each connection that hands over a
+  // good region and asks for `instance` goes to on_accept (on the
+  // listener's thread; Start it there). UNAVAILABLE if the name is taken.
+  static absl::StatusOr<std::unique_ptr<ShmListener>> Listen(const std::string& name,
+                                                             uint64_t instance,
+                                                             const ShmOptions& options,
+                                                             AcceptFn on_accept);
+  ~ShmListener();  // Stop()
+
+  // Stops accepting and waits for the listener's thread. Idempotent.
+  void Stop();
+
+ private:
+  ShmListener(int fd, uint64_t instance, const ShmOptions& options, AcceptFn on_accept);
+  void Loop();
+  // The handshake of one accepted socket; on success the connection.
+  absl::StatusOr<std::unique_ptr<ShmConnection>> Handshake(int fd);
+
+  const int fd_;
+  const int wake_fd_;
+  const uint64_t instance_;
+  const ShmOptions options_;
+  AcceptFn on_accept_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_SHM_CONNECTION_H_

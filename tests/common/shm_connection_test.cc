@@ -1,0 +1,255 @@
+// Shared-memory connections: messages of every size both ways, in order;
+// the handshake's checks; the end of a peer seen by the other side.
+#include "common/shm_connection.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pstrain {
+namespace {
+
+constexpr uint64_t kInstance = 0x5eed;
+
+// What one end received, in order, and how it ended.
+struct Inbox {
+  absl::Mutex mu;
+  std::vector<ShmMessage> messages ABSL_GUARDED_BY(mu);
+  std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
+
+  void Start(ShmConnection& c) {
+    c.Start(
+        [this](ShmMessage m) {
+          absl::MutexLock lock(&mu);
+          messages.push_back(std::move(m));
+        },
+        [this](const absl::Status& s) {
+          absl::MutexLock lock(&mu);
+          closed = s;
+        });
+  }
+  // Waits (generously) until n messages are in.
+  bool AwaitMessages(size_t n) {
+    absl::MutexLock lock(&mu);
+    wanted = n;
+    return mu.AwaitWithTimeout(absl::Condition(this, &Inbox::Enough), absl::Seconds(60));
+  }
+  std::optional<absl::Status> AwaitClosed() {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(this, &Inbox::Closed), absl::Seconds(60));
+    return closed;
+  }
+
+ private:
+  bool Enough() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return messages.size() >= wanted; }
+  bool Closed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return closed.has_value(); }
+  size_t wanted ABSL_GUARDED_BY(mu) = 0;
+};
+
+std::string UniqueName() {
+  static int next = 0;
+  return absl::StrCat("pstrain-shm-test-", getpid(), "-", next++);
+}
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Text(const grpc::Slice& s) {
+  return std::string(reinterpret_cast<const char*>(s.begin()), s.size());
+}
+
+class ShmConnectionTest : public ::testing::Test {
+ protected:
+  // A listener whose connections are kept (and started) in server_.
+  void Listen(ShmOptions options = {}) {
+    name_ = UniqueName();
+    absl::StatusOr<std::unique_ptr<ShmListener>> listener = ShmListener::Listen(
+        name_, kInstance, options, [this](std::unique_ptr<ShmConnection> c) {
+          absl::MutexLock lock(&mu_);
+          server_inbox_.Start(*c);
+          server_ = std::move(c);
+        });
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    listener_ = *std::move(listener);
+  }
+  ShmConnection* AwaitServer() {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](std::unique_ptr<ShmConnection>* s) { return *s != nullptr; },
+                             &server_),
+                         absl::Seconds(60));
+    return server_.get();
+  }
+  void TearDown() override {
+    if (listener_ != nullptr) listener_->Stop();
+    absl::MutexLock lock(&mu_);
+    server_.reset();
+  }
+
+  std::string name_;
+  std::unique_ptr<ShmListener> listener_;
+  absl::Mutex mu_;
+  std::unique_ptr<ShmConnection> server_ ABSL_GUARDED_BY(mu_);
+  Inbox server_inbox_;
+};
+
+TEST_F(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
+  ShmOptions options;
+  options.pipe_bytes = 64 << 10;  // smaller than some messages: they stream through
+  ASSERT_NO_FATAL_FAILURE(Listen(options));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
+      ShmConnection::Connect(name_, kInstance, options, absl::Seconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Inbox client_inbox;
+  client_inbox.Start(**client);
+  ShmConnection* server = AwaitServer();
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->peer_pid(), getpid());
+
+  std::mt19937 rng(7);
+  std::vector<std::string> sent;
+  for (size_t size : {0, 1, 11, 12, 13, 4096, 65535, 65536, 65537, 300000, 1 << 20}) {
+    std::string body(size, '\0');
+    for (char& c : body) c = static_cast<char>(rng());
+    sent.push_back(body);
+  }
+  int written = 0;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const grpc::ByteBuffer body = Bytes(sent[i]);
+    ASSERT_TRUE((*client)->Send(2, static_cast<uint8_t>(i), static_cast<uint32_t>(1000 + i),
+                                &body, [&written] { ++written; }));
+    ASSERT_TRUE(server->Send(4, 0, static_cast<uint32_t>(i), &body));
+  }
+  ASSERT_TRUE(server_inbox_.AwaitMessages(sent.size()));
+  ASSERT_TRUE(client_inbox.AwaitMessages(sent.size()));
+  absl::MutexLock lock(&server_inbox_.mu);
+  absl::MutexLock lock2(&client_inbox.mu);
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const ShmMessage& in = server_inbox_.messages[i];
+    EXPECT_EQ(in.type, 2);
+    EXPECT_EQ(in.flags, i);
+    EXPECT_EQ(in.stream, 1000 + i);
+    EXPECT_EQ(Text(in.body), sent[i]) << "message " << i;
+    const ShmMessage& back = client_inbox.messages[i];
+    EXPECT_EQ(back.type, 4);
+    EXPECT_EQ(back.stream, i);
+    EXPECT_EQ(Text(back.body), sent[i]) << "message " << i;
+  }
+  EXPECT_EQ(written, static_cast<int>(sent.size()));
+}
+
+TEST_F(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
+      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_NE(AwaitServer(), nullptr);
+  constexpr int kThreads = 4, kEach = 500;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const grpc::ByteBuffer body = Bytes(std::string(1000 + i, static_cast<char>('a' + t)));
+        (*client)->Send(1, 0, static_cast<uint32_t>(t * kEach + i), &body);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(server_inbox_.AwaitMessages(kThreads * kEach));
+  absl::MutexLock lock(&server_inbox_.mu);
+  std::vector<int> next(kThreads, 0);
+  for (const ShmMessage& m : server_inbox_.messages) {
+    const int t = static_cast<int>(m.stream / kEach), i = static_cast<int>(m.stream % kEach);
+    EXPECT_EQ(i, next[t]++) << "one thread's messages in its order";
+    EXPECT_EQ(Text(m.body), std::string(1000 + i, static_cast<char>('a' + t)));
+  }
+}
+
+TEST_F(ShmConnectionTest, AnotherInstanceOrNobodyIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  absl::StatusOr<std::unique_ptr<ShmConnection>> other =
+      ShmConnection::Connect(name_, kInstance + 1, {}, absl::Seconds(10));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  absl::StatusOr<std::unique_ptr<ShmConnection>> nobody =
+      ShmConnection::Connect(UniqueName(), kInstance, {}, absl::Seconds(1));
+  EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable) << nobody.status();
+  ShmOptions bad;
+  bad.pipe_bytes = 100000;  // not a power of two
+  EXPECT_EQ(ShmConnection::Connect(name_, kInstance, bad, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A peer that is no shared-memory client (garbage, or silence) is refused
+// and the listener goes on taking good ones.
+TEST_F(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name_.data(), name_.size());
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name_.size())),
+            0);
+  const char garbage[24] = "not a handshake at all";
+  ASSERT_EQ(send(fd, garbage, sizeof(garbage), 0), static_cast<ssize_t>(sizeof(garbage)));
+  char reply[64];
+  EXPECT_GE(recv(fd, reply, sizeof(reply), 0), 0);  // refused (or just closed)
+  close(fd);
+  absl::StatusOr<std::unique_ptr<ShmConnection>> good =
+      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  EXPECT_TRUE(good.ok()) << good.status();
+}
+
+TEST_F(ShmConnectionTest, EachSideSeesTheOtherEnd) {
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
+      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Inbox client_inbox;
+  client_inbox.Start(**client);
+  ASSERT_NE(AwaitServer(), nullptr);
+  client->reset();  // the client goes
+  std::optional<absl::Status> closed = server_inbox_.AwaitClosed();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->code(), absl::StatusCode::kUnavailable) << *closed;
+  std::optional<absl::Status> own = client_inbox.AwaitClosed();
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(own->code(), absl::StatusCode::kCancelled) << *own;
+  const grpc::ByteBuffer body = Bytes("late");
+  absl::MutexLock lock(&mu_);
+  EXPECT_FALSE(server_->Send(4, 0, 1, &body));
+}
+
+TEST_F(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
+  ShmOptions small;
+  small.max_message_bytes = 1000;
+  ASSERT_NO_FATAL_FAILURE(Listen(small));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
+      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Inbox client_inbox;
+  client_inbox.Start(**client);
+  ASSERT_NE(AwaitServer(), nullptr);
+  const grpc::ByteBuffer big = Bytes(std::string(1001, 'x'));
+  ASSERT_TRUE((*client)->Send(2, 0, 1, &big));
+  std::optional<absl::Status> closed = server_inbox_.AwaitClosed();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->code(), absl::StatusCode::kInvalidArgument) << *closed;
+  std::optional<absl::Status> seen = client_inbox.AwaitClosed();
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->code(), absl::StatusCode::kUnavailable) << *seen;
+}
+
+}  // namespace
+}  // namespace pstrain

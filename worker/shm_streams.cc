@@ -1,0 +1,155 @@
+#include "worker/shm_streams.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunk_codec.h"
+
+namespace pstrain::worker {
+namespace {
+
+uint8_t MethodCode(ParameterMethod method) {
+  switch (method) {
+    case ParameterMethod::kPush:
+      return kShmPush;
+    case ParameterMethod::kPull:
+      return kShmPull;
+    case ParameterMethod::kPushPull:
+      return kShmPushPull;
+  }
+  return kShmPush;
+}
+
+// kShmDone's body: [fixed32 LE code][message].
+absl::Status DoneStatus(const grpc::Slice& body) {
+  if (body.size() < 4) return absl::InternalError("a malformed end of stream from the server");
+  uint32_t code = 0;
+  for (int i = 0; i < 4; ++i) code |= static_cast<uint32_t>(body.begin()[i]) << (8 * i);
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::string_view(reinterpret_cast<const char*>(body.begin()) + 4,
+                                        body.size() - 4));
+}
+
+}  // namespace
+
+ShmStreams::ShmStreams(std::unique_ptr<ShmConnection> connection)
+    : connection_(std::move(connection)) {
+  connection_->Start([this](ShmMessage m) { OnMessage(std::move(m)); },
+                     [this](const absl::Status& status) { OnClosed(status); },
+                     [this] { EndExpired(); });
+}
+
+ShmStreams::~ShmStreams() { connection_->Close(); }
+
+bool ShmStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
+                               absl::Time deadline, ParameterTransport::SentFn on_sent,
+                               ParameterTransport::ReplyFn on_reply,
+                               ParameterTransport::DoneFn on_done) {
+  uint32_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    // Once ended, OnClosed has taken every stream: a new one would be lost.
+    if (ended_) return false;
+    id = next_id_++;
+    streams_[id] = std::make_shared<Stream>(
+        Stream{std::move(on_reply), std::move(on_done), requests.empty() ? absl::InfinitePast()
+                                                                          : deadline});
+    if (cancelled_ || requests.empty()) {
+      // Ends on the connection's thread (an empty stream as "expired", but OK).
+      if (requests.empty() && !cancelled_) {
+        auto stream = streams_[id];
+        streams_.erase(id);
+        connection_->Post([stream, on_sent = std::move(on_sent)] {
+          if (on_sent) on_sent();
+          stream->on_done(absl::OkStatus());
+        });
+      } else {
+        connection_->Post([this] { EndExpired(); });
+      }
+      return true;
+    }
+  }
+  // A failed send means the connection ended: OnClosed ends the stream.
+  if (!connection_->Send(kShmOpen, MethodCode(method), id, nullptr)) return true;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const bool last = i + 1 == requests.size();
+    if (!connection_->Send(kShmRequest, last ? kShmLast : 0, id, &requests[i],
+                           last ? std::move(on_sent) : nullptr)) {
+      break;
+    }
+  }
+  return true;
+}
+
+void ShmStreams::CancelAll() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+  connection_->Post([this] { EndExpired(); });
+}
+
+std::shared_ptr<ShmStreams::Stream> ShmStreams::Abandon(uint32_t id) {
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return nullptr;
+  std::shared_ptr<Stream> stream = std::move(it->second);
+  streams_.erase(it);
+  connection_->Send(kShmCancel, 0, id, nullptr);
+  return stream;
+}
+
+void ShmStreams::EndExpired() {
+  std::vector<std::pair<std::shared_ptr<Stream>, absl::Status>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    std::vector<uint32_t> ids;
+    for (const auto& [id, stream] : streams_) {
+      if (cancelled_ || now >= stream->deadline) ids.push_back(id);
+    }
+    for (uint32_t id : ids) {
+      ended.emplace_back(Abandon(id), cancelled_ ? absl::CancelledError("stream cancelled")
+                                                 : absl::DeadlineExceededError(
+                                                       "shared-memory stream past its deadline"));
+    }
+  }
+  for (auto& [stream, status] : ended) stream->on_done(status);
+}
+
+void ShmStreams::OnMessage(ShmMessage m) {
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(m.stream);
+    if (it == streams_.end()) return;  // abandoned: what is left of it goes nowhere
+    stream = it->second;
+    if (m.type == kShmDone) streams_.erase(it);
+  }
+  if (m.type == kShmReply) {
+    const grpc::ByteBuffer reply(&m.body, 1);
+    stream->on_reply(reply);
+  } else if (m.type == kShmDone) {
+    stream->on_done(DoneStatus(m.body));
+  }
+}
+
+void ShmStreams::OnClosed(const absl::Status& status) {
+  std::map<uint32_t, std::shared_ptr<Stream>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    open.swap(streams_);
+  }
+  // Retried by the client, over the server's sockets from now on.
+  const absl::Status why =
+      status.code() == absl::StatusCode::kCancelled
+          ? status
+          : absl::UnavailableError(
+                absl::StrCat("the shared-memory connection ended: ", status.message()));
+  for (auto& [id, stream] : open) stream->on_done(why);
+}
+
+}  // namespace pstrain::worker
