@@ -2,7 +2,7 @@
 # Shows which vector instructions the hot loops were compiled to: for each
 # function of the CPU kernels' element-wise files, how many instructions use
 # 256-bit (ymm) registers, fused multiply-adds and packed square roots.
-# The AVX2 clones ([clone .arch_haswell]) should have all three where the
+# The AVX2 clones ([clone .arch_x86_64_v3]) should have all three where the
 # loop multiplies and adds; the baseline clones ([clone .default]) use SSE.
 #   bench/check_simd.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
@@ -26,7 +26,7 @@ for file in optimizers sums casts; do
     /vfn?m(add|sub)/ { fma[name]++ }
     /sqrtps/ { roots[name]++ }
     END {
-      for (n in seen) if (n ~ /clone \.(arch_haswell|default)\]/)
+      for (n in seen) if (n ~ /clone \.(arch_x86_64_v3|default)\]/)
         printf "  %-44s ymm %4d  fma %4d  sqrtps %3d\n", n, ymm[n], fma[n], roots[n]
     }' | sort
 done

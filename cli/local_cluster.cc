@@ -124,6 +124,10 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   }
 }
 
+std::string LocalCluster::CheckpointRoot() const {
+  return options_.checkpoint_root.empty() ? options_.run_dir : options_.checkpoint_root;
+}
+
 absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
   const std::string name = absl::StrCat("server-", servers_started_++);
   std::vector<std::string> argv = {
@@ -132,9 +136,7 @@ absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit)),
-      absl::StrCat("--checkpoint_root=", options_.checkpoint_root.empty()
-                                             ? options_.run_dir
-                                             : options_.checkpoint_root)};
+      absl::StrCat("--checkpoint_root=", CheckpointRoot())};
   return SpawnNew(name, std::move(argv), flags);
 }
 
@@ -146,6 +148,11 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit))};
   if (!options_.data_root.empty()) argv.push_back("--data_root=" + options_.data_root);
+  if (options_.colocated_servers) {
+    argv.push_back("--colocated_server");
+    argv.push_back(absl::StrCat("--server_listen=", options_.listen_host, ":0"));
+    argv.push_back(absl::StrCat("--checkpoint_root=", CheckpointRoot()));
+  }
   return SpawnNew(name, std::move(argv), flags);
 }
 

@@ -59,6 +59,9 @@ class LocalCluster {
     std::string checkpoint_root;
     // The workers' --data_root; empty: theirs (Debian's dataset directory).
     std::string data_root;
+    // Every worker runs a parameter server in its process
+    // (--colocated_server), for jobs with colocated_servers.
+    bool colocated_servers = false;
   };
 
   // Starts the coordinator, waits until it serves, then starts the servers
@@ -132,6 +135,8 @@ class LocalCluster {
   explicit LocalCluster(Options options) : options_(std::move(options)) {}
   // Starts (or starts again) a child; `child` is new or one that exited.
   absl::Status Spawn(Child& child);
+  // The servers' --checkpoint_root.
+  std::string CheckpointRoot() const;
   absl::Status SpawnNew(const std::string& name, std::vector<std::string> base_argv,
                         std::vector<std::string> flags);
   // Starts the coordinator listening on `listen` and waits for its address.

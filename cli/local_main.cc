@@ -225,7 +225,9 @@ int Run() {
   }
   options.data_root = spec->data().dir();
   options.run_dir = run_dir;
-  options.num_servers = spec->num_servers();
+  // Colocated: the servers are the workers' processes.
+  options.colocated_servers = spec->colocated_servers();
+  options.num_servers = spec->colocated_servers() ? 0 : spec->num_servers();
   options.num_workers = spec->num_workers();
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   for (int w = 0; w < spec->num_workers(); ++w) {
@@ -236,9 +238,10 @@ int Run() {
   // A child that dies is restarted under its node id, as a container
   // runtime would: the job recovers and its result does not change.
   options.restart_exited_children = true;
-  std::printf("pstrain-local: %d server(s), %d worker(s), logs in %s, Prometheus targets in "
+  std::printf("pstrain-local: %d server(s)%s, %d worker(s), logs in %s, Prometheus targets in "
               "%s\n",
-              spec->num_servers(), spec->num_workers(), run_dir.c_str(),
+              spec->num_servers(), spec->colocated_servers() ? " in the workers' processes" : "",
+              spec->num_workers(), run_dir.c_str(),
               options.prometheus_sd_file.c_str());
   std::fflush(stdout);
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);

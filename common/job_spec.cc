@@ -472,6 +472,24 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("wire_dtype", "must be fp32, bf16 or fp16");
   }
   PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
+  if (spec.colocated_servers()) {
+    if (spec.num_servers() == 0) spec.set_num_servers(spec.num_workers());
+    if (spec.num_servers() != spec.num_workers()) {
+      return FieldError("num_servers", absl::StrCat("is ", spec.num_servers(),
+                                                    ": with colocated_servers each of the ",
+                                                    spec.num_workers(),
+                                                    " worker processes holds one shard"));
+    }
+    if (spec.recovery().on_worker_loss() == v1::WORKER_LOSS_POLICY_ELASTIC) {
+      return FieldError("colocated_servers",
+                        "not with recovery.on_worker_loss: elastic (a worker left out would "
+                        "take its process's shard with it)");
+    }
+    if (external) {
+      return FieldError("colocated_servers",
+                        "an external model's workers (the client library) hold no server");
+    }
+  }
   PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));
   PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);

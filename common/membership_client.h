@@ -37,6 +37,9 @@ class MembershipClient {
     std::string metrics_address;   // host:port of the node's /metrics, if any
     // Workers: the only job the node works on (RegisterRequest.join_job).
     std::string join_job;
+    // Servers: the worker node whose process this is
+    // (RegisterRequest.colocated_with).
+    std::string colocated_with;
     RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
     // Mutual TLS to the coordinator; null: plaintext. Must outlive the client.
     const TransportSecurity* security = nullptr;

@@ -1105,7 +1105,13 @@ class CoordinatorImpl final : public Coordinator,
       cluster.reserved = reserved;
       for (const auto& [node_id, node] : registry_.nodes()) {
         if (node.info.state() != v1::NODE_STATE_ALIVE) continue;
-        if (node.info.role() == v1::NODE_ROLE_SERVER) cluster.servers.push_back(&node.info);
+        if (node.info.role() == v1::NODE_ROLE_SERVER) {
+          if (node.info.colocated_with().empty()) {
+            cluster.servers.push_back(&node.info);
+          } else {
+            cluster.colocated_servers[node.info.colocated_with()] = &node.info;
+          }
+        }
         if (node.info.role() == v1::NODE_ROLE_WORKER && !busy.contains(node_id) &&
             WorksOn(node.info, id, spec)) {
           cluster.free_workers.push_back(&node.info);
@@ -1168,9 +1174,23 @@ class CoordinatorImpl final : public Coordinator,
     return busy;
   }
 
-  // A live server that holds no part of `job` and has `need` bytes of room.
+  // The live server in worker `worker_id`'s process; null if none.
+  const NodeRegistry::Node* ColocatedServerOf(const std::string& worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, node] : registry_.nodes()) {
+      if (node.info.role() == v1::NODE_ROLE_SERVER && node.info.state() == v1::NODE_STATE_ALIVE &&
+          node.info.colocated_with() == worker_id) {
+        return &node;
+      }
+    }
+    return nullptr;
+  }
+
+  // A live server of its own that holds no part of `job` and has `need`
+  // bytes of room. None for a colocated job: its servers are its workers'.
   const NodeRegistry::Node* SpareServer(Txn& txn, const v1::Job& job, int64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.spec().colocated_servers()) return nullptr;
     std::map<std::string, int64_t> reserved;
     for (const std::string& id : txn.Ids(order_)) {
       const v1::Job& other = txn.Get(id);
@@ -1184,7 +1204,8 @@ class CoordinatorImpl final : public Coordinator,
     const NodeRegistry::Node* best = nullptr;
     for (const auto& [id, node] : registry_.nodes()) {
       if (node.info.role() != v1::NODE_ROLE_SERVER || node.info.state() != v1::NODE_STATE_ALIVE ||
-          own.contains(id) || RoomOn(node.info, reserved) < need) {
+          !node.info.colocated_with().empty() || own.contains(id) ||
+          RoomOn(node.info, reserved) < need) {
         continue;
       }
       if (best == nullptr || RoomOn(node.info, reserved) > RoomOn(best->info, reserved)) {
@@ -1262,12 +1283,17 @@ class CoordinatorImpl final : public Coordinator,
 
       const std::set<std::string> busy = BusyWorkers(txn);
       const int64_t worker_need = WorkerBytesNeeded(next.spec());
+      const bool colocated = next.spec().colocated_servers();
+      // An idle worker to take a lost one's place; a colocated job's also
+      // has a server of its own, which takes the same place among the
+      // job's servers.
       auto idle_worker = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const NodeRegistry::Node* {
         for (const auto& [node_id, node] : registry_.nodes()) {
           if (node.info.role() == v1::NODE_ROLE_WORKER &&
               node.info.state() == v1::NODE_STATE_ALIVE && !busy.contains(node_id) &&
               WorksOn(node.info, id, next.spec()) &&
-              !taken.contains(node_id) && RoomOn(node.info, {}) >= worker_need) {
+              !taken.contains(node_id) && RoomOn(node.info, {}) >= worker_need &&
+              (!colocated || ColocatedServerOf(node_id) != nullptr)) {
             return &node;
           }
         }
@@ -1309,6 +1335,12 @@ class CoordinatorImpl final : public Coordinator,
               taken.insert(idle->info.id());
               next.set_worker_nodes(w, idle->info.id());
               next.set_worker_incarnations(w, idle->incarnation);
+              if (colocated) {
+                const NodeRegistry::Node* server = ColocatedServerOf(idle->info.id());
+                next.set_server_nodes(w, server->info.id());
+                next.set_server_addresses(w, server->info.address());
+                next.set_server_incarnations(w, server->incarnation);
+              }
             } else if (silent >= wait_timeout) {
               failure = absl::StrCat(slot, " lost and not replaced within ",
                                      absl::FormatDuration(wait_timeout), " (no idle worker)");

@@ -73,6 +73,14 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
                                           ? "join_job: only a worker joins a job"
                                           : "join_job: longer than 128 bytes");
   }
+  if (!request.colocated_with().empty() &&
+      (request.role() != v1::NODE_ROLE_SERVER || !IsValidNodeId(request.colocated_with()))) {
+    return absl::InvalidArgumentError(
+        request.role() != v1::NODE_ROLE_SERVER
+            ? "colocated_with: only a server runs in a worker's process"
+            : absl::StrCat("colocated_with: '", request.colocated_with().substr(0, 80),
+                           "' is not a node id"));
+  }
   const absl::Time now = clock_->Now();
   while (!registered_at_.empty() && now - registered_at_.front() >= absl::Minutes(1)) {
     registered_at_.pop_front();
@@ -120,6 +128,7 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   node.info.set_max_memory_bytes(request.max_memory_bytes());
   node.info.set_metrics_address(request.metrics_address());
   node.info.set_join_job(request.join_job());
+  node.info.set_colocated_with(request.colocated_with());
   node.info.set_incarnation(request.incarnation());
   node.info.set_state(v1::NODE_STATE_ALIVE);
   node.info.set_last_heartbeat_ms(WallMs());

@@ -31,6 +31,10 @@ class ParameterServer {
     // The node's id (see MembershipClient::Options::node_id); empty: chosen
     // at random.
     std::string node_id;
+    // The worker node whose process this server runs in (pstrain-worker
+    // --colocated_server): it serves that worker's colocated jobs only.
+    // Empty: a server process of its own.
+    std::string colocated_with;
     // Exit (Wait() returns) when the coordinator has not answered for this
     // long; zero: never.
     absl::Duration coordinator_loss_timeout = absl::ZeroDuration();

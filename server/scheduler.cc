@@ -32,6 +32,26 @@ absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<in
         "waiting for %d free workers with room for %.1f MB (%d free, %d with room)",
         spec.num_workers(), worker_need / 1e6, cluster.free_workers.size(), workers.size()));
   }
+  if (spec.colocated_servers()) {
+    Placement placement;
+    for (const v1::Node* w : workers) {
+      const int s = static_cast<int>(placement.workers.size());
+      if (s == spec.num_workers()) break;
+      auto it = cluster.colocated_servers.find(w->id());
+      if (it == cluster.colocated_servers.end() || RoomOn(*it->second, cluster.reserved) < need[s]) {
+        continue;
+      }
+      placement.workers.push_back(w);
+      placement.servers.push_back(it->second);
+    }
+    if (static_cast<int>(placement.workers.size()) < spec.num_workers()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "waiting for ", spec.num_workers(),
+          " free workers with a server of their own (--colocated_server) with room (",
+          placement.workers.size(), " now)"));
+    }
+    return placement;
+  }
   if (static_cast<int>(cluster.servers.size()) < spec.num_servers()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "waiting for ", spec.num_servers(), " servers (", cluster.servers.size(), " alive)"));

@@ -6,7 +6,9 @@
 // max_memory_bytes (0: unlimited). A job takes
 // spec.num_workers free workers, in id order, and spec.num_servers distinct
 // servers: the largest shard first, each on the server with the most room
-// left.
+// left. A job with colocated_servers takes the free workers whose own
+// server (the one in their process) has room for their shard: server s is
+// worker s's.
 #ifndef PSTRAIN_SERVER_SCHEDULER_H_
 #define PSTRAIN_SERVER_SCHEDULER_H_
 
@@ -29,7 +31,9 @@ struct Placement {
 // The live nodes a job may be placed on, and what running jobs already use.
 struct ClusterState {
   std::vector<const v1::Node*> free_workers;  // alive, running no job; by id
-  std::vector<const v1::Node*> servers;       // alive; by id
+  std::vector<const v1::Node*> servers;       // alive, of their own; by id
+  // Alive servers that run in a worker's process, by the worker's id.
+  std::map<std::string, const v1::Node*> colocated_servers;
   std::map<std::string, int64_t> reserved;    // server id -> bytes running jobs need
 };
 

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/node_id.h"
@@ -12,6 +13,8 @@
 #include "glog/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_api.h"
+#include "server/parameter_server.h"
+#include "server/server_metrics.h"
 #include "worker/devices.h"
 #include "worker/fault_injecting_transport.h"
 #include "worker/worker_node.h"
@@ -43,6 +46,15 @@ ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
           "bytes of each shared-memory pipe (one each way per server), a power of two in "
           "[64 KiB, 1 GiB]");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
+ABSL_FLAG(bool, colocated_server, false,
+          "also run a parameter server in this process (node id NODE_ID-server), which holds "
+          "this worker's shard of the jobs that ask for colocated_servers; plaintext only");
+ABSL_FLAG(std::string, server_listen, "127.0.0.1:0",
+          "--colocated_server: host:port its parameter service listens on");
+ABSL_FLAG(std::string, server_advertise_address, "",
+          "--colocated_server: host[:port] workers dial, when --server_listen is a wildcard");
+ABSL_FLAG(std::string, checkpoint_root, "/var/lib/pstrain/checkpoints",
+          "--colocated_server: a job's checkpoint.dir must lie in this directory");
 ABSL_FLAG(int64_t, max_memory_bytes, -1,
           "bytes a job may take in this process per device (the coordinator places only jobs "
           "that fit); -1: 3/4 of the memory the process may use (the machine's, or the "
@@ -74,6 +86,21 @@ int main(int argc, char** argv) {
   if (options.coordinator_address.empty()) {
     std::cerr << "pstrain-worker: --coordinator is required\n";
     return 2;
+  }
+  if (absl::GetFlag(FLAGS_colocated_server)) {
+    if (security != nullptr) {
+      std::cerr << "pstrain-worker: --colocated_server runs in plaintext only\n";
+      return 2;
+    }
+    // The server's id is the worker's with "-server": the worker needs one.
+    if (options.node_id.empty()) {
+      options.node_id = absl::StrCat("worker-", absl::Hex(pstrain::RandomProcessToken()));
+    }
+    if (!pstrain::IsValidNodeId(options.node_id + "-server")) {
+      std::cerr << "pstrain-worker: --colocated_server: the node id " << options.node_id
+                << " is too long for its server's (" << options.node_id << "-server)\n";
+      return 2;
+    }
   }
   if (absl::GetFlag(FLAGS_blas_threads) < 1) {
     std::cerr << "pstrain-worker: --blas_threads must be >= 1\n";
@@ -163,17 +190,53 @@ int main(int argc, char** argv) {
   }
   options.metrics_address = metrics->address();
   options.data_root = absl::GetFlag(FLAGS_data_root);
+  // The colocated server first: the worker's jobs need it.
+  std::unique_ptr<pstrain::server::ServerMetrics> server_metrics;
+  std::unique_ptr<pstrain::server::ParameterServer> server;
+  if (absl::GetFlag(FLAGS_colocated_server)) {
+    absl::StatusOr<std::unique_ptr<pstrain::server::ServerMetrics>> m =
+        pstrain::server::ServerMetrics::Create(
+            metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+    if (!m.ok()) {
+      std::cerr << "pstrain-worker: " << m.status() << "\n";
+      return 1;
+    }
+    server_metrics = *std::move(m);
+    pstrain::server::ParameterServer::Options s;
+    s.listen_address = absl::GetFlag(FLAGS_server_listen);
+    s.advertise_address = absl::GetFlag(FLAGS_server_advertise_address);
+    s.coordinator_address = options.coordinator_address;
+    s.coordinator_loss_timeout = options.coordinator_loss_timeout;
+    s.node_id = options.node_id + "-server";
+    s.colocated_with = options.node_id;
+    s.insecure = pstrain::InsecureFlag();
+    s.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+    s.store.metrics = server_metrics.get();
+    s.rpc = &metrics->rpc();
+    s.metrics_address = metrics->address();
+    absl::StatusOr<std::unique_ptr<pstrain::server::ParameterServer>> created =
+        pstrain::server::ParameterServer::Create(std::move(s));
+    if (!created.ok()) {
+      std::cerr << "pstrain-worker: --colocated_server: " << created.status().message() << "\n";
+      return created.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    server = *std::move(created);
+  }
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";
     return 1;
   }
-  metrics->SetReadiness([&] { return (*node)->Readiness(); });
+  metrics->SetReadiness([&]() -> absl::Status {
+    PSTRAIN_RETURN_IF_ERROR((*node)->Readiness());
+    return server != nullptr ? server->Readiness() : absl::OkStatus();
+  });
   signals.OnSignal([&] { (*node)->RequestStop(); });
   (*node)->Wait();
   signals.OnSignal(nullptr);
   metrics->SetReadiness(nullptr);
   (*node)->Shutdown();
+  if (server != nullptr) server->Shutdown(absl::Seconds(2));
   // Fenced: another process holds the node's id now.
   return (*node)->fenced() ? 3 : 0;
 }

@@ -2,11 +2,13 @@
 #ifndef PSTRAIN_KERNELS_CPU_SIMD_H_
 #define PSTRAIN_KERNELS_CPU_SIMD_H_
 
-// On x86-64 a function so marked is compiled for AVX2 with FMA (Haswell and
-// later) and for the baseline, and the dynamic loader binds the one the CPU
-// supports (GCC target_clones). Elsewhere: compiled once.
+// On x86-64 a function so marked is compiled for x86-64-v3 (AVX2, FMA:
+// Intel since Haswell, AMD since Zen) and for the baseline, and the dynamic
+// loader binds the one the CPU supports (GCC target_clones). The level is
+// chosen by the CPU's features: "arch=haswell" would be chosen by its model,
+// and an AMD CPU would run the baseline. Elsewhere: compiled once.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PSTRAIN_SIMD_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define PSTRAIN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define PSTRAIN_SIMD_CLONES
 #endif
