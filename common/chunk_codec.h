@@ -28,18 +28,20 @@ inline constexpr char kPullMethod[] = "/pstrain.v1.Parameters/Pull";
 inline constexpr char kPushPullMethod[] = "/pstrain.v1.Parameters/PushPull";
 inline constexpr char kHelloMethod[] = "/pstrain.v1.Parameters/Hello";
 
+// The parameter service's streaming methods.
+enum class ParameterMethod { kPush, kPull, kPushPull };
+
 // The parameter service over a same-machine shared-memory connection
 // (common/shm_connection.h): streams as gRPC's, each opened by the client
 // with its method, carrying request frames one way and reply frames the
 // other, and ended by the server with a status.
 enum ShmParameterMessage : uint8_t {
-  kShmOpen = 1,     // client: opens `stream`, flags = the method (ShmMethod)
+  kShmOpen = 1,     // client: opens `stream`, flags = its ParameterMethod
   kShmRequest = 2,  // client: a request frame; flags kShmLast: the stream's last
   kShmCancel = 3,   // client: the stream is abandoned; no reply will be read
   kShmReply = 4,    // server: a reply frame
   kShmDone = 5,     // server: the stream's end: [fixed32 LE code][message]
 };
-enum ShmMethod : uint8_t { kShmPush = 0, kShmPull = 1, kShmPushPull = 2 };
 inline constexpr uint8_t kShmLast = 1;
 
 // Bytes per value of a payload dtype; 0 for an unknown one.

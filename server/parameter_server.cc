@@ -113,6 +113,7 @@ class ParameterServerImpl final : public ParameterServer {
 
   std::string address() const override { return address_; }
   ShardStore& store() override { return store_; }
+  InProcessService& in_process() override { return service_; }
 
   void RequestStop() override {
     absl::MutexLock lock(&stop_mu_);

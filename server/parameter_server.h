@@ -72,6 +72,9 @@ class ParameterServer {
   // registered with the coordinator.
   virtual std::string address() const = 0;
   virtual ShardStore& store() = 0;
+  // Its parameter service for a worker of this process (colocated): must
+  // not be used after Shutdown.
+  virtual InProcessService& in_process() = 0;
 
   // Makes Wait() return. Thread-safe, async-signal context excluded.
   virtual void RequestStop() = 0;

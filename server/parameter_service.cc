@@ -16,7 +16,7 @@
 namespace pstrain::server {
 namespace {
 
-enum class Method { kPush, kPull, kPushPull };
+using Method = ParameterMethod;
 
 // A stream stops reading requests while it owes this many replies, or has
 // this many reply bytes queued, and reads on once half of that is left: a
@@ -478,6 +478,74 @@ class ShmStream final : public ReplyingStream {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A stream of this process's own worker (InProcessService): its requests
+// are handled on the worker's thread, its replies handed over on the
+// thread that has them.
+class InProcessStream final : public ReplyingStream {
+ public:
+  InProcessStream(ClientLoad* load, std::string client, InProcessService::ReplyFn on_reply,
+                  InProcessService::DoneFn on_done)
+      : load_(load),
+        client_(std::move(client)),
+        on_reply_(std::move(on_reply)),
+        on_done_(std::move(on_done)) {}
+  ~InProcessStream() override { load_->Paid(client_, owed_); }
+
+  absl::Status ExpectReply() override {
+    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
+    absl::MutexLock lock(&mu_);
+    ++owed_;
+    return absl::OkStatus();
+  }
+  // Under the stream's lock: a Cancel waits for a reply being handed over,
+  // and nothing is handed over after it.
+  void Reply(grpc::ByteBuffer frame) override {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    --owed_;
+    load_->Paid(client_, 1);
+    on_reply_(frame);
+    EndIfDone();
+  }
+  void Fail(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    End(status);
+  }
+  bool Abandoned() const override {
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
+  bool ended() const { return Abandoned(); }
+  void LastRequest() {
+    absl::MutexLock lock(&mu_);
+    last_request_ = true;
+    EndIfDone();
+  }
+  void Cancel() { Fail(absl::CancelledError("stream cancelled")); }
+
+ private:
+  void EndIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (last_request_ && owed_ == 0) End(absl::OkStatus());
+  }
+  void End(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ended_) return;
+    ended_ = true;
+    on_done_(status);
+    // What the callbacks hold (the client's exchange) goes now.
+    on_reply_ = nullptr;
+    on_done_ = nullptr;
+  }
+
+  ClientLoad* const load_;
+  const std::string client_;
+  mutable absl::Mutex mu_;
+  InProcessService::ReplyFn on_reply_ ABSL_GUARDED_BY(mu_);
+  InProcessService::DoneFn on_done_ ABSL_GUARDED_BY(mu_);
+  int64_t owed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool last_request_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7" (gRPC's peer strings).
 std::string PeerHost(const std::string& peer) {
   const size_t colon = peer.rfind(':');
@@ -575,21 +643,11 @@ class ParameterService::ShmPeer {
       refuse(absl::InvalidArgumentError(absl::StrCat("stream ", id, " is open already")));
       return;
     }
-    Method method;
-    switch (method_code) {
-      case kShmPush:
-        method = Method::kPush;
-        break;
-      case kShmPull:
-        method = Method::kPull;
-        break;
-      case kShmPushPull:
-        method = Method::kPushPull;
-        break;
-      default:
-        refuse(absl::UnimplementedError(absl::StrCat("unknown method ", method_code)));
-        return;
+    if (method_code > static_cast<uint8_t>(Method::kPushPull)) {
+      refuse(absl::UnimplementedError(absl::StrCat("unknown method ", method_code)));
+      return;
     }
+    const auto method = static_cast<Method>(method_code);
     if (absl::Status s = service_->load_.OpenStream(client_); !s.ok()) {
       refuse(s);
       return;
@@ -633,6 +691,101 @@ class ParameterService::ShmPeer {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// One transport's streams to the server of its own process.
+class ParameterService::InProcessSession final : public InProcessService::Session {
+ public:
+  explicit InProcessSession(ParameterService* service) : service_(service) {}
+  ~InProcessSession() override { CancelAll(); }
+
+  void Exchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
+                InProcessService::SentFn on_sent, InProcessService::ReplyFn on_reply,
+                InProcessService::DoneFn on_done) override {
+    CloseEnded();
+    auto state = std::make_shared<InProcessStream>(&service_->load_, kClient, std::move(on_reply),
+                                                   std::move(on_done));
+    if (absl::Status s = service_->load_.OpenStream(kClient); !s.ok()) {
+      state->Fail(s);
+      return;
+    }
+    auto stream = std::make_shared<Stream>(state, service_, method);
+    {
+      absl::MutexLock lock(&mu_);
+      streams_.push_back(stream);
+    }
+    {
+      absl::MutexLock lock(&stream->mu);
+      for (const grpc::ByteBuffer& request : requests) {
+        if (stream->closed || state->ended()) break;
+        if (absl::Status s = stream->requests.Handle(request, state); !s.ok()) {
+          state->Fail(s);
+          break;
+        }
+      }
+    }
+    if (!state->ended() && on_sent) on_sent();
+    state->LastRequest();
+  }
+
+  void CancelAll() override {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      absl::MutexLock lock(&mu_);
+      all.swap(streams_);
+    }
+    for (const auto& stream : all) {
+      stream->state->Cancel();
+      Close(*stream);
+    }
+  }
+
+ private:
+  // The budget of this process's worker.
+  static constexpr char kClient[] = "this process";
+
+  struct Stream {
+    Stream(std::shared_ptr<InProcessStream> s, ParameterService* service, Method method)
+        : state(std::move(s)), requests(service->store_, method, service->roster_, std::nullopt) {}
+    const std::shared_ptr<InProcessStream> state;
+    absl::Mutex mu;  // a stream's requests are handled, or closed, one at a time
+    StreamRequests requests ABSL_GUARDED_BY(mu);
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+
+  void Close(Stream& stream) {
+    absl::MutexLock lock(&stream.mu);
+    if (stream.closed) return;
+    stream.closed = true;
+    stream.requests.DropWaits();
+    service_->load_.CloseStream(kClient);
+  }
+
+  // Streams that ended are closed as new ones come.
+  void CloseEnded() {
+    std::vector<std::shared_ptr<Stream>> ended;
+    {
+      absl::MutexLock lock(&mu_);
+      auto end = std::partition(streams_.begin(), streams_.end(),
+                                [](const auto& s) { return !s->state->ended(); });
+      ended.assign(end, streams_.end());
+      streams_.erase(end, streams_.end());
+    }
+    for (const auto& stream : ended) Close(*stream);
+  }
+
+  ParameterService* const service_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+std::unique_ptr<InProcessService::Session> ParameterService::OpenSession() {
+  return std::make_unique<InProcessSession>(this);
+}
+
+uint64_t ParameterService::instance() const {
+  absl::MutexLock lock(&hello_mu_);
+  return instance_;
+}
+
 ParameterService::ParameterService(ShardStore* store, const WorkerRoster* roster,
                                    ClientLimits limits)
     : store_(store), roster_(roster), load_(limits) {}
@@ -674,6 +827,7 @@ void ParameterService::StopSharedMemory() {
 void ParameterService::SetHello(const v1::HelloReply& hello) {
   absl::MutexLock lock(&hello_mu_);
   hello_ = hello.SerializeAsString();
+  instance_ = hello.instance();
 }
 
 absl::Status ClientLoad::OpenStream(const std::string& client) {

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
+#include "common/in_process_service.h"
 #include "common/shm_connection.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/shard_store.h"
@@ -89,7 +90,10 @@ class ClientLoad {
 // The same service is offered to processes of this machine over shared
 // memory (ServeSharedMemory): the same streams, limits and errors, with
 // the frames in memory both processes map instead of in gRPC messages.
-class ParameterService final : public grpc::CallbackGenericService {
+//
+// And to the worker of this very process, if it has one (colocated), by
+// direct calls (InProcessService).
+class ParameterService final : public grpc::CallbackGenericService, public InProcessService {
  public:
   ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {});
   ~ParameterService() override;  // StopSharedMemory()
@@ -108,14 +112,20 @@ class ParameterService final : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
+  // InProcessService; sessions must not outlive the service.
+  uint64_t instance() const override;
+  std::unique_ptr<Session> OpenSession() override;
+
  private:
   class ShmPeer;
+  class InProcessSession;
 
   ShardStore* const store_;
   const WorkerRoster* const roster_;
   ClientLoad load_;
-  absl::Mutex hello_mu_;
+  mutable absl::Mutex hello_mu_;
   std::string hello_ ABSL_GUARDED_BY(hello_mu_);  // serialized v1::HelloReply
+  uint64_t instance_ ABSL_GUARDED_BY(hello_mu_) = 0;
   absl::Mutex shm_mu_;
   std::unique_ptr<ShmListener> shm_listener_ ABSL_GUARDED_BY(shm_mu_);
   std::vector<std::unique_ptr<ShmPeer>> shm_peers_ ABSL_GUARDED_BY(shm_mu_);

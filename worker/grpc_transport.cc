@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunk_codec.h"
+#include "common/in_process_service.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/shm_connection.h"
@@ -144,6 +145,7 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 struct ServerRoute {
   std::string dial;
   std::unique_ptr<ShmConnection> shm;
+  bool in_process = false;  // the server of this process (options.in_process)
 };
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
 
@@ -160,6 +162,8 @@ class GrpcTransport final : public ParameterTransport {
     for (const std::string& server_address : addresses) {
       ServerRoute route = RouteTo(server_address, options);
       const std::string& address = route.dial;
+      in_process_.push_back(route.in_process);
+      if (route.in_process && session_ == nullptr) session_ = options.in_process->OpenSession();
       shm_.push_back(route.shm == nullptr ? nullptr
                                           : std::make_unique<ShmStreams>(std::move(route.shm)));
       for (int c = 0; c < channels_per_server_; ++c) {
@@ -175,6 +179,7 @@ class GrpcTransport final : public ParameterTransport {
 
   ~GrpcTransport() override {
     CancelAll();
+    session_.reset();
     shm_.clear();  // their streams have ended when this returns
     {
       absl::MutexLock lock(&mu_);
@@ -193,6 +198,11 @@ class GrpcTransport final : public ParameterTransport {
   void StartExchange(int server, int channel, ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                      SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override {
+    if (in_process_[server]) {
+      session_->Exchange(method, std::move(requests), std::move(on_sent), std::move(on_reply),
+                         std::move(on_done));
+      return;
+    }
     // Shared memory while the server's connection lasts; its sockets after.
     if (ShmStreams* shm = shm_[server].get();
         shm != nullptr && shm->StartExchange(method, std::move(requests), deadline, on_sent,
@@ -213,6 +223,7 @@ class GrpcTransport final : public ParameterTransport {
   }
 
   void CancelAll() override {
+    if (session_ != nullptr) session_->CancelAll();
     for (const auto& shm : shm_) {
       if (shm != nullptr) shm->CancelAll();
     }
@@ -269,6 +280,10 @@ class GrpcTransport final : public ParameterTransport {
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   // By server: its shared-memory streams; null: none.
   std::vector<std::unique_ptr<ShmStreams>> shm_;
+  // By server: whether it is the server of this process, and the session
+  // the transport reaches it through (if any is).
+  std::vector<bool> in_process_;
+  std::unique_ptr<InProcessService::Session> session_;
   absl::Mutex mu_;
   std::set<ExchangeCall*> calls_ ABSL_GUARDED_BY(mu_);  // cancellable
   int calls_open_ ABSL_GUARDED_BY(mu_) = 0;             // not yet Released
@@ -338,11 +353,17 @@ std::string LocalSocketOf(const std::string& address, const v1::HelloReply& remo
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options) {
   constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
   ServerRoute route{address, nullptr};
-  if (options.security != nullptr || (!options.same_machine_sockets && !options.shared_memory)) {
+  if (options.security != nullptr ||
+      (!options.same_machine_sockets && !options.shared_memory && options.in_process == nullptr)) {
     return route;
   }
   const std::optional<v1::HelloReply> remote = Hello(address, kHelloTimeout);
   if (!remote.has_value()) return route;
+  if (options.in_process != nullptr && remote->instance() == options.in_process->instance()) {
+    VLOG(1) << "server " << address << " is this process's own";
+    route.in_process = true;
+    return route;
+  }
   if (options.same_machine_sockets) route.dial = LocalSocketOf(address, *remote, kHelloTimeout);
   if (options.shared_memory && !remote->shm_address().empty()) {
     // The handshake checks that the process behind the name is the one

@@ -8,18 +8,6 @@
 namespace pstrain::worker {
 namespace {
 
-uint8_t MethodCode(ParameterMethod method) {
-  switch (method) {
-    case ParameterMethod::kPush:
-      return kShmPush;
-    case ParameterMethod::kPull:
-      return kShmPull;
-    case ParameterMethod::kPushPull:
-      return kShmPushPull;
-  }
-  return kShmPush;
-}
-
 // kShmDone's body: [fixed32 LE code][message].
 absl::Status DoneStatus(const grpc::Slice& body) {
   if (body.size() < 4) return absl::InternalError("a malformed end of stream from the server");
@@ -73,7 +61,7 @@ bool ShmStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuf
     }
   }
   // A failed send means the connection ended: OnClosed ends the stream.
-  if (!connection_->Send(kShmOpen, MethodCode(method), id, nullptr)) return true;
+  if (!connection_->Send(kShmOpen, static_cast<uint8_t>(method), id, nullptr)) return true;
   for (size_t i = 0; i < requests.size(); ++i) {
     const bool last = i + 1 == requests.size();
     if (!connection_->Send(kShmRequest, last ? kShmLast : 0, id, &requests[i],

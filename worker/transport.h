@@ -10,6 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/chunk_codec.h"
+#include "common/in_process_service.h"
 #include "common/shm_connection.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -20,7 +22,7 @@ class TransportSecurity;
 
 namespace pstrain::worker {
 
-enum class ParameterMethod { kPush, kPull, kPushPull };
+using pstrain::ParameterMethod;
 
 // One stream to one server over one of its channels: requests go out in
 // order, then the stream is half-closed; on_sent runs once the last request
@@ -77,6 +79,10 @@ struct GrpcTransportOptions {
   // its sockets. The transport asks for pipes of shm.pipe_bytes.
   bool shared_memory = true;
   ShmOptions shm{};
+  // The parameter service of a server in this process (a colocated one):
+  // a server whose Hello names its instance is called directly, in
+  // plaintext only. Null: none. Must outlive the transports.
+  InProcessService* in_process = nullptr;
 };
 
 // INVALID_ARGUMENT, naming the option, unless channels_per_server is in

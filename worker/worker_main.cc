@@ -176,20 +176,6 @@ int main(int argc, char** argv) {
   }
   options.metrics = worker_metrics->get();
   options.rpc = &metrics->rpc();
-  transport.metrics = options.rpc;
-  transport.security = security.get();
-  options.make_transport = pstrain::worker::GrpcTransportFactory(transport);
-  if (faults->any()) {
-    options.make_transport = [grpc = options.make_transport, faults = *faults](
-                                 const std::vector<std::string>& addresses)
-        -> absl::StatusOr<std::unique_ptr<pstrain::worker::ParameterTransport>> {
-      PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<pstrain::worker::ParameterTransport> inner,
-                               grpc(addresses));
-      return pstrain::worker::FaultInjectingTransport::Create(std::move(inner), faults);
-    };
-  }
-  options.metrics_address = metrics->address();
-  options.data_root = absl::GetFlag(FLAGS_data_root);
   // The colocated server first: the worker's jobs need it.
   std::unique_ptr<pstrain::server::ServerMetrics> server_metrics;
   std::unique_ptr<pstrain::server::ParameterServer> server;
@@ -221,7 +207,22 @@ int main(int argc, char** argv) {
       return created.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }
     server = *std::move(created);
+    transport.in_process = &server->in_process();
   }
+  transport.metrics = options.rpc;
+  transport.security = security.get();
+  options.make_transport = pstrain::worker::GrpcTransportFactory(transport);
+  if (faults->any()) {
+    options.make_transport = [grpc = options.make_transport, faults = *faults](
+                                 const std::vector<std::string>& addresses)
+        -> absl::StatusOr<std::unique_ptr<pstrain::worker::ParameterTransport>> {
+      PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<pstrain::worker::ParameterTransport> inner,
+                               grpc(addresses));
+      return pstrain::worker::FaultInjectingTransport::Create(std::move(inner), faults);
+    };
+  }
+  options.metrics_address = metrics->address();
+  options.data_root = absl::GetFlag(FLAGS_data_root);
   auto node = pstrain::worker::WorkerNode::Create(options);
   if (!node.ok()) {
     std::cerr << "pstrain-worker: " << node.status() << "\n";

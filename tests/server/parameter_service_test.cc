@@ -62,7 +62,9 @@ ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
 }
 
 // The data-plane suite runs over each way a worker reaches a server.
-enum class Transport { kTcp, kSameMachineSocket, kSharedMemory };
+// kInProcess: server 0 is called directly, as a colocated worker calls the
+// server of its own process (server 1 over TCP).
+enum class Transport { kTcp, kSameMachineSocket, kSharedMemory, kInProcess };
 
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   switch (info.param) {
@@ -72,12 +74,14 @@ std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
       return "SameMachineSocket";
     case Transport::kSharedMemory:
       return "SharedMemory";
+    case Transport::kInProcess:
+      return "InProcess";
   }
   return "";
 }
 
 const auto kEveryTransport = ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket,
-                                               Transport::kSharedMemory);
+                                               Transport::kSharedMemory, Transport::kInProcess);
 
 class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
  protected:
@@ -85,6 +89,7 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     worker::GrpcTransportOptions options;
     options.same_machine_sockets = GetParam() == Transport::kSameMachineSocket;
     options.shared_memory = GetParam() == Transport::kSharedMemory;
+    if (GetParam() == Transport::kInProcess) options.in_process = &servers_->server(0).in_process();
     return options;
   }
   std::unique_ptr<worker::ParameterTransport> NewTransport() const {
