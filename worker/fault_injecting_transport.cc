@@ -294,6 +294,9 @@ FaultInjectingTransport::~FaultInjectingTransport() {
 }
 
 int FaultInjectingTransport::num_servers() const { return impl_->inner().num_servers(); }
+bool FaultInjectingTransport::in_process(int server) const {
+  return impl_->inner().in_process(server);
+}
 int FaultInjectingTransport::channels_per_server() const {
   return impl_->inner().channels_per_server();
 }

@@ -82,6 +82,7 @@ class FaultInjectingTransport final : public ParameterTransport {
 
   int num_servers() const override;
   int channels_per_server() const override;
+  bool in_process(int server) const override;
   void StartExchange(int server, int channel, ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
                      SentFn on_sent, ReplyFn on_reply, DoneFn on_done) override;

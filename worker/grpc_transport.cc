@@ -194,6 +194,7 @@ class GrpcTransport final : public ParameterTransport {
     return static_cast<int>(stubs_.size()) / channels_per_server_;
   }
   int channels_per_server() const override { return channels_per_server_; }
+  bool in_process(int server) const override { return in_process_[server]; }
 
   void StartExchange(int server, int channel, ParameterMethod method,
                      std::vector<grpc::ByteBuffer> requests, absl::Time deadline,

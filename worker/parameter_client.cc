@@ -331,7 +331,13 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
   };
   // A wall-clock time: the streams' gRPC deadline.
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
-  for (int s = 0; s < num_servers; ++s) {
+  // The servers of other processes first: one of this process handles the
+  // exchange on this thread (a step end may apply a whole step there).
+  std::vector<int> servers(num_servers);
+  std::iota(servers.begin(), servers.end(), 0);
+  std::stable_partition(servers.begin(), servers.end(),
+                        [this](int s) { return !transport_->in_process(s); });
+  for (int s : servers) {
     for (int channel = 0; channel < channels_; ++channel) {
       const int stream = s * channels_ + channel;
       if (stream_chunks[stream].empty()) continue;

@@ -40,6 +40,11 @@ class ParameterTransport {
   // Channels to each server (separate connections); StartExchange's
   // `channel` is in [0, channels_per_server()).
   virtual int channels_per_server() const { return 1; }
+  // Whether server `server` runs in this process and is called directly:
+  // its exchanges are handled on the thread that starts them, which a
+  // client starts after those of the other servers (so that they work
+  // meanwhile).
+  virtual bool in_process(int server) const = 0;
 
   virtual void StartExchange(int server, int channel, ParameterMethod method,
                              std::vector<grpc::ByteBuffer> requests, absl::Time deadline,
