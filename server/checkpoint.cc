@@ -195,11 +195,19 @@ void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string&
                       uint32_t server, int keep,
                       const std::vector<v1::CheckpointRecord>& retained) {
   std::set<std::pair<int64_t, int64_t>> kept;
-  for (const v1::CheckpointRecord& r : retained) kept.emplace(r.step(), r.generation());
+  int64_t newest_retained = -1;
+  for (const v1::CheckpointRecord& r : retained) {
+    kept.emplace(r.step(), r.generation());
+    newest_retained = std::max(newest_retained, r.step());
+  }
   const std::vector<v1::CheckpointRecord> found = ListCheckpoints(fs, dir, job_id, server, false);
   const size_t newest = found.size() > static_cast<size_t>(keep) ? found.size() - keep : 0;
   for (size_t i = 0; i < newest; ++i) {
     if (kept.contains({found[i].step(), found[i].generation()})) continue;
+    if (found[i].step() > newest_retained &&
+        found.size() - i <= static_cast<size_t>(keep + kUnrecordedSlack)) {
+      continue;
+    }
     const std::string path =
         CheckpointPath(dir, job_id, server, found[i].step(), found[i].generation());
     if (absl::Status s = fs->Remove(path); !s.ok()) LOG(WARNING) << "cannot delete " << path << ": " << s;

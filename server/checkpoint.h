@@ -68,8 +68,13 @@ std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::str
                                                   const std::string& job_id, uint32_t server,
                                                   bool remove_partial);
 
-// Deletes the server's checkpoints of the job except the newest `keep` and
-// those in `retained`.
+// Deletes the server's checkpoints of the job except the newest `keep`,
+// those in `retained` (what the coordinator keeps, as it last said), and
+// those newer than the newest of `retained`: the coordinator may have just
+// recorded one of them as complete, which this server learns only with its
+// next heartbeat. (Of those, only the newest keep + kUnrecordedSlack stay:
+// a coordinator that long silent has not recorded the older ones.)
+inline constexpr int kUnrecordedSlack = 8;
 void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string& job_id,
                       uint32_t server, int keep,
                       const std::vector<v1::CheckpointRecord>& retained);

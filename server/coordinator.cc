@@ -1369,10 +1369,20 @@ class CoordinatorImpl final : public Coordinator,
         }
       }
 
+      // A colocated job's process holds a worker and a server: the next
+      // generation starts once both are back, not twice.
+      auto alive = [&](const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const NodeRegistry::Node* node = registry_.Find(node_id);
+        return node != nullptr && node->info.state() == v1::NODE_STATE_ALIVE;
+      };
+      const bool whole =
+          !colocated ||
+          (std::all_of(next.server_nodes().begin(), next.server_nodes().end(), alive) &&
+           std::all_of(next.worker_nodes().begin(), next.worker_nodes().end(), alive));
       if (failure.has_value()) {
         SetState(txn, id, v1::JOB_STATE_FAILED, *failure);
         ended = true;
-      } else if (!why.empty()) {
+      } else if (!why.empty() && whole) {
         const std::string reason = absl::StrJoin(why, "; ");
         LOG(WARNING) << "job " << id << ": " << reason << ": generation "
                      << next.generation() + 1 << " starts";

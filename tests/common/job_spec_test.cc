@@ -152,6 +152,16 @@ std::string External(const std::string& tensors, const std::string& more = "") {
          more;
 }
 
+TEST(JobSpecTest, ColocatedServersAreOnePerWorker) {
+  absl::StatusOr<v1::JobSpec> parsed =
+      ParseJobSpecYaml(With("num_servers: 2", "colocated_servers: true"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*parsed);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->colocated_servers());
+  EXPECT_EQ(spec->num_servers(), 2);
+}
+
 TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   absl::StatusOr<v1::JobSpec> spec =
       ParseJobSpecYaml(External("[{name: w, shape: [3, 4]}, {name: b, shape: [4]}, {name: s}]"));
@@ -325,6 +335,15 @@ INSTANTIATE_TEST_SUITE_P(
                 std::string(kValid) + "eval_every_steps: 100\nearly_stopping: {patience: 3, "
                 "min_delta: -0.1}\n",
                 "early_stopping.min_delta"},
+        BadSpec{"colocated with other servers",
+                With("num_servers: 2", "num_servers: 3\ncolocated_servers: true"), "num_servers"},
+        BadSpec{"colocated elastic",
+                With("num_servers: 2", "colocated_servers: true") +
+                    "recovery: {on_worker_loss: elastic}\n",
+                "colocated_servers"},
+        BadSpec{"colocated external",
+                External("[{name: w, shape: [3]}]", "\ncolocated_servers: true\n"),
+                "colocated_servers"},
         BadSpec{"external without tensors", External("[]"), "model.tensors"},
         BadSpec{"external tensor of zero size", External("[{name: w, shape: [3, 0]}]"),
                 "model.tensors[0].shape[1]"},

@@ -74,6 +74,58 @@ std::map<std::string, std::string> ResultFields(const std::string& out) {
   return fields;
 }
 
+// How a pstrain-local run with kills ended.
+struct KilledRun {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs pstrain-local on `job`, killing with SIGKILL, in turn, the child
+// whose argv has victims[i].first once the job is at step victims[i].second.
+void RunWithKills(const TempDir& dir, const std::string& job,
+                  const std::vector<std::pair<std::string, int64_t>>& victims, KilledRun* run) {
+  SpawnOptions spawn;
+  const std::string run_dir = dir.path() + "/run-" + std::to_string(victims.size());
+  spawn.argv = {BinDir() + "/pstrain-local", "--job", job, "--run_dir", run_dir};
+  spawn.log_path = run_dir + ".out";
+  spawn.stderr_path = run_dir + ".err";
+  absl::StatusOr<pid_t> local = Spawn(spawn);
+  ASSERT_TRUE(local.ok());
+  // Kill when the job has made progress: the coordinator's address is in
+  // the run directory.
+  const absl::Time give_up = absl::Now() + absl::Minutes(3);
+  std::unique_ptr<v1::Control::Stub> control;
+  auto progress = [&]() -> v1::Job {
+    if (control == nullptr) {
+      absl::StatusOr<std::string> address = ReadFile(run_dir + "/coordinator.address");
+      if (!address.ok()) return v1::Job();
+      control = v1::Control::NewStub(MakeChannel(std::string(absl::StripAsciiWhitespace(*address))));
+    }
+    v1::GetJobRequest get;
+    get.set_job_id("job-000001");
+    v1::Job j;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(5));
+    control->GetJob(&context, get, &j);
+    return j;
+  };
+  for (const auto& [victim, step] : victims) {
+    while (progress().progress().step() < step) {
+      ASSERT_LT(absl::Now(), give_up) << "the job did not get to step " << step;
+      ASSERT_FALSE(TryReap(*local).has_value()) << "pstrain-local exited early";
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const pid_t pid = ChildWithArg(*local, victim);
+    ASSERT_GT(pid, 0) << victim;
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+  }
+  const std::optional<int> reaped = ReapBefore(*local, give_up);
+  ASSERT_TRUE(reaped.has_value()) << "pstrain-local did not finish";
+  run->status = *reaped;
+  run->out = ReadFile(run_dir + ".out").value_or("");
+  run->err = ReadFile(run_dir + ".err").value_or("");
+}
+
 // A server and then a worker killed with SIGKILL in the middle of a
 // pstrain-local run: restarted under their ids, and the run ends as a clean
 // one does, down to the last digit of its final loss.
@@ -87,54 +139,57 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
   const auto expected = ResultFields(clean.out);
   ASSERT_EQ(expected.at("recoveries"), "0");
 
-  SpawnOptions spawn;
-  spawn.argv = {BinDir() + "/pstrain-local", "--job", job, "--run_dir", dir.path() + "/run"};
-  spawn.log_path = dir.path() + "/local.out";
-  spawn.stderr_path = dir.path() + "/local.err";
-  absl::StatusOr<pid_t> local = Spawn(spawn);
-  ASSERT_TRUE(local.ok());
-  // Kill when the job has made progress: the coordinator's address is in
-  // the run directory.
-  const absl::Time give_up = absl::Now() + absl::Minutes(3);
-  std::unique_ptr<v1::Control::Stub> control;
-  auto progress = [&]() -> v1::Job {
-    if (control == nullptr) {
-      absl::StatusOr<std::string> address = ReadFile(dir.path() + "/run/coordinator.address");
-      if (!address.ok()) return v1::Job();
-      control = v1::Control::NewStub(MakeChannel(std::string(absl::StripAsciiWhitespace(*address))));
-    }
-    v1::GetJobRequest get;
-    get.set_job_id("job-000001");
-    v1::Job j;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(5));
-    control->GetJob(&context, get, &j);
-    return j;
-  };
-  for (const auto& [victim, step] : {std::pair<std::string, int64_t>{"--node_id=server-1", 100},
-                                     {"--node_id=worker-0", 250}}) {
-    while (progress().progress().step() < step) {
-      ASSERT_LT(absl::Now(), give_up) << "the job did not get to step " << step;
-      ASSERT_FALSE(TryReap(*local).has_value()) << "pstrain-local exited early";
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    const pid_t pid = ChildWithArg(*local, victim);
-    ASSERT_GT(pid, 0) << victim;
-    ASSERT_EQ(kill(pid, SIGKILL), 0);
-  }
-  const std::optional<int> reaped = ReapBefore(*local, give_up);
-  ASSERT_TRUE(reaped.has_value()) << "pstrain-local did not finish";
-  const int status = *reaped;
-  absl::StatusOr<std::string> out = ReadFile(dir.path() + "/local.out");
-  absl::StatusOr<std::string> err = ReadFile(dir.path() + "/local.err");
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << DescribeWaitStatus(status) << *err;
-  EXPECT_TRUE(absl::StrContains(*err, "server-1 exited (killed by signal 9), restarting")) << *err;
-  EXPECT_TRUE(absl::StrContains(*err, "worker-0 exited (killed by signal 9), restarting")) << *err;
-  const auto fields = ResultFields(*out);
+  KilledRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunWithKills(dir, job, {{"--node_id=server-1", 100}, {"--node_id=worker-0", 250}}, &run));
+  ASSERT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)
+      << DescribeWaitStatus(run.status) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "server-1 exited (killed by signal 9), restarting"))
+      << run.err;
+  EXPECT_TRUE(absl::StrContains(run.err, "worker-0 exited (killed by signal 9), restarting"))
+      << run.err;
+  const auto fields = ResultFields(run.out);
   EXPECT_EQ(fields.at("final_loss"), expected.at("final_loss"));
   EXPECT_EQ(fields.at("test_accuracy"), expected.at("test_accuracy"));
   EXPECT_EQ(fields.at("recoveries"), "2");
   EXPECT_NE(fields.at("last_checkpoint_step"), "0");
+}
+
+// colocated_servers: no server processes, the shards in the workers'; the
+// same result bitwise as with servers of their own, also after a worker's
+// process (and with it a shard) is killed and restarted.
+TEST(LocalTest, ColocatedServersGiveTheResultOfServersOfTheirOwn) {
+  TempDir dir;
+  std::string yaml = kJob;
+  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 1");
+  const std::string separate = dir.Write("job.yaml", yaml);
+  yaml.replace(yaml.find("num_servers: 2"), 14, "colocated_servers: true");
+  const std::string colocated = dir.Write("colocated.yaml", yaml);
+  ProcessResult clean =
+      RunProcess({BinDir() + "/pstrain-local", "--job", separate}, absl::Minutes(5));
+  ASSERT_EQ(clean.exit_code(), 0) << clean.err;
+  const auto expected = ResultFields(clean.out);
+
+  KilledRun run;
+  ASSERT_NO_FATAL_FAILURE(RunWithKills(dir, colocated, {}, &run));
+  ASSERT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)
+      << DescribeWaitStatus(run.status) << run.err;
+  EXPECT_TRUE(absl::StrContains(run.out, "2 server(s) in the workers' processes")) << run.out;
+  auto fields = ResultFields(run.out);
+  EXPECT_EQ(fields.at("servers"), "2");
+  EXPECT_EQ(fields.at("final_loss"), expected.at("final_loss"));
+  EXPECT_EQ(fields.at("test_accuracy"), expected.at("test_accuracy"));
+
+  KilledRun killed;
+  ASSERT_NO_FATAL_FAILURE(RunWithKills(dir, colocated, {{"--node_id=worker-1", 150}}, &killed));
+  ASSERT_TRUE(WIFEXITED(killed.status) && WEXITSTATUS(killed.status) == 0)
+      << DescribeWaitStatus(killed.status) << killed.err;
+  EXPECT_TRUE(absl::StrContains(killed.err, "worker-1 exited (killed by signal 9), restarting"))
+      << killed.err;
+  fields = ResultFields(killed.out);
+  EXPECT_EQ(fields.at("final_loss"), expected.at("final_loss"));
+  EXPECT_EQ(fields.at("test_accuracy"), expected.at("test_accuracy"));
+  EXPECT_EQ(fields.at("recoveries"), "1");
 }
 
 class LocalSignalTest : public ::testing::TestWithParam<int> {};

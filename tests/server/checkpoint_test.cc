@@ -118,16 +118,36 @@ TEST(CheckpointTest, PartialFilesAreRemovedAndOldOnesPruned) {
       ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, /*remove_partial=*/true);
   EXPECT_EQ(listed.size(), 4u);
   EXPECT_FALSE(PosixFileSystem()->Exists(partial));
-  // Keep the newest 2 and the one the coordinator still needs.
-  v1::CheckpointRecord retained;
-  retained.set_step(100);
-  retained.set_generation(3);
-  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {retained});
-  listed = ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, false);
-  ASSERT_EQ(listed.size(), 3u);
-  EXPECT_EQ(listed[0].step(), 100);
-  EXPECT_EQ(listed[1].step(), 300);
-  EXPECT_EQ(listed[2].step(), 400);
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    for (const v1::CheckpointRecord& r :
+         ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, false)) {
+      out.push_back(r.step());
+    }
+    return out;
+  };
+  auto record = [](int64_t step) {
+    v1::CheckpointRecord r;
+    r.set_step(step);
+    r.set_generation(3);
+    return r;
+  };
+  // The newest 2, the one the coordinator still needs (100), and those
+  // newer than it (200): the coordinator may have just recorded one as
+  // complete, which the server hears of later.
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {record(100)});
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300, 400}));
+  // Once it keeps 300, the older ones go.
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {record(300)});
+  EXPECT_EQ(steps(), (std::vector<int64_t>{300, 400}));
+  // A coordinator that recorded none: the newest keep + kUnrecordedSlack.
+  std::vector<int64_t> expected;
+  for (int64_t step = 500; step <= 2000; step += 100) {
+    PSTRAIN_ASSERT_OK(WriteCheckpoint(PosixFileSystem(), dir.path(), Sample(step)).status());
+    if (step > 2000 - 100 * (2 + kUnrecordedSlack)) expected.push_back(step);
+  }
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {});
+  EXPECT_EQ(steps(), expected);
 }
 
 TEST(CheckpointWriterTest, WritesInTheBackgroundInOrder) {

@@ -58,6 +58,31 @@ TEST(SchedulerTest, TheLargestShardGoesToTheServerWithTheMostRoom) {
   EXPECT_EQ(RoomOn(big, {{"server-b", 300}}), 700);
 }
 
+// A colocated job takes workers whose own server has room for their
+// shard, and those servers: server s is worker s's, and servers of their
+// own are not used.
+TEST(SchedulerTest, AColocatedJobTakesWorkersWithTheirOwnServers) {
+  const v1::Node w0 = Node("worker-0"), w1 = Node("worker-1"), w2 = Node("worker-2");
+  const v1::Node s0 = Node("worker-0-server", 100), s2 = Node("worker-2-server", 100),
+                 full = Node("worker-1-server", 5), own = Node("server-0");
+  v1::JobSpec spec = Spec(2, 2);
+  spec.set_colocated_servers(true);
+  ClusterState cluster;
+  cluster.servers = {&own};
+  cluster.free_workers = {&w0, &w1, &w2};
+  cluster.colocated_servers = {{"worker-0", &s0}};
+  absl::StatusOr<Placement> p = PlaceJob(spec, {10, 10}, cluster);
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "with a server of their own")) << p.status();
+  cluster.colocated_servers = {{"worker-0", &s0}, {"worker-1", &full}, {"worker-2", &s2}};
+  p = PlaceJob(spec, {10, 10}, cluster);
+  PSTRAIN_ASSERT_OK(p.status());
+  ASSERT_EQ(p->workers.size(), 2u);
+  EXPECT_EQ(p->workers[0]->id(), "worker-0");
+  EXPECT_EQ(p->servers[0]->id(), "worker-0-server");
+  EXPECT_EQ(p->workers[1]->id(), "worker-2") << "worker-1's server has no room";
+  EXPECT_EQ(p->servers[1]->id(), "worker-2-server");
+}
+
 // Workers take a job only if it fits in their max_memory_bytes (0:
 // unlimited): at and just past the limit.
 TEST(SchedulerTest, WorkersTakeOnlyJobsThatFit) {
