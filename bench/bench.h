@@ -27,6 +27,19 @@ struct TransportBenchOptions {
 };
 int RunTransportBench(const TransportBenchOptions& options);
 
+// The servers of one transport configuration, in a process of their own
+// (pstrain-bench transport_servers, started by the transport bench): a job
+// of JobOfSize(floats, servers, workers, chunk_bytes), its addresses
+// written to address_file, until SIGTERM.
+struct TransportServersOptions {
+  int64_t floats = 0;
+  int servers = 1;
+  int workers = 1;
+  int64_t chunk_bytes = 1 << 20;
+  std::string address_file;
+};
+int RunTransportServers(const TransportServersOptions& options);
+
 struct ApplyBenchOptions {
   int mib = 64;
   std::vector<int> workers = {1, 4};

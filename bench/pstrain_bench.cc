@@ -26,6 +26,10 @@ ABSL_FLAG(int, window, pstrain::worker::GrpcTransportOptions().window,
           "transport: chunks a stream sends ahead of their replies");
 ABSL_FLAG(double, transport_seconds, 4,
           "transport: seconds each configuration is timed (pstrain and the plain sockets)");
+ABSL_FLAG(int64_t, serve_floats, 0, "transport_servers (the transport bench's own): model floats");
+ABSL_FLAG(int, serve_servers, 1, "transport_servers: servers");
+ABSL_FLAG(int, serve_workers, 1, "transport_servers: workers of the job");
+ABSL_FLAG(std::string, serve_address_file, "", "transport_servers: where the addresses go");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
@@ -56,6 +60,15 @@ int Usage() {
 int Main(const std::vector<char*>& args) {
   if (args.size() != 2) return Usage();
   const std::string command = args[1];
+  if (command == "transport_servers") {
+    TransportServersOptions o;
+    o.floats = absl::GetFlag(FLAGS_serve_floats);
+    o.servers = absl::GetFlag(FLAGS_serve_servers);
+    o.workers = absl::GetFlag(FLAGS_serve_workers);
+    o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+    o.address_file = absl::GetFlag(FLAGS_serve_address_file);
+    return RunTransportServers(o);
+  }
   if (command != "transport" && command != "apply" && command != "train" &&
       command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
       command != "ssp" && command != "all") {

@@ -1,8 +1,9 @@
 // train: Fashion-MNIST MLP samples/s at one per-worker batch as real local
 // clusters (pstrain-local: coordinator, servers and workers as processes)
-// with 1 worker + 1 server and 2 workers + 2 servers, sync and async,
-// against the model trained in this process without any server at each
-// cluster's global batch; with each cluster's step-time breakdown.
+// with 1 worker + 1 server and 2 workers + 2 servers, sync and async, and 2
+// workers with colocated servers (the quick start's job), against the
+// model trained in this process without any server at each cluster's
+// global batch; with each cluster's step-time breakdown.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -24,15 +25,16 @@ constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist";
 
 // The job file of one run: the quick-start model at this batch.
 std::string JobYaml(const TrainBenchOptions& options, const char* mode, int workers,
-                    int servers) {
+                    int servers, bool colocated = false) {
   return absl::StrFormat(
       "name: bench-train\n"
       "model: {type: mlp, hidden: [256, 128]}\n"
       "data: {dataset: fashion_mnist, dir: %s}\n"
       "optimizer: {type: adam, learning_rate: 0.001}\n"
       "mode: %s\nbatch_size: %d\nsteps: %d\nnum_servers: %d\nnum_workers: %d\n"
-      "chunk_bytes: %d\nseed: 1\n",
-      kFashionDir, mode, options.batch, options.steps, servers, workers, options.chunk_bytes);
+      "colocated_servers: %s\nchunk_bytes: %d\nseed: 1\n",
+      kFashionDir, mode, options.batch, options.steps, servers, workers,
+      colocated ? "true" : "false", options.chunk_bytes);
 }
 
 // samples/s of the model trained in this process at `batch`, no server.
@@ -72,8 +74,10 @@ int RunTrainBench(const TrainBenchOptions& options) {
   struct Setup {
     const char* mode;
     int workers, servers;
+    bool colocated = false;
   };
-  const Setup setups[] = {{"sync", 1, 1}, {"async", 1, 1}, {"sync", 2, 2}, {"async", 2, 2}};
+  const Setup setups[] = {{"sync", 1, 1},  {"async", 1, 1},       {"sync", 2, 2},
+                          {"async", 2, 2}, {"sync", 2, 2, true}, {"async", 2, 2, true}};
   // The baselines, one process with each global batch, run before and
   // after the clusters; ratios are against the mean of the two, so that a
   // machine that changes speed during the run (a shared one) shows in the
@@ -95,7 +99,8 @@ int RunTrainBench(const TrainBenchOptions& options) {
   std::vector<LocalRun> runs;
   for (const Setup& s : setups) {
     absl::StatusOr<LocalRun> run =
-        RunPstrainLocal(options.bin_dir, JobYaml(options, s.mode, s.workers, s.servers));
+        RunPstrainLocal(options.bin_dir,
+                        JobYaml(options, s.mode, s.workers, s.servers, s.colocated));
     if (!run.ok()) {
       LOG(ERROR) << "train " << s.mode << " " << s.workers << "w: " << run.status();
       return 1;
@@ -126,7 +131,7 @@ int RunTrainBench(const TrainBenchOptions& options) {
     const int b = setups[i].workers == 1 ? 0 : 1;
     const double baseline = (before[b] + after[b]) / 2;
     table.Add(Table::Row()
-                  .Text("local cluster")
+                  .Text(setups[i].colocated ? "colocated" : "local cluster")
                   .Text(setups[i].mode)
                   .Int(setups[i].workers)
                   .Int(setups[i].servers)
@@ -137,8 +142,9 @@ int RunTrainBench(const TrainBenchOptions& options) {
   }
   table.Finish();
   for (size_t i = 0; i < runs.size(); ++i) {
-    std::printf("%s %dw x %ds step time: %s\n", setups[i].mode, setups[i].workers,
-                setups[i].servers, runs[i].step_time.c_str());
+    std::printf("%s %dw x %ds%s step time: %s\n", setups[i].mode, setups[i].workers,
+                setups[i].servers, setups[i].colocated ? " colocated" : "",
+                runs[i].step_time.c_str());
   }
   return 0;
 }

@@ -1,7 +1,8 @@
-// transport: W workers push a gradient of the whole model to S servers and
-// pull the new values back (sync PushPull over gRPC, on loopback TCP and
-// over the servers' same-machine sockets), against plain sockets of the
-// same kind moving the same bytes in the same pattern.
+// transport: W workers push a gradient of the whole model to S servers in a
+// process of their own and pull the new values back (sync PushPull over
+// gRPC on loopback TCP, over the servers' same-machine sockets, and through
+// shared memory), against the same bytes moved in the same pattern by
+// plain sockets of the same kind, and, for shared memory, by memcpy.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -16,14 +17,20 @@
 #include <cstdlib>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "common/files.h"
 #include "common/partition.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "glog/logging.h"
 #include "worker/parameter_client.h"
@@ -40,10 +47,9 @@ constexpr double kMiB = 1 << 20;
 // be past it then (their step needs its push). Returns bytes moved (pushed
 // plus pulled) per second; *steps: the timed steps.
 absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
+                                   const std::vector<std::string>& addresses,
                                    const worker::GrpcTransportOptions& grpc,
                                    absl::Duration duration, int64_t* steps) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<LocalServers> servers,
-                           LocalServers::Start("bench", spec, plan));
   const int workers = spec.num_workers();
   std::barrier warm(workers + 1);
   std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
@@ -53,7 +59,7 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> transport =
-          worker::CreateGrpcTransport(servers->addresses(), grpc);
+          worker::CreateGrpcTransport(addresses, grpc);
       if (!transport.ok()) {
         status[w] = transport.status();
         warm.arrive_and_drop();
@@ -207,6 +213,89 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
   return 2.0 * static_cast<double>(echoed_bytes) / seconds;
 }
 
+// The same pattern by memcpy: per step each worker copies each server's
+// share of its gradient to a buffer of that server's and the values back,
+// for `duration`. Returns bytes moved per second.
+double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Duration duration) {
+  int64_t total = 0;
+  for (int64_t b : share_bytes) total += b;
+  std::barrier warm(workers + 1);
+  std::atomic<int64_t> moved{0};
+  absl::Time start;  // written before the barrier releases the workers
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      std::vector<char> grad(total, 1), params(total), server(total);
+      std::memcpy(server.data(), grad.data(), total);  // first touch, untimed
+      std::memcpy(params.data(), server.data(), total);
+      warm.arrive_and_wait();
+      int64_t steps = 0;
+      while (absl::Now() - start < duration) {
+        int64_t offset = 0;
+        for (int64_t bytes : share_bytes) {
+          std::memcpy(server.data() + offset, grad.data() + offset, bytes);
+          std::memcpy(params.data() + offset, server.data() + offset, bytes);
+          offset += bytes;
+        }
+        ++steps;
+      }
+      moved += 2 * steps * total;
+    });
+  }
+  start = absl::Now();
+  warm.arrive_and_wait();
+  for (std::thread& t : threads) t.join();
+  return static_cast<double>(moved) / SecondsSince(start);
+}
+
+// A configuration's servers, in a process of their own (transport_servers).
+class ServerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const v1::JobSpec& spec,
+                                                              int64_t floats,
+                                                              int64_t chunk_bytes) {
+    char dir[] = "/tmp/pstrain-bench-servers.XXXXXX";
+    if (mkdtemp(dir) == nullptr) return absl::InternalError("cannot make a directory");
+    auto p = std::unique_ptr<ServerProcess>(new ServerProcess(dir));
+    SpawnOptions spawn;
+    spawn.argv = {"/proc/self/exe",
+                  "transport_servers",
+                  absl::StrCat("--serve_floats=", floats),
+                  absl::StrCat("--serve_servers=", spec.num_servers()),
+                  absl::StrCat("--serve_workers=", spec.num_workers()),
+                  absl::StrCat("--chunk_bytes=", chunk_bytes),
+                  absl::StrCat("--serve_address_file=", p->address_file())};
+    spawn.log_path = p->dir_ + "/servers.log";
+    PSTRAIN_ASSIGN_OR_RETURN(p->pid_, Spawn(spawn));
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (true) {
+      if (absl::StatusOr<std::string> text = ReadFile(p->address_file()); text.ok()) {
+        p->addresses_ = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+        return p;
+      }
+      if (TryReap(p->pid_).has_value() || absl::Now() > give_up) {
+        p->pid_ = -1;
+        return absl::InternalError(
+            absl::StrCat("the servers did not start; see ", p->dir_, "/servers.log"));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) StopProcess(pid_, absl::Seconds(5));
+    std::filesystem::remove_all(dir_);
+  }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+ private:
+  explicit ServerProcess(std::string dir) : dir_(std::move(dir)) {}
+  std::string address_file() const { return dir_ + "/addresses"; }
+
+  const std::string dir_;
+  pid_t pid_ = -1;
+  std::vector<std::string> addresses_;
+};
+
 // iperf3's loopback figure in bytes/s, or 0 when iperf3 is not installed.
 double Iperf3Rate() {
   if (std::system("command -v iperf3 > /dev/null 2>&1") != 0) return 0;
@@ -238,7 +327,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
               static_cast<long long>(options.chunk_bytes),
               absl::FormatDuration(options.duration).c_str());
   Table table("transport", {"model_MiB", "workers", "servers", "transport", "steps",
-                            "pstrain_MiB/s", "socket_MiB/s", "ratio"});
+                            "pstrain_MiB/s", "baseline_MiB/s", "baseline", "ratio"});
   for (int mib : options.model_mib) {
     for (const auto& [workers, servers] : options.shapes) {
       const v1::JobSpec spec = JobOfSize(static_cast<int64_t>(mib * kMiB / 4), servers, workers,
@@ -247,14 +336,27 @@ int RunTransportBench(const TransportBenchOptions& options) {
       std::vector<int64_t> shares;
       for (int64_t floats : ServerLoads(plan)) shares.push_back(4 * floats);
       // pstrain over TCP against a plain TCP socket pair; over its
-      // same-machine socket against a plain Unix socket pair.
-      for (const bool same_machine : {false, true}) {
+      // same-machine socket against a plain Unix socket pair; through shared
+      // memory against memcpy.
+      enum class Way { kTcp, kUnix, kShm };
+      for (const Way way : {Way::kTcp, Way::kUnix, Way::kShm}) {
+        absl::StatusOr<std::unique_ptr<ServerProcess>> server_process =
+            ServerProcess::Start(spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes);
+        if (!server_process.ok()) {
+          LOG(ERROR) << "transport: " << server_process.status();
+          return 1;
+        }
         worker::GrpcTransportOptions transport = grpc;
-        transport.same_machine_sockets = same_machine;
+        transport.same_machine_sockets = way == Way::kUnix;
+        transport.shared_memory = way == Way::kShm;
         int64_t steps = 0;
-        absl::StatusOr<double> ours = PstrainRate(spec, plan, transport, options.duration, &steps);
-        absl::StatusOr<double> plain = RawSocketRate(same_machine ? AF_UNIX : AF_INET, shares,
-                                                     workers, options.duration);
+        absl::StatusOr<double> ours = PstrainRate(
+            spec, plan, (*server_process)->addresses(), transport, options.duration, &steps);
+        server_process->reset();
+        absl::StatusOr<double> plain =
+            way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
+                             : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
+                                             workers, options.duration);
         if (!ours.ok() || !plain.ok()) {
           LOG(ERROR) << "transport " << mib << " MiB, " << workers << " workers, " << servers
                      << " servers: " << (ours.ok() ? plain.status() : ours.status());
@@ -264,10 +366,11 @@ int RunTransportBench(const TransportBenchOptions& options) {
                       .Number(4.0 * plan.total_floats() / kMiB, 1)
                       .Int(workers)
                       .Int(servers)
-                      .Text(same_machine ? "unix" : "tcp")
+                      .Text(way == Way::kTcp ? "tcp" : way == Way::kUnix ? "unix" : "shm")
                       .Int(steps)
                       .Number(*ours / kMiB, 0)
                       .Number(*plain / kMiB, 0)
+                      .Text(way == Way::kShm ? "memcpy" : way == Way::kUnix ? "unix" : "tcp")
                       .Number(*ours / *plain, 3));
       }
     }
@@ -278,6 +381,27 @@ int RunTransportBench(const TransportBenchOptions& options) {
   } else {
     std::printf("iperf3: not installed (apt-get install iperf3 to add its figure)\n");
   }
+  return 0;
+}
+
+int RunTransportServers(const TransportServersOptions& options) {
+  const v1::JobSpec spec =
+      JobOfSize(options.floats, options.servers, options.workers, options.chunk_bytes);
+  absl::StatusOr<std::unique_ptr<LocalServers>> servers =
+      LocalServers::Start("bench", spec, PlanOf(spec));
+  if (!servers.ok()) {
+    LOG(ERROR) << "transport_servers: " << servers.status();
+    return 1;
+  }
+  absl::Notification stop;
+  TerminationSignals signals([&stop](int) { stop.Notify(); });
+  if (absl::Status s = WriteFileAtomically(options.address_file,
+                                           absl::StrJoin((*servers)->addresses(), "\n") + "\n");
+      !s.ok()) {
+    LOG(ERROR) << "transport_servers: " << s;
+    return 1;
+  }
+  stop.WaitForNotification();
   return 0;
 }
 

@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
     s.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
     s.store.metrics = server_metrics.get();
     s.rpc = &metrics->rpc();
-    s.metrics_address = metrics->address();
+    // Its series are on the worker's /metrics, which Prometheus scrapes
+    // once, as the worker's: no address of its own.
     absl::StatusOr<std::unique_ptr<pstrain::server::ParameterServer>> created =
         pstrain::server::ParameterServer::Create(std::move(s));
     if (!created.ok()) {

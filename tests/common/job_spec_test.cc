@@ -68,8 +68,9 @@ TEST(JobSpecTest, ExampleJobIsValid) {
 }
 
 TEST(JobSpecTest, EveryExampleIsValid) {
-  for (const char* name : {"fashion_mlp", "fashion_mlp_async", "fashion_mlp_ssp",
-                           "fashion_mlp_bf16", "fashion_mlp_gpu", "fashion_cnn"}) {
+  for (const char* name : {"fashion_mlp_colocated", "fashion_mlp", "fashion_mlp_async",
+                           "fashion_mlp_ssp", "fashion_mlp_bf16", "fashion_mlp_gpu",
+                           "fashion_cnn"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(
         absl::StrCat(PSTRAIN_SOURCE_DIR, "/examples/", name, ".yaml"));
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
