@@ -5,6 +5,7 @@
 // plain sockets of the same kind, and, for shared memory, by memcpy.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -93,24 +94,42 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
   return 2.0 * plan.total_floats() * 4 * workers * *steps / seconds;
 }
 
-bool WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t sent = send(fd, data, n, MSG_NOSIGNAL);
-    if (sent <= 0) return false;
-    data += sent;
-    n -= static_cast<size_t>(sent);
+// One step of a plain-socket client: sends `bytes` of `out` while it reads
+// as many echoed bytes into `in`, both at once (the echo starts before the
+// last byte is sent, as pstrain's replies do). False if the connection
+// failed.
+bool SendAndReceive(int fd, const char* out, char* in, size_t bytes) {
+  size_t sent = 0, received = 0;
+  while (received < bytes) {
+    pollfd p{fd, static_cast<short>(POLLIN | (sent < bytes ? POLLOUT : 0)), 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    if ((p.revents & POLLOUT) && sent < bytes) {
+      const ssize_t n = send(fd, out + sent, std::min<size_t>(bytes - sent, 1 << 20),
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EAGAIN) return false;
+      if (n > 0) sent += static_cast<size_t>(n);
+    }
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      const ssize_t n = recv(fd, in + received, bytes - received, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) return false;
+      if (n > 0) received += static_cast<size_t>(n);
+    }
   }
   return true;
 }
 
-bool ReadAll(int fd, char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t got = recv(fd, data, n, 0);
-    if (got <= 0) return false;
-    data += got;
-    n -= static_cast<size_t>(got);
+// The echo side: writes back what it reads, as it reads it.
+void Echo(int fd) {
+  std::vector<char> buffer(1 << 20);
+  while (true) {
+    const ssize_t got = recv(fd, buffer.data(), buffer.size(), 0);
+    if (got <= 0) return;
+    for (ssize_t done = 0; done < got;) {
+      const ssize_t n = send(fd, buffer.data() + done, got - done, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      done += n;
+    }
   }
-  return true;
 }
 
 // A listening socket of `family` (AF_INET: loopback TCP on a free port;
@@ -147,8 +166,8 @@ Listener Listen(int family, int backlog, int index) {
 
 // The same pattern over plain sockets of `family`: every worker connects to
 // every server; per step each connection sends the server's share of the
-// model and reads as many bytes back, which the server echoes from one
-// reused buffer; for `duration`. Returns bytes moved per second.
+// model while it reads as many bytes back, which the server echoes as they
+// come; for `duration`. Returns bytes moved per second.
 absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& share_bytes,
                                      int workers, absl::Duration duration) {
   const int servers = static_cast<int>(share_bytes.size());
@@ -166,12 +185,10 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
   std::vector<std::thread> echoes;
   for (int s = 0; s < servers; ++s) {
     for (int w = 0; w < workers; ++w) {
-      echoes.emplace_back([fd = listeners[s].fd, bytes = share_bytes[s]] {
+      echoes.emplace_back([fd = listeners[s].fd] {
         const int conn = accept(fd, nullptr, nullptr);
         if (conn < 0) return;
-        std::vector<char> buffer(bytes);
-        while (ReadAll(conn, buffer.data(), bytes) && WriteAll(conn, buffer.data(), bytes)) {
-        }
+        Echo(conn);
         close(conn);
       });
     }
@@ -188,11 +205,11 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
         std::vector<char> out(bytes, 1), in(bytes);
         bool ok = fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&listeners[s].address),
                                      listeners[s].address_len) == 0;
-        ok = ok && WriteAll(fd, out.data(), bytes) && ReadAll(fd, in.data(), bytes);
+        ok = ok && SendAndReceive(fd, out.data(), in.data(), bytes);
         warm.arrive_and_wait();
         int64_t done = 0;
         while (ok && absl::Now() - start < duration) {
-          ok = WriteAll(fd, out.data(), bytes) && ReadAll(fd, in.data(), bytes);
+          ok = SendAndReceive(fd, out.data(), in.data(), bytes);
           done += ok;
         }
         echoed_bytes += done * bytes;
