@@ -37,6 +37,8 @@ struct TransportServersOptions {
   int workers = 1;
   int64_t chunk_bytes = 1 << 20;
   std::string address_file;
+  // Plain gRPC echo servers instead (bench/grpc_echo.h).
+  bool echo = false;
 };
 int RunTransportServers(const TransportServersOptions& options);
 

@@ -30,6 +30,7 @@ ABSL_FLAG(int64_t, serve_floats, 0, "transport_servers (the transport bench's ow
 ABSL_FLAG(int, serve_servers, 1, "transport_servers: servers");
 ABSL_FLAG(int, serve_workers, 1, "transport_servers: workers of the job");
 ABSL_FLAG(std::string, serve_address_file, "", "transport_servers: where the addresses go");
+ABSL_FLAG(bool, serve_echo, false, "transport_servers: plain gRPC echo servers instead");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
@@ -67,6 +68,7 @@ int Main(const std::vector<char*>& args) {
     o.workers = absl::GetFlag(FLAGS_serve_workers);
     o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
     o.address_file = absl::GetFlag(FLAGS_serve_address_file);
+    o.echo = absl::GetFlag(FLAGS_serve_echo);
     return RunTransportServers(o);
   }
   if (command != "transport" && command != "apply" && command != "train" &&

@@ -2,7 +2,8 @@
 // process of their own and pull the new values back (sync PushPull over
 // gRPC on loopback TCP, over the servers' same-machine sockets, and through
 // shared memory), against the same bytes moved in the same pattern by
-// plain sockets of the same kind, and, for shared memory, by memcpy.
+// plain sockets of the same kind, and, for shared memory, by memcpy; over
+// TCP also against a plain gRPC program making the same exchanges.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,6 +30,7 @@
 #include "absl/synchronization/notification.h"
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "bench/grpc_echo.h"
 #include "common/files.h"
 #include "common/partition.h"
 #include "common/process.h"
@@ -268,9 +270,10 @@ double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Du
 // A configuration's servers, in a process of their own (transport_servers).
 class ServerProcess {
  public:
+  // pstrain's servers of the job, or (echo) as many plain gRPC echo servers.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const v1::JobSpec& spec,
-                                                              int64_t floats,
-                                                              int64_t chunk_bytes) {
+                                                              int64_t floats, int64_t chunk_bytes,
+                                                              bool echo = false) {
     char dir[] = "/tmp/pstrain-bench-servers.XXXXXX";
     if (mkdtemp(dir) == nullptr) return absl::InternalError("cannot make a directory");
     auto p = std::unique_ptr<ServerProcess>(new ServerProcess(dir));
@@ -281,7 +284,8 @@ class ServerProcess {
                   absl::StrCat("--serve_servers=", spec.num_servers()),
                   absl::StrCat("--serve_workers=", spec.num_workers()),
                   absl::StrCat("--chunk_bytes=", chunk_bytes),
-                  absl::StrCat("--serve_address_file=", p->address_file())};
+                  absl::StrCat("--serve_address_file=", p->address_file()),
+                  absl::StrCat("--serve_echo=", echo)};
     spawn.log_path = p->dir_ + "/servers.log";
     PSTRAIN_ASSIGN_OR_RETURN(p->pid_, Spawn(spawn));
     const absl::Time give_up = absl::Now() + absl::Seconds(60);
@@ -374,6 +378,30 @@ int RunTransportBench(const TransportBenchOptions& options) {
             way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
                              : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
                                              workers, options.duration);
+        if (way == Way::kTcp && ours.ok()) {
+          // And against gRPC alone making the same exchanges.
+          absl::StatusOr<std::unique_ptr<ServerProcess>> echo = ServerProcess::Start(
+              spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes, /*echo=*/true);
+          int64_t echo_steps = 0;
+          absl::StatusOr<double> grpc_only =
+              echo.ok() ? GrpcEchoRate((*echo)->addresses(), shares, workers,
+                                       options.chunk_bytes, options.duration, &echo_steps)
+                        : echo.status();
+          if (!grpc_only.ok()) {
+            LOG(ERROR) << "transport: plain gRPC: " << grpc_only.status();
+            return 1;
+          }
+          table.Add(Table::Row()
+                        .Number(4.0 * plan.total_floats() / kMiB, 1)
+                        .Int(workers)
+                        .Int(servers)
+                        .Text("tcp")
+                        .Int(steps)
+                        .Number(*ours / kMiB, 0)
+                        .Number(*grpc_only / kMiB, 0)
+                        .Text("grpc")
+                        .Number(*ours / *grpc_only, 3));
+        }
         if (!ours.ok() || !plain.ok()) {
           LOG(ERROR) << "transport " << mib << " MiB, " << workers << " workers, " << servers
                      << " servers: " << (ours.ok() ? plain.status() : ours.status());
@@ -402,18 +430,31 @@ int RunTransportBench(const TransportBenchOptions& options) {
 }
 
 int RunTransportServers(const TransportServersOptions& options) {
-  const v1::JobSpec spec =
-      JobOfSize(options.floats, options.servers, options.workers, options.chunk_bytes);
-  absl::StatusOr<std::unique_ptr<LocalServers>> servers =
-      LocalServers::Start("bench", spec, PlanOf(spec));
-  if (!servers.ok()) {
-    LOG(ERROR) << "transport_servers: " << servers.status();
+  std::unique_ptr<LocalServers> servers;
+  std::unique_ptr<GrpcEchoServers> echoes;
+  absl::Status started;
+  if (options.echo) {
+    absl::StatusOr<std::unique_ptr<GrpcEchoServers>> e = GrpcEchoServers::Start(options.servers);
+    if (e.ok()) echoes = *std::move(e);
+    started = e.status();
+  } else {
+    const v1::JobSpec spec =
+        JobOfSize(options.floats, options.servers, options.workers, options.chunk_bytes);
+    absl::StatusOr<std::unique_ptr<LocalServers>> l =
+        LocalServers::Start("bench", spec, PlanOf(spec));
+    if (l.ok()) servers = *std::move(l);
+    started = l.status();
+  }
+  if (!started.ok()) {
+    LOG(ERROR) << "transport_servers: " << started;
     return 1;
   }
+  const std::vector<std::string>& addresses =
+      servers != nullptr ? servers->addresses() : echoes->addresses();
   absl::Notification stop;
   TerminationSignals signals([&stop](int) { stop.Notify(); });
   if (absl::Status s = WriteFileAtomically(options.address_file,
-                                           absl::StrJoin((*servers)->addresses(), "\n") + "\n");
+                                           absl::StrJoin(addresses, "\n") + "\n");
       !s.ok()) {
     LOG(ERROR) << "transport_servers: " << s;
     return 1;
