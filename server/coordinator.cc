@@ -1370,15 +1370,20 @@ class CoordinatorImpl final : public Coordinator,
       }
 
       // A colocated job's process holds a worker and a server: the next
-      // generation starts once both are back, not twice.
+      // generation starts once both are back (alive, and both new or both
+      // not), not twice.
       auto alive = [&](const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         const NodeRegistry::Node* node = registry_.Find(node_id);
         return node != nullptr && node->info.state() == v1::NODE_STATE_ALIVE;
       };
-      const bool whole =
-          !colocated ||
-          (std::all_of(next.server_nodes().begin(), next.server_nodes().end(), alive) &&
-           std::all_of(next.worker_nodes().begin(), next.worker_nodes().end(), alive));
+      bool whole = true;
+      for (int s = 0; colocated && s < next.server_nodes_size(); ++s) {
+        const bool server_new = next.server_incarnations(s) != current.server_incarnations(s);
+        const bool worker_new = s < next.worker_nodes_size() &&
+                                next.worker_incarnations(s) != current.worker_incarnations(s);
+        whole = whole && alive(next.server_nodes(s)) && s < next.worker_nodes_size() &&
+                alive(next.worker_nodes(s)) && server_new == worker_new;
+      }
       if (failure.has_value()) {
         SetState(txn, id, v1::JOB_STATE_FAILED, *failure);
         ended = true;

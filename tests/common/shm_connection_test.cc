@@ -108,10 +108,10 @@ TEST_F(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   ShmOptions options;
   options.pipe_bytes = 64 << 10;  // smaller than some messages: they stream through
   ASSERT_NO_FATAL_FAILURE(Listen(options));
+  Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<ShmConnection>> client =
       ShmConnection::Connect(name_, kInstance, options, absl::Seconds(10));
   ASSERT_TRUE(client.ok()) << client.status();
-  Inbox client_inbox;
   client_inbox.Start(**client);
   ShmConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
@@ -213,10 +213,10 @@ TEST_F(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
 
 TEST_F(ShmConnectionTest, EachSideSeesTheOtherEnd) {
   ASSERT_NO_FATAL_FAILURE(Listen());
+  Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<ShmConnection>> client =
       ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
   ASSERT_TRUE(client.ok()) << client.status();
-  Inbox client_inbox;
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
   client->reset();  // the client goes
@@ -235,10 +235,10 @@ TEST_F(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   ShmOptions small;
   small.max_message_bytes = 1000;
   ASSERT_NO_FATAL_FAILURE(Listen(small));
+  Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<ShmConnection>> client =
       ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
   ASSERT_TRUE(client.ok()) << client.status();
-  Inbox client_inbox;
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
   const grpc::ByteBuffer big = Bytes(std::string(1001, 'x'));
