@@ -147,11 +147,18 @@ enum class Damage { kFlippedByte, kTruncated };
 class DamagedCheckpointTest : public RecoveryTest,
                               public ::testing::WithParamInterface<Damage> {};
 
-// The server dies; while it is down its checkpoints are damaged (all but
-// the oldest); it comes back: the damage is found and named, and the job
+// The server dies; while it is down its checkpoints are damaged (the one
+// the job would resume from and any newer); it comes back: the damage is found and named, and the job
 // goes back to an older checkpoint, with the same result.
 TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
-  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
+  // Every exchange starts 5 ms late (a step takes at least 10 ms): the job
+  // is still running when the coordinator has recorded two checkpoints and
+  // the server is killed, whatever the speed of the machine.
+  cli::LocalCluster::Options options;
+  for (int w = 0; w < 2; ++w) {
+    options.worker_flags[w] = {"--fault_injection=delay=1,min_delay_ms=5,max_delay_ms=5"};
+  }
+  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2, options));
   const v1::JobSpec spec = Job();
   const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
@@ -159,10 +166,22 @@ TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
   const std::string server = running.server_nodes(1);
   ASSERT_TRUE(cluster_->Kill(server, SIGKILL, /*restart=*/false));
   ASSERT_TRUE(cluster_->WaitForExit(server, absl::Seconds(30)).ok());
+  // The checkpoint the job would resume from and every newer file of the
+  // server (it may have written some the coordinator has not recorded):
+  // damaged; an older one left whole.
+  const v1::Job after_kill = Get(id);
+  ASSERT_GE(after_kill.checkpoints_size(), 2);
+  const v1::CheckpointRecord resume = *after_kill.checkpoints().rbegin();
+  auto at_or_after_resume = [&](const v1::CheckpointRecord& r) {
+    return std::make_pair(r.step(), r.generation()) >=
+           std::make_pair(resume.step(), resume.generation());
+  };
   const std::vector<v1::CheckpointRecord> files = server::ListCheckpoints(
       PosixFileSystem(), spec.checkpoint().dir(), id, 1, false);
   ASSERT_GE(files.size(), 2u);
+  ASSERT_FALSE(at_or_after_resume(files[0])) << "no checkpoint older than the resume one";
   for (size_t i = 1; i < files.size(); ++i) {
+    if (!at_or_after_resume(files[i])) continue;
     const std::string path = server::CheckpointPath(spec.checkpoint().dir(), id, 1,
                                                     files[i].step(), files[i].generation());
     absl::StatusOr<std::string> bytes = ReadFile(path);
