@@ -105,6 +105,15 @@ struct BatchStats {
 // whose parameters backward never reads).
 using GradientReadyFn = std::function<void(int layer, int64_t ready_floats)>;
 
+// Called during the forward pass before the kernel first reads the first
+// `floats` floats of layer `layer`'s parameters (laid out as above), in
+// forward order; returns once they hold the values the pass is to use, so
+// that a caller whose values are still arriving lets the pass start on the
+// first ones (the CPU MLP's first layer asks in row blocks). Every layer is
+// asked for in full before the pass writes any of the gradient. An error
+// ends the pass with it.
+using ParamsNeededFn = std::function<absl::Status(int layer, int64_t floats)>;
+
 // Forward and backward passes of one model on one device. Every pointer is
 // in the memory of the implementation's device (host memory for the CPU,
 // device memory for a GPU). Not thread-safe: one instance per device.
@@ -115,14 +124,16 @@ class ModelKernels {
   // Writes grad = grad_scale * d(sum of the batch's losses)/d(params) over
   // all NumParams floats (overwriting grad) and adds the batch to *stats.
   // x: batch rows of input_dim floats; labels in [0, num_classes).
-  // on_ready, if set, runs after each layer's gradient is final.
+  // on_ready, if set, runs after each layer's gradient is final;
+  // params_needed, if set, before each layer's parameters are read.
   // INVALID_ARGUMENT if batch exceeds the max_batch given at creation or a
   // label is out of range.
   virtual absl::Status ForwardBackward(const float* params, const float* x,
                                        const int32_t* labels, int batch,
                                        float grad_scale, float* grad,
                                        BatchStats* stats,
-                                       const GradientReadyFn& on_ready = nullptr) = 0;
+                                       const GradientReadyFn& on_ready = nullptr,
+                                       const ParamsNeededFn& params_needed = nullptr) = 0;
 
   // Forward only, any batch size (processed in pieces of max_batch).
   virtual absl::Status Evaluate(const float* params, const float* x,

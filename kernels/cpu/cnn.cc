@@ -56,9 +56,10 @@ class CpuCnn final : public ModelKernels {
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
                                int batch, float grad_scale, float* grad, BatchStats* stats,
-                               const GradientReadyFn& on_ready) override {
+                               const GradientReadyFn& on_ready,
+                               const ParamsNeededFn& params_needed) override {
     if (absl::Status s = dense_.CheckBatch(labels, batch); !s.ok()) return s;
-    Forward(params, x, batch);
+    if (absl::Status s = Forward(params, x, batch, params_needed); !s.ok()) return s;
     dense_.Backward(params, features_.data(), labels, batch, grad_scale, grad, stats, on_ready,
                     d_features_.data());
     // d(last pooling) from the dense layers' d(input), [B][C*h*w] -> [C][B][h][w].
@@ -76,7 +77,7 @@ class CpuCnn final : public ModelKernels {
     for (int64_t start = 0; start < batch; start += max_batch_) {
       const int n = static_cast<int>(std::min<int64_t>(max_batch_, batch - start));
       if (absl::Status s = dense_.CheckBatch(labels + start, n); !s.ok()) return s;
-      Forward(params, x + start * InputFloats(), n);
+      if (absl::Status s = Forward(params, x + start * InputFloats(), n); !s.ok()) return s;
       dense_.AddStats(labels + start, n, stats);
     }
     return absl::OkStatus();
@@ -88,7 +89,8 @@ class CpuCnn final : public ModelKernels {
     return int64_t{c.in_channels} * c.height * c.width;
   }
 
-  void Forward(const float* params, const float* x, int batch) {
+  absl::Status Forward(const float* params, const float* x, int batch,
+                       const ParamsNeededFn& params_needed = nullptr) {
     // The input, [B][C][H][W], as [C][B][H][W] (the same for one channel).
     const ConvLayer& first = convs_.front();
     const float* in = x;
@@ -98,6 +100,10 @@ class CpuCnn final : public ModelKernels {
       in = input_.data();
     }
     for (size_t l = 0; l < convs_.size(); ++l) {
+      if (params_needed) {
+        const int64_t floats = tensors_[2 * l].size + tensors_[2 * l + 1].size;
+        if (absl::Status s = params_needed(static_cast<int>(l), floats); !s.ok()) return s;
+      }
       ForwardConv(l, params, in, batch);
       in = pooled_[l].data();
     }
@@ -105,7 +111,7 @@ class CpuCnn final : public ModelKernels {
     const ConvLayer& last = convs_.back();
     Transpose(in, last.out_channels, batch, last.pooled_height() * last.pooled_width(),
               /*to_rows=*/true, features_.data());
-    dense_.Forward(params, features_.data(), batch);
+    return dense_.Forward(params, features_.data(), batch, params_needed);
   }
 
   // col_[l] = im2col(in), relu_[l] = ReLU(W col + b), pooled_[l] = its

@@ -39,8 +39,10 @@ class DenseLayers {
   int max_batch() const { return max_batch_; }
   absl::Status CheckBatch(const int32_t* labels, int batch) const;
 
-  // The logits of x (batch rows of input_dim floats), kept for Backward.
-  void Forward(const float* params, const float* x, int batch);
+  // The logits of x (batch rows of input_dim floats), kept for Backward;
+  // each layer's parameters asked for from params_needed (if set) first.
+  absl::Status Forward(const float* params, const float* x, int batch,
+                       const ParamsNeededFn& params_needed = nullptr);
   // Adds the loss and accuracy of the last Forward to *stats.
   void AddStats(const int32_t* labels, int batch, BatchStats* stats) const;
   // After Forward(x): the gradients of grad_scale * the batch's loss, layer

@@ -12,8 +12,17 @@
 namespace pstrain::kernels {
 namespace {
 
-// Row blocks of the first layer's weight gradient, each announced when done.
+// Row blocks of the first layer's weight: its gradient's, each announced
+// when done, and the forward pass's product, each asked for before it is
+// read. Always in blocks, asked for or not: the sums are the same in every
+// run.
 constexpr int kFirstLayerBlocks = 8;
+
+// Rows [RowBlockStart(rows, b), RowBlockStart(rows, b + 1)) are block b of
+// `blocks`.
+int RowBlockStart(int rows, int b, int blocks) {
+  return static_cast<int>(static_cast<int64_t>(rows) * b / blocks);
+}
 
 // Adds loss and accuracy to stats; if dlogits is set, writes
 // grad_scale * (softmax - onehot) there.
@@ -48,9 +57,10 @@ class CpuMlp final : public ModelKernels {
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
                                int batch, float grad_scale, float* grad, BatchStats* stats,
-                               const GradientReadyFn& on_ready) override {
+                               const GradientReadyFn& on_ready,
+                               const ParamsNeededFn& params_needed) override {
     if (absl::Status s = dense_.CheckBatch(labels, batch); !s.ok()) return s;
-    dense_.Forward(params, x, batch);
+    if (absl::Status s = dense_.Forward(params, x, batch, params_needed); !s.ok()) return s;
     dense_.Backward(params, x, labels, batch, grad_scale, grad, stats, on_ready,
                     /*d_input=*/nullptr);
     return absl::OkStatus();
@@ -61,7 +71,9 @@ class CpuMlp final : public ModelKernels {
     for (int64_t start = 0; start < batch; start += dense_.max_batch()) {
       const int n = static_cast<int>(std::min<int64_t>(dense_.max_batch(), batch - start));
       if (absl::Status s = dense_.CheckBatch(labels + start, n); !s.ok()) return s;
-      dense_.Forward(params, x + start * dense_.input_dim(), n);
+      if (absl::Status s = dense_.Forward(params, x + start * dense_.input_dim(), n); !s.ok()) {
+        return s;
+      }
       dense_.AddStats(labels + start, n, stats);
     }
     return absl::OkStatus();
@@ -125,21 +137,40 @@ absl::Status DenseLayers::CheckBatch(const int32_t* labels, int batch) const {
 }
 
 // activations_[l+1] = ReLU(A_l W_l + b_l); the logits (last) have no ReLU.
-void DenseLayers::Forward(const float* params, const float* x, int batch) {
+absl::Status DenseLayers::Forward(const float* params, const float* x, int batch,
+                                  const ParamsNeededFn& params_needed) {
   const int layers = num_layers();
   for (int l = 0; l < layers; ++l) {
     const int in = static_cast<int>(widths_[l]), out = static_cast<int>(widths_[l + 1]);
+    const int model_layer = first_layer_ + l;
     const float* a_in = l == 0 ? x : activations_[l].data();
     const float* w = params + weight(l).offset;
-    const float* b = params + bias(l).offset;
     float* z = activations_[l + 1].data();
-    for (int i = 0; i < batch; ++i) std::copy(b, b + out, z + static_cast<size_t>(i) * out);
-    gemm_(false, false, batch, out, in, a_in, in, w, out, 1.0f, z, out);
+    // The model's first layer in row blocks of W (blocks of A's columns),
+    // each read once it is there; the bias, which follows the weight, last.
+    const int blocks = model_layer == 0 ? std::min(in, kFirstLayerBlocks) : 1;
+    for (int b = 0; b < blocks; ++b) {
+      const int r0 = RowBlockStart(in, b, blocks), r1 = RowBlockStart(in, b + 1, blocks);
+      if (params_needed) {
+        if (absl::Status s = params_needed(model_layer, int64_t{r1} * out); !s.ok()) return s;
+      }
+      gemm_(false, false, batch, out, r1 - r0, a_in + r0, in, w + static_cast<size_t>(r0) * out,
+            out, b == 0 ? 0.0f : 1.0f, z, out);
+    }
+    if (params_needed) {
+      if (absl::Status s = params_needed(model_layer, int64_t{in} * out + out); !s.ok()) return s;
+    }
+    const float* bias_values = params + bias(l).offset;
+    for (int i = 0; i < batch; ++i) {
+      float* row = z + static_cast<size_t>(i) * out;
+      for (int j = 0; j < out; ++j) row[j] += bias_values[j];
+    }
     if (l + 1 < layers) {
       const size_t n = static_cast<size_t>(batch) * out;
       for (size_t i = 0; i < n; ++i) z[i] = std::max(z[i], 0.0f);
     }
   }
+  return absl::OkStatus();
 }
 
 void DenseLayers::AddStats(const int32_t* labels, int batch, BatchStats* stats) const {
@@ -167,8 +198,7 @@ void DenseLayers::Backward(const float* params, const float* x, const int32_t* l
     // overlap the rest of it (row r of dW is input feature r).
     const int blocks = model_layer == 0 && on_ready ? std::min(in, kFirstLayerBlocks) : 1;
     for (int b = 0; b < blocks; ++b) {
-      const int r0 = static_cast<int>(static_cast<int64_t>(in) * b / blocks);
-      const int r1 = static_cast<int>(static_cast<int64_t>(in) * (b + 1) / blocks);
+      const int r0 = RowBlockStart(in, b, blocks), r1 = RowBlockStart(in, b + 1, blocks);
       gemm_(true, false, r1 - r0, out, batch, a_in + r0, in, delta_.data(), out, 0.0f,
             dw + static_cast<size_t>(r0) * out, out);
       if (b + 1 < blocks) on_ready(0, static_cast<int64_t>(r1) * out);

@@ -107,10 +107,16 @@ class CudaMlp final : public ModelKernels {
 
   absl::Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
                                int batch, float grad_scale, float* grad, BatchStats* stats,
-                               const GradientReadyFn& on_ready) override {
+                               const GradientReadyFn& on_ready,
+                               const ParamsNeededFn& params_needed) override {
     if (batch < 1 || batch > max_batch_) {
       return absl::InvalidArgumentError("batch " + std::to_string(batch) + " outside [1, " +
                                         std::to_string(max_batch_) + "]");
+    }
+    // The parameters are in device memory, copied in whole: every layer at once.
+    for (size_t t = 0; params_needed && t < tensors_.size(); t += 2) {
+      const int64_t floats = tensors_[t].size + tensors_[t + 1].size;
+      if (absl::Status s = params_needed(static_cast<int>(t / 2), floats); !s.ok()) return s;
     }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
     if (absl::Status s = Forward(params, x, batch); !s.ok()) return s;

@@ -144,6 +144,72 @@ TEST(CpuKernelsTest, RejectsBadInput) {
   EXPECT_FALSE(CreateCpuModelKernels({5, {0}, 3}, 1).ok());
 }
 
+// A caller whose values are still arriving: the parameters hold NaNs until
+// the pass asks for them, and each call copies in what it asks for. The
+// pass must ask before it reads (else a NaN shows in the loss or the
+// gradient), in forward order (the MLP's first layer in row blocks), every
+// layer in full before it writes the gradient, and compute bitwise what it
+// computes from values that were there all along.
+TEST(CpuKernelsTest, ForwardAsksForEachLayersParametersBeforeReadingThem) {
+  for (const ModelShape& shape :
+       {ModelShape{40, {16, 8}, 4}, ModelShape{64, {6}, 3, {2, 3}, 1, 8, 8}}) {
+    SCOPED_TRACE(shape.conv.size());
+    const int batch = 3;
+    const int64_t n = NumParams(shape);
+    const std::vector<TensorDesc> tensors = ModelTensors(shape);
+    const int layers = static_cast<int>(tensors.size() / 2);
+    std::vector<float> params(n);
+    InitParams(shape, 7, 0, n, params.data());
+    std::vector<float> x(batch * shape.input_dim);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) / 13.0f;
+    const std::vector<int32_t> y = {0, 2, 1};
+    auto kernels = *CreateCpuModelKernels(shape, batch);
+    std::vector<float> expected(n);
+    BatchStats expected_stats;
+    ASSERT_TRUE(kernels->ForwardBackward(params.data(), x.data(), y.data(), batch, 1.0f,
+                                         expected.data(), &expected_stats).ok());
+
+    std::vector<float> arriving(n, std::nanf(""));
+    std::vector<std::pair<int, int64_t>> asked;
+    bool gradient_written = false;
+    auto params_needed = [&](int layer, int64_t floats) {
+      EXPECT_FALSE(gradient_written) << "layer " << layer;
+      const int64_t offset = tensors[2 * layer].offset;
+      EXPECT_LE(floats, tensors[2 * layer].size + tensors[2 * layer + 1].size);
+      std::copy(params.begin() + offset, params.begin() + offset + floats,
+                arriving.begin() + offset);
+      asked.emplace_back(layer, floats);
+      return absl::OkStatus();
+    };
+    auto on_ready = [&](int, int64_t) { gradient_written = true; };
+    std::vector<float> grad(n);
+    BatchStats stats;
+    ASSERT_TRUE(kernels->ForwardBackward(arriving.data(), x.data(), y.data(), batch, 1.0f,
+                                         grad.data(), &stats, on_ready, params_needed).ok());
+    EXPECT_EQ(stats.loss_sum, expected_stats.loss_sum);
+    EXPECT_EQ(grad, expected);
+    EXPECT_TRUE(std::is_sorted(asked.begin(), asked.end()));
+    for (int l = 0; l < layers; ++l) {
+      EXPECT_NE(std::find(asked.begin(), asked.end(),
+                          std::make_pair(l, tensors[2 * l].size + tensors[2 * l + 1].size)),
+                asked.end())
+          << "layer " << l << " never asked for in full";
+    }
+    if (shape.conv.empty()) {
+      EXPECT_GT(std::count_if(asked.begin(), asked.end(), [](auto& a) { return a.first == 0; }), 2)
+          << "the first layer in row blocks";
+    }
+
+    // An error ends the pass with it.
+    auto refuse = [](int layer, int64_t) {
+      return layer == 1 ? absl::UnavailableError("gone") : absl::OkStatus();
+    };
+    const absl::Status refused = kernels->ForwardBackward(params.data(), x.data(), y.data(), batch,
+                                                          1.0f, grad.data(), &stats, nullptr, refuse);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  }
+}
+
 TEST(InitParamsTest, AnyRangeEqualsTheWhole) {
   const ModelShape shape{784, {256, 128}, 10};
   const int64_t n = NumParams(shape);
