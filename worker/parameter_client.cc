@@ -22,6 +22,7 @@ struct ParameterClient::Exchange {
 
   absl::Mutex mu;
   std::vector<uint8_t> answered ABSL_GUARDED_BY(mu);  // by chunk id
+  std::vector<uint8_t> landed ABSL_GUARDED_BY(mu);    // its values written (or acknowledged)
   std::vector<int> carriers ABSL_GUARDED_BY(mu);      // open streams carrying each chunk
   int unanswered ABSL_GUARDED_BY(mu) = 0;
   // Unanswered chunks that no open stream carries any more: to send again.
@@ -35,6 +36,7 @@ struct ParameterClient::Exchange {
   absl::Time start;
   absl::Time all_sent ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   absl::Time first_reply ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  absl::Time last_landed ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // once all are in
   int streams_sending ABSL_GUARDED_BY(mu) = 0;  // of the first sending
 };
 
@@ -232,8 +234,9 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::Start(ParameterMethod
   {
     absl::MutexLock lock(&exchange->mu);
     exchange->answered.assign(options_.plan.chunks_size(), 1);
+    exchange->landed.assign(options_.plan.chunks_size(), 1);
     exchange->carriers.assign(options_.plan.chunks_size(), 0);
-    for (uint32_t c : chunks) exchange->answered[c] = 0;
+    for (uint32_t c : chunks) exchange->answered[c] = exchange->landed[c] = 0;
     exchange->unanswered = static_cast<int>(chunks.size());
   }
   pending->exchange = exchange;
@@ -327,7 +330,8 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
       chunk_versions_[h.chunk()] = h.version();
     }
     absl::MutexLock lock(&exchange->mu);
-    --exchange->unanswered;
+    exchange->landed[h.chunk()] = 1;
+    if (--exchange->unanswered == 0) exchange->last_landed = MonotonicNow();
   };
   // A wall-clock time: the streams' gRPC deadline.
   const absl::Time deadline = absl::Now() + options_.exchange_timeout;
@@ -377,6 +381,40 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
   }
 }
 
+bool ParameterClient::AwaitReply(absl::Span<const std::unique_ptr<Pending>> exchanges,
+                                 size_t which, uint32_t chunk) {
+  // How often the other exchanges are looked at while this one waits.
+  constexpr absl::Duration kLookAtOthers = absl::Milliseconds(2);
+  Exchange* exchange = exchanges[which]->exchange.get();
+  if (exchange == nullptr) return false;
+  struct Arg {
+    Exchange* exchange;
+    uint32_t chunk;
+  } arg{exchange, chunk};
+  const absl::Condition landed_or_orphaned(
+      +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return a->exchange->landed[a->chunk] || !a->exchange->orphaned.empty();
+      },
+      &arg);
+  while (true) {
+    {
+      absl::MutexLock lock(&exchange->mu);
+      exchange->mu.AwaitWithTimeout(landed_or_orphaned, kLookAtOthers);
+      if (exchange->landed[chunk]) return true;
+      if (!exchange->orphaned.empty()) return false;
+    }
+    // A chunk of another exchange to send again: this reply may wait for
+    // it, through a peer worker that waits for it before it sends again
+    // what this server waits for (each waits on its exchanges in its own
+    // order).
+    for (const std::unique_ptr<Pending>& other : exchanges) {
+      if (other->exchange == nullptr) return false;
+      absl::MutexLock lock(&other->exchange->mu);
+      if (!other->exchange->orphaned.empty()) return false;
+    }
+  }
+}
+
 absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
   const std::shared_ptr<Exchange> exchange = std::move(pending->exchange);
   if (exchange == nullptr) return absl::CancelledError("parameter client cancelled");
@@ -395,7 +433,9 @@ absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
           },
           exchange.get()));
       if (exchange->unanswered == 0) {
-        const absl::Time end = MonotonicNow();
+        // Finished late (see AwaitReply), the exchange still ended when its
+        // last reply landed.
+        const absl::Time end = std::min(exchange->last_landed, MonotonicNow());
         const absl::Time sent = std::clamp(exchange->all_sent, exchange->start, end);
         const absl::Time first = std::clamp(exchange->first_reply, sent, end);
         absl::MutexLock stats_lock(&stats_mu_);

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/retry.h"
 #include "pstrain/v1/job.pb.h"
@@ -115,6 +116,13 @@ class ParameterClient {
                                      std::vector<uint32_t> chunks);
   // Waits for the replies of an exchange, retrying what was lost.
   absl::Status Finish(std::unique_ptr<Pending> pending);
+  // Waits until the reply for `chunk` (one of exchanges[which]'s chunks)
+  // has landed in its params: true. False as soon as any of `exchanges`
+  // needs Finish (a stream ended without some chunk: a retry; or
+  // cancelled). Retries nothing itself: Finish must follow for every one
+  // in any case.
+  bool AwaitReply(absl::Span<const std::unique_ptr<Pending>> exchanges, size_t which,
+                  uint32_t chunk);
 
   // Tells every server that this worker has pushed all of `step` and that
   // no value it pushed exceeds `gradient_max_abs` (infinity: one was a NaN
