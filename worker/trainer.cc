@@ -63,7 +63,12 @@ struct Trainer::DeviceState {
   std::shared_ptr<std::vector<float>> push_grad;
   std::unique_ptr<ParameterTransport> owned_transport;
   std::unique_ptr<ParameterClient> client;
+  // The exchanges of the step in progress, or, for a device that reads the
+  // host parameters in place, those of the last step: their values are
+  // awaited chunk by chunk as the next forward pass reads them.
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
+  // By chunk: the exchange in `pending` that carries it.
+  std::vector<int> chunk_pending;
   std::atomic<int64_t> samples{0};
 };
 
@@ -71,6 +76,8 @@ struct Trainer::StepResult {
   kernels::BatchStats stats;
   double compute_seconds = 0;
   double reduce_seconds = 0;
+  // Of the compute: waiting for the last step's values (no compute).
+  double params_wait_seconds = 0;
 };
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
@@ -167,6 +174,7 @@ absl::Status Trainer::CreateDevices() {
     PSTRAIN_ASSIGN_OR_RETURN(
         d->model, dev.CreateModelKernels(shape, d->micro, PrecisionOf(spec_.precision())));
     d->push_grad = std::make_shared<std::vector<float>>(total);
+    d->chunk_pending.assign(plan.chunks_size(), 0);
     const bool shared = dev.host_memory() && k_devices == 1;
     if (shared) {
       d->params_ptr = host_params_.data();
@@ -259,11 +267,23 @@ absl::Status Trainer::OnAllDevices(const std::function<absl::Status(int)>& fn) {
 
 absl::Status Trainer::LoadParams() {
   return OnAllDevices([&](int k) -> absl::Status {
+    if (ReadsValuesInPlace(k)) return absl::OkStatus();
     DeviceState& d = *devices_[k];
-    if (d.params_ptr == host_params_.data()) return absl::OkStatus();
     return d.device->CopyToDevice(d.params_ptr, host_params_.data(),
                                   host_params_.size() * sizeof(float));
   });
+}
+
+bool Trainer::ReadsValuesInPlace(int k) const {
+  return devices_[k]->params_ptr == host_params_.data();
+}
+
+absl::Status Trainer::FinishExchanges(int k) {
+  DeviceState& d = *devices_[k];
+  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
+  d.pending.clear();
+  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(d.client->Finish(std::move(p)));
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
@@ -272,6 +292,35 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   kernels::Device& dev = *d.device;
   const int k_devices = static_cast<int>(devices_.size());
   const absl::Time start = MonotonicNow();
+
+  // The last step's values, when they are still arriving (ReceiveValues
+  // left them): the forward pass waits for each chunk as it first reads it
+  // (layers, and so chunks, in ascending order), and for every exchange to
+  // finish once it asks for the last layer, before backward writes the
+  // gradient that a retry of them would send.
+  const v1::PartitionPlan& plan = options_.assignment.plan();
+  const int num_layers = static_cast<int>(layer_layouts_.size());
+  int next_awaited = 0;  // chunk
+  kernels::ParamsNeededFn params_needed;
+  if (!d.pending.empty()) {
+    params_needed = [&](int layer, int64_t floats) -> absl::Status {
+      if (d.pending.empty()) return absl::OkStatus();
+      const absl::Time t0 = MonotonicNow();
+      const SliceLayout::Slice& whole = layer_layouts_[layer].slices[0];
+      const int64_t end = whole.flat_offset + floats;
+      bool landed = true;
+      while (landed && next_awaited < whole.last_chunk &&
+             plan.chunks(next_awaited).offset() < end) {
+        landed = d.client->AwaitReply(d.pending, d.chunk_pending[next_awaited], next_awaited);
+        if (landed) ++next_awaited;
+      }
+      // All of them before the gradient is written, or the one to retry.
+      absl::Status status;
+      if (!landed || layer + 1 == num_layers) status = FinishExchanges(k);
+      result->params_wait_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
+      return status;
+    };
+  }
 
   // As each layer's gradient is final: reduce it across the node's devices
   // and, after the last micro-batch, start pushing this device's slice of
@@ -287,13 +336,13 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   // The loss scale (precision fp16; else 1): the gradients computed are
   // scale times the loss's, and go out divided by it (exactly: a power of two).
   const double loss_scale = loss_scale_ ? loss_scale_->scale() : 1.0;
-  const v1::PartitionPlan& plan = options_.assignment.plan();
   // Final chunks not pushed yet, their bytes, and their layers.
   std::vector<uint32_t> unsent;
   int64_t unsent_bytes = 0;
   std::vector<int> unsent_layers;
   auto flush = [&] {
     if (unsent.empty()) return;
+    for (uint32_t c : unsent) d.chunk_pending[c] = static_cast<int>(d.pending.size());
     d.pending.push_back(
         d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(unsent)));
     unsent.clear();
@@ -395,10 +444,12 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
           dev.CopyToDevice(d.y.as<int32_t>(), d.host_y.data(), n * sizeof(int32_t)));
     }
     status = d.model->ForwardBackward(d.params_ptr, d.x.as<float>(), d.y.as<int32_t>(), n,
-                                      grad_scale, d.grad_ptr, &result->stats, on_ready);
+                                      grad_scale, d.grad_ptr, &result->stats, on_ready,
+                                      micro_batch == 0 ? params_needed : nullptr);
   }
   if (status.ok() && push_status.ok()) flush();
-  result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds;
+  result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds -
+                            result->params_wait_seconds;
   result->reduce_seconds = reduce_seconds;
   PSTRAIN_RETURN_IF_ERROR(status);
   return push_status;
@@ -408,9 +459,12 @@ absl::Status Trainer::ReceiveValues(int k, StepResult* result) {
   DeviceState& d = *devices_[k];
   kernels::Device& dev = *d.device;
   const int k_devices = static_cast<int>(devices_.size());
-  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
-  d.pending.clear();
-  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(d.client->Finish(std::move(p)));
+  if (ReadsValuesInPlace(k)) {
+    // They land where the next forward pass reads them, which waits for each.
+    d.samples += d.share;
+    return absl::OkStatus();
+  }
+  PSTRAIN_RETURN_IF_ERROR(FinishExchanges(k));
 
   // The new parameters onto the device: each device holds the servers'
   // answer for its slice; the all-gather gives every device all of them.
@@ -677,6 +731,9 @@ absl::Status Trainer::Run() {
     }
     if (done == last_step) break;
   }
+  // The last step's values, where the next forward pass would have
+  // awaited them.
+  PSTRAIN_RETURN_IF_ERROR(OnAllDevices([&](int k) { return FinishExchanges(k); }));
   v1::StepTimes& times = *report.mutable_step_times();
   const double n = static_cast<double>(std::max<int64_t>(last_step - first_step, 1));
   times.set_compute_seconds(phase_totals[static_cast<int>(StepPhase::kCompute)] / n);

@@ -125,8 +125,15 @@ class Trainer {
   // each layer's pushes as the layer's gradient is final...
   absl::Status ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
                               StepResult* result);
-  // ... and, after the node's step end, the new values onto the device.
+  // ... and, after the node's step end, the new values onto the device
+  // (a device that reads the host parameters in place: left to the next
+  // ComputeAndPush, whose forward pass starts on the first values as they
+  // land).
   absl::Status ReceiveValues(int k, StepResult* result);
+  // Whether device k reads its parameters from host_params_ itself.
+  bool ReadsValuesInPlace(int k) const;
+  // Finishes device k's exchanges in flight (retrying what was lost).
+  absl::Status FinishExchanges(int k);
   // Runs fn(k) for every device, on the devices' threads; the first error.
   absl::Status OnAllDevices(const std::function<absl::Status(int)>& fn);
   // Copies the node's host parameters to every device.
