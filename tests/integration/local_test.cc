@@ -132,7 +132,9 @@ void RunWithKills(const TempDir& dir, const std::string& job,
 TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
   TempDir dir;
   std::string yaml = kJob;
-  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 1");
+  // 1874 steps: the kills (steps 100 and 250 in the coordinator's view,
+  // which lags the workers by up to a report interval) fall inside the job.
+  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 2");
   const std::string job = dir.Write("job.yaml", yaml);
   ProcessResult clean = RunProcess({BinDir() + "/pstrain-local", "--job", job}, absl::Minutes(5));
   ASSERT_EQ(clean.exit_code(), 0) << clean.err;
@@ -161,7 +163,9 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
 TEST(LocalTest, ColocatedServersGiveTheResultOfServersOfTheirOwn) {
   TempDir dir;
   std::string yaml = kJob;
-  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 1");
+  // 3748 steps: the kill at step 150 in the coordinator's view (which lags
+  // the workers by up to a report interval) falls well inside the job.
+  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 4");
   const std::string separate = dir.Write("job.yaml", yaml);
   yaml.replace(yaml.find("num_servers: 2"), 14, "colocated_servers: true");
   const std::string colocated = dir.Write("colocated.yaml", yaml);
