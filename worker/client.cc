@@ -280,12 +280,17 @@ class Client::Impl {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
     PSTRAIN_RETURN_IF_ERROR(CheckTensor(tensor, size));
     if (grad == nullptr) return absl::InvalidArgumentError("null gradient");
+    // The last step's values first: a retry of its pushes must still find
+    // the gradients it reads, which the caller may reuse once this returns.
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
+    if (step_discarded_) return absl::OkStatus();
     absl::MutexLock lock(&push_mu_);
     if (pushed_[tensor]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", tensors_[tensor].name, "' was already pushed in step ", step_));
     }
     pushed_[tensor] = true;
+    exchange_of_tensor_[tensor] = static_cast<int>(pending_.size());
     const int64_t offset = descs_[tensor].offset;
     // The frames only read the gradient.
     pending_.push_back(params_->StartPushPull(step_, {const_cast<float*>(grad), offset},
@@ -294,8 +299,16 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<int64_t> EndStep(double loss, int64_t samples) {
+  absl::StatusOr<int64_t> EndStep(double loss, int64_t samples, bool await_values) {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
+    if (step_discarded_) {
+      // Computed from a generation that is gone: its pushes went nowhere.
+      step_discarded_ = false;
+      last_step_end_ = MonotonicNow();
+      awaited_seconds_ = 0;
+      return step_;
+    }
     if (step_ >= TotalSteps(spec_)) {
       return absl::FailedPreconditionError(
           absl::StrCat("the job's ", TotalSteps(spec_), " steps are done: Finish"));
@@ -317,9 +330,21 @@ class Client::Impl {
       pending.swap(pending_);
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
+    std::unique_ptr<ParameterClient::Pending> step_end =
+        params_->StartEndStep(step_, params_->PushedMaxAbs(step_));
+    // The last step's values are awaited here: a recovery found after the
+    // program's loop is over could not send it back.
+    if (!await_values && step_ + 1 < TotalSteps(spec_)) {
+      // The next forward pass awaits each tensor's values (AwaitValues);
+      // the step end is finished first, as below (the pushes' replies wait
+      // for it: a lost one is sent again before anything waits for them).
+      deferred_.push_back(std::move(step_end));
+      for (auto& p : pending) deferred_.push_back(std::move(p));
+      RecordStep(loss, samples, wait_start);
+      return step_;
+    }
     // The step end first: the pushes' replies wait for it.
-    const absl::Status ended =
-        params_->Finish(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
+    const absl::Status ended = params_->Finish(std::move(step_end));
     const absl::Status status = FinishAll(std::move(pending), ended);
     if (!status.ok()) {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
@@ -329,8 +354,32 @@ class Client::Impl {
     return step_;
   }
 
+  absl::Status AwaitValues(int tensor) {
+    PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    if (tensor < 0 || tensor >= static_cast<int>(tensors_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " outside [0, ",
+                                                     tensors_.size(), ")"));
+    }
+    if (deferred_.empty()) return absl::OkStatus();
+    const absl::Time start = MonotonicNow();
+    size_t exchange;
+    {
+      absl::MutexLock lock(&push_mu_);
+      exchange = exchange_of_tensor_[tensor];
+    }
+    bool landed = true;
+    for (uint32_t chunk : chunks_of_tensor_[tensor]) {
+      landed = params_->AwaitReply(deferred_, kDeferredPushes + exchange, chunk);
+      if (!landed) break;
+    }
+    awaited_seconds_ += absl::ToDoubleSeconds(MonotonicNow() - start);
+    // A chunk of the step to send again: all of them, with their retries.
+    return landed ? absl::OkStatus() : FinishDeferred();
+  }
+
   absl::Status Pull() {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
     absl::Status status = PullInto(/*steps_applied=*/0);
     if (!status.ok()) PSTRAIN_RETURN_IF_ERROR(Recover(status));
     return absl::OkStatus();
@@ -338,6 +387,7 @@ class Client::Impl {
 
   absl::Status Finish(std::optional<Evaluation> evaluation) {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
     const int64_t total = TotalSteps(spec_);
     if (step_ != total) {
       return absl::FailedPreconditionError(
@@ -414,6 +464,21 @@ class Client::Impl {
     if (mine->generation() > generation_ && generation_ > 0 && params_ != nullptr) {
       params_->Cancel();
     }
+  }
+
+  // Finishes the exchanges of the last step whose values EndStep left to
+  // arrive. After a recovery the step being computed is discarded: its
+  // pushes and its EndStep do nothing, and EndStep returns the step the
+  // job goes on from.
+  absl::Status FinishDeferred() {
+    if (deferred_.empty()) return absl::OkStatus();
+    const absl::Time start = MonotonicNow();
+    const absl::Status status = FinishAll(std::exchange(deferred_, {}));
+    awaited_seconds_ += absl::ToDoubleSeconds(MonotonicNow() - start);
+    if (status.ok()) return status;
+    PSTRAIN_RETURN_IF_ERROR(Recover(status));
+    step_discarded_ = true;
+    return absl::OkStatus();
   }
 
   // Finishes every exchange; the first error (`status` if it is one).
@@ -537,7 +602,10 @@ class Client::Impl {
       absl::MutexLock lock(&push_mu_);
       pending_.clear();
       pushed_.assign(descs_.size(), false);
+      exchange_of_tensor_.assign(descs_.size(), 0);
     }
+    deferred_.clear();
+    awaited_seconds_ = 0;
     step_ = assignment_.resume_step();
     first_step_ = step_;
     const v1::WorkerResumeState& resume = assignment_.resume_state();
@@ -617,9 +685,11 @@ class Client::Impl {
     const double wait = stats.wait_seconds - stats_before_.wait_seconds;
     const double pull = stats.pull_seconds - stats_before_.pull_seconds;
     stats_before_ = stats;
-    const double exposed = absl::ToDoubleSeconds(now - wait_start);
+    // The values awaited while computing (AwaitValues) were exchange time.
+    const double awaited = std::exchange(awaited_seconds_, 0.0);
+    const double exposed = absl::ToDoubleSeconds(now - wait_start) + awaited;
     const double exchange = push + wait + pull;
-    phase_seconds_[0] += absl::ToDoubleSeconds(wait_start - last_step_end_);
+    phase_seconds_[0] += absl::ToDoubleSeconds(wait_start - last_step_end_) - awaited;
     if (exchange > 0) {
       phase_seconds_[1] += exposed * push / exchange;
       phase_seconds_[2] += exposed * wait / exchange;
@@ -708,6 +778,15 @@ class Client::Impl {
   absl::Mutex push_mu_;
   std::vector<bool> pushed_ ABSL_GUARDED_BY(push_mu_);
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending_ ABSL_GUARDED_BY(push_mu_);
+  // By tensor: its exchange in pending_ (and in deferred_, a step later).
+  std::vector<int> exchange_of_tensor_ ABSL_GUARDED_BY(push_mu_);
+  // The last step's exchanges, their values still arriving (EndStep
+  // without awaiting them), and the time spent awaiting them since.
+  // The step end, then the pushes in pending_'s order.
+  std::vector<std::unique_ptr<ParameterClient::Pending>> deferred_;
+  static constexpr size_t kDeferredPushes = 1;
+  double awaited_seconds_ = 0;
+  bool step_discarded_ = false;  // a recovery happened while it was computed
 
   // Progress.
   std::vector<double> recent_losses_;  // by step, a ring
@@ -769,9 +848,10 @@ absl::Status Client::PushGradient(int tensor, const float* grad, int64_t size,
                                   std::shared_ptr<const void> keep_alive) {
   return impl_->PushGradient(tensor, grad, size, std::move(keep_alive));
 }
-absl::StatusOr<int64_t> Client::EndStep(double loss, int64_t samples) {
-  return impl_->EndStep(loss, samples);
+absl::StatusOr<int64_t> Client::EndStep(double loss, int64_t samples, bool await_values) {
+  return impl_->EndStep(loss, samples, await_values);
 }
+absl::Status Client::AwaitValues(int tensor) { return impl_->AwaitValues(tensor); }
 absl::Status Client::Pull() { return impl_->Pull(); }
 absl::Status Client::Finish(std::optional<Evaluation> evaluation) {
   return impl_->Finish(evaluation);

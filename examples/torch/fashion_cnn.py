@@ -65,7 +65,7 @@ def evaluate(net, x, y):
 
 def train_pstrain(net, train, test):
     import pstrain.torch as pst
-    opt = pst.DistributedOptimizer(net)
+    opt = pst.DistributedOptimizer(net, overlap_values=True)  # the forward awaits each layer
     x, y = train
     start, samples = time.monotonic(), 0
     for idx in pst.ShardSampler(opt.client, len(x)):

@@ -69,6 +69,21 @@ def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
             assert np.array_equal(workers[0][name], workers[1][name])
 
 
+def model_of(worker):
+    return {name: v for name, v in worker.items() if name not in ("steps", "indices", "losses")}
+
+
+def test_values_awaited_by_the_forward_pass_change_nothing():
+    with tempfile.TemporaryDirectory() as out:
+        os.makedirs(out + "/waited")
+        os.makedirs(out + "/overlapped")
+        _, waited = run_job(out + "/waited", "--optimizer", "adam")
+        _, overlapped = run_job(out + "/overlapped", "--optimizer", "adam", "--overlap-values")
+        for name, values in model_of(waited[0]).items():
+            assert np.array_equal(overlapped[0][name], values), name
+            assert np.array_equal(overlapped[1][name], values), name
+
+
 def test_leaving_out_a_worker_breaks_the_bound():
     with tempfile.TemporaryDirectory() as out:
         _, workers = run_job(out, "--drop-worker", "1")
@@ -86,17 +101,20 @@ def test_async_and_ssp_train(mode):
             assert w["losses"][-20:].mean() < 0.8 * w["losses"][:20].mean()
 
 
-def test_a_killed_worker_is_restarted_and_changes_nothing():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_killed_worker_is_restarted_and_changes_nothing(overlap):
+    # With overlap, the survivor learns of the recovery while the values of
+    # its last step arrive, and discards the step it was computing.
+    extra = ["--overlap-values"] if overlap else []
     with tempfile.TemporaryDirectory() as out:
         os.makedirs(out + "/clean")
         os.makedirs(out + "/killed")
         _, clean = run_job(out + "/clean")
-        result, killed = run_job(out + "/killed", "--die-at", "25")
+        result, killed = run_job(out + "/killed", "--die-at", "25", *extra)
         assert os.path.exists(out + "/killed/died-1")
         assert result["recoveries"] >= 1
-        for name in clean[0]:
-            if name not in ("steps", "indices", "losses"):
-                assert np.array_equal(killed[0][name], clean[0][name]), name
+        for name, values in model_of(clean[0]).items():
+            assert np.array_equal(killed[0][name], values), name
 
 
 def test_pushes_and_values_use_the_tensors_own_memory(cluster):

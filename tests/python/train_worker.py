@@ -3,7 +3,7 @@ synthetic data through pstrain.torch. Writes what it trained to OUT_DIR:
 worker-W.npz with the final parameters and each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
-                  [--drop-worker 1] [--die-at STEP]
+                  [--drop-worker 1] [--die-at STEP] [--overlap-values]
 """
 import argparse
 import os
@@ -48,11 +48,12 @@ def main():
     parser.add_argument("--mode", default="sync")
     parser.add_argument("--drop-worker", type=int, default=-1)
     parser.add_argument("--die-at", type=int, default=-1)
+    parser.add_argument("--overlap-values", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = data()
     net = model()
-    opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args))
+    opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args), overlap_values=args.overlap_values)
     me = opt.client.worker_index
     marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
     indices, losses = {}, {}

@@ -200,12 +200,21 @@ PYBIND11_MODULE(_client, m) {
           py::arg("tensor"), py::arg("address"), py::arg("size"))
       .def(
           "end_step",
-          [](pstrain::Client& c, double loss, int64_t samples) {
-            return Value(Unlocked([&] { return c.EndStep(loss, samples); }));
+          [](pstrain::Client& c, double loss, int64_t samples, bool await_values) {
+            return Value(Unlocked([&] { return c.EndStep(loss, samples, await_values); }));
           },
-          py::arg("loss"), py::arg("samples"),
-          "Ends the step; waits for the new values (in the bound memory); returns the step "
-          "to compute next.")
+          py::arg("loss"), py::arg("samples"), py::arg("await_values") = true,
+          "Ends the step; waits for the new values (in the bound memory), or with "
+          "await_values=False leaves them to await_values(tensor); returns the step to "
+          "compute next.")
+      .def(
+          "await_values",
+          [](pstrain::Client& c, const std::vector<int>& tensors) {
+            for (int t : tensors) Check(Unlocked([&] { return c.AwaitValues(t); }));
+          },
+          py::arg("tensors"),
+          "Waits until these tensors' values of the step end_step(await_values=False) ended "
+          "are in their bound memory.")
       .def("pull",
            [](pstrain::Client& c) { Check(Unlocked([&] { return c.Pull(); })); })
       .def(

@@ -177,7 +177,21 @@ class PSTRAIN_CLIENT_API Client {
   // Returns the step to compute next: step() + 1, or, after a recovery,
   // the step the job goes on from. CANCELLED once the job is no longer
   // running; the servers' error otherwise.
-  absl::StatusOr<int64_t> EndStep(double loss, int64_t samples);
+  //
+  // await_values false: returns once the servers have the step end; the
+  // values land in the bound tensors while the next step begins, and the
+  // program calls AwaitValues(t) before it reads tensor t (the forward
+  // pass starts on the first layers while the others arrive). Every other
+  // call (PushGradient, EndStep, Pull, Finish) first waits for all of
+  // them, and EndStep of the job's last step waits for its values as with
+  // await_values true. A failure found while they arrive that the job recovers from
+  // discards the step being computed: its pushes are ignored and EndStep
+  // returns the step the job goes on from, as above.
+  absl::StatusOr<int64_t> EndStep(double loss, int64_t samples, bool await_values = true);
+
+  // Waits until tensor `tensor`'s values of the step EndStep(..., false)
+  // ended are in its bound memory (at once if there is no such step).
+  absl::Status AwaitValues(int tensor);
 
   // Receives the values the servers hold now into the bound tensors
   // (async and ssp: with the other workers' latest pushes).

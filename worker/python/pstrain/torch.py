@@ -22,6 +22,14 @@ which the library writes into the parameters' own storage, in place (their
 data_ptr() never changes). The sampler reads the client's step each time,
 so after a recovery (the job gone back to a checkpoint) it goes on from
 there without a word from the script.
+
+overlap_values=True: step() returns once the servers have the step's end,
+and the new values land while the next step begins: a forward pre-hook on
+every module waits for the module's own parameters before its forward
+runs, so the first layers compute while the later layers' values arrive.
+A parameter read outside its own module's forward (another module's
+weight used directly, a functional call on it) is not awaited: leave the
+option off for such models. The results are bitwise those without it.
 """
 import torch
 
@@ -35,7 +43,10 @@ class DistributedOptimizer:
     contiguous float32 CPU tensors; the job's tensors are the parameters'
     names and shapes."""
 
-    def __init__(self, model, client=None, job_yaml=None, **init_options):
+    def __init__(self, model, client=None, job_yaml=None, overlap_values=False, **init_options):
+        if overlap_values and not isinstance(model, torch.nn.Module):
+            raise ValueError("pstrain: overlap_values needs the model as a torch.nn.Module "
+                             "(its modules' forward pre-hooks await the values)")
         named = model.named_parameters() if hasattr(model, "named_parameters") else model
         self._params = [(name, p) for name, p in named]
         for name, p in self._params:
@@ -48,6 +59,9 @@ class DistributedOptimizer:
             raise ValueError("pstrain: the job's tensors %s are not the model's parameters %s"
                              % (self.client.tensors, shapes))
         self._pushed = []      # this step's pushed gradients, alive until step() returns
+        # overlap_values: the last step's, alive until its values are all in
+        self._overlap = overlap_values
+        self._previous = []
         self._accumulators = []  # the AccumulateGrad nodes the hooks sit on
         for index, (name, p) in enumerate(self._params):
             self.client.bind_address(index, p.data_ptr(), p.numel())
@@ -55,7 +69,19 @@ class DistributedOptimizer:
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
                 accumulator.register_hook(self._push_hook(index, p))
                 self._accumulators.append(accumulator)
+        if overlap_values:
+            index_of = {id(p): index for index, (_, p) in enumerate(self._params)}
+            for module in model.modules():
+                own = [index_of[id(p)] for p in module.parameters(recurse=False)
+                       if id(p) in index_of]
+                if own:
+                    module.register_forward_pre_hook(self._await_hook(own))
         self.client.start()
+
+    def _await_hook(self, tensors):
+        def hook(*_):
+            self.client.await_values(tensors)
+        return hook
 
     def _push_hook(self, index, p):
         def hook(*_):
@@ -67,6 +93,7 @@ class DistributedOptimizer:
             grad.mul_(self.client.gradient_scale)
             self._pushed.append(grad)
             self.client.push_address(index, grad.data_ptr(), grad.numel())
+            self._previous = []  # the push waited for the last step's exchanges
         return hook
 
     def step(self, loss=None, samples=None):
@@ -75,12 +102,17 @@ class DistributedOptimizer:
         batch's mean loss (a tensor or a float) for the job's progress."""
         value = float(loss.detach()) if torch.is_tensor(loss) else float(loss or 0.0)
         try:
-            return self.client.end_step(value, samples or self.client.batch_size)
+            return self.client.end_step(value, samples or self.client.batch_size,
+                                        await_values=not self._overlap)
         finally:
-            self._pushed.clear()
+            self._previous, self._pushed = (self._pushed if self._overlap else []), []
 
     def zero_grad(self, set_to_none=True):
         # A new gradient tensor each step: the pushed one is never written.
+        # Zeroed in place: once the last step's values are in (no retry
+        # reads the gradients any more).
+        if not set_to_none and self._previous:
+            self.client.await_values(range(len(self._params)))
         for _, p in self._params:
             if set_to_none:
                 p.grad = None
