@@ -64,8 +64,9 @@ struct Trainer::DeviceState {
   std::unique_ptr<ParameterTransport> owned_transport;
   std::unique_ptr<ParameterClient> client;
   // The exchanges of the step in progress, or, for a device that reads the
-  // host parameters in place, those of the last step: their values are
-  // awaited chunk by chunk as the next forward pass reads them.
+  // host parameters in place, those of the last step, its step end first:
+  // their values are awaited chunk by chunk as the next forward pass reads
+  // them.
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
   // By chunk: the exchange in `pending` that carries it.
   std::vector<int> chunk_pending;
@@ -581,9 +582,18 @@ absl::Status Trainer::Run() {
       // The node's step end, once every device has started its pushes: the
       // servers apply none of the step before it. Acknowledged at once, and
       // finished first: the pushes' replies wait for it, so a lost step end
-      // must be sent again before anything waits for them.
+      // must be sent again before anything waits for them. A device that
+      // reads the values in place finishes it as the first of the step's
+      // exchanges, when the next forward pass awaits them.
       for (const auto& d : devices_) max_abs = std::max(max_abs, d->client->PushedMaxAbs(step));
-      status = client0.Finish(client0.StartEndStep(step, max_abs));
+      std::unique_ptr<ParameterClient::Pending> step_end = client0.StartEndStep(step, max_abs);
+      if (ReadsValuesInPlace(0)) {
+        DeviceState& d = *devices_[0];
+        d.pending.insert(d.pending.begin(), std::move(step_end));
+        for (int& exchange : d.chunk_pending) ++exchange;
+      } else {
+        status = client0.Finish(std::move(step_end));
+      }
       if (status.ok()) {
         status = OnAllDevices([&](int k) { return ReceiveValues(k, &results[k]); });
       }
@@ -659,6 +669,8 @@ absl::Status Trainer::Run() {
     const int64_t done = step + 1;
     bool evaluated = false;
     if (evaluates && done % eval_every == 0 && done < total_steps) {
+      // The step end must be in before the servers can answer for `done`.
+      PSTRAIN_RETURN_IF_ERROR(OnAllDevices([&](int k) { return FinishExchanges(k); }));
       PSTRAIN_ASSIGN_OR_RETURN(last_eval, EvaluateAfter(done));
       before = client_stats();  // the evaluation's pull is no step's
       evaluated = true;
