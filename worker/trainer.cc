@@ -302,8 +302,9 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   const v1::PartitionPlan& plan = options_.assignment.plan();
   const int num_layers = static_cast<int>(layer_layouts_.size());
   int next_awaited = 0;  // chunk
+  bool last_step_unfinished = !d.pending.empty();
   kernels::ParamsNeededFn params_needed;
-  if (!d.pending.empty()) {
+  if (last_step_unfinished) {
     params_needed = [&](int layer, int64_t floats) -> absl::Status {
       if (d.pending.empty()) return absl::OkStatus();
       const absl::Time t0 = MonotonicNow();
@@ -317,7 +318,10 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
       }
       // All of them before the gradient is written, or the one to retry.
       absl::Status status;
-      if (!landed || layer + 1 == num_layers) status = FinishExchanges(k);
+      if (!landed || layer + 1 == num_layers) {
+        status = FinishExchanges(k);
+        last_step_unfinished = false;
+      }
       result->params_wait_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
       return status;
     };
@@ -372,6 +376,13 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   };
   int micro_batch = 0;
   auto on_ready = [&](int layer, int64_t ready_floats) {
+    if (last_step_unfinished && push_status.ok()) {
+      // A retry of them would send this gradient: a kernel that breaks
+      // the contract of ParamsNeededFn.
+      push_status = absl::InternalError(
+          "the model's forward pass did not ask for its last layer's parameters before "
+          "backward wrote a gradient");
+    }
     const SliceLayout& layout = layer_layouts_[layer];
     const SliceLayout::Slice& slice = layout.slices[k];
     const bool last = micro_batch + 1 == d.micro_batches;
