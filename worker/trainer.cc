@@ -63,13 +63,17 @@ struct Trainer::DeviceState {
   std::shared_ptr<std::vector<float>> push_grad;
   std::unique_ptr<ParameterTransport> owned_transport;
   std::unique_ptr<ParameterClient> client;
-  // The exchanges of the step in progress, or, for a device that reads the
-  // host parameters in place, those of the last step, its step end first:
-  // their values are awaited chunk by chunk as the next forward pass reads
-  // them.
+  // The exchanges of the step in progress, or those of the last step (the
+  // node's step end first, on device 0): their values are awaited chunk by
+  // chunk as the next forward pass asks for them (AwaitValues).
   std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
   // By chunk: the exchange in `pending` that carries it.
   std::vector<int> chunk_pending;
+  // Layers whose values for the next forward pass the device holds (the
+  // model's layer count: all); the next chunk of this device's slices to
+  // await.
+  int layers_loaded = 0;
+  int next_awaited = 0;
   std::atomic<int64_t> samples{0};
 };
 
@@ -268,8 +272,9 @@ absl::Status Trainer::OnAllDevices(const std::function<absl::Status(int)>& fn) {
 
 absl::Status Trainer::LoadParams() {
   return OnAllDevices([&](int k) -> absl::Status {
-    if (ReadsValuesInPlace(k)) return absl::OkStatus();
     DeviceState& d = *devices_[k];
+    d.layers_loaded = static_cast<int>(layer_layouts_.size());
+    if (ReadsValuesInPlace(k)) return absl::OkStatus();
     return d.device->CopyToDevice(d.params_ptr, host_params_.data(),
                                   host_params_.size() * sizeof(float));
   });
@@ -287,6 +292,66 @@ absl::Status Trainer::FinishExchanges(int k) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::AwaitValues(int k, int layer, int64_t floats, double* wait_seconds,
+                                  double* load_seconds) {
+  DeviceState& d = *devices_[k];
+  const v1::PartitionPlan& plan = options_.assignment.plan();
+  const int num_layers = static_cast<int>(layer_layouts_.size());
+  const bool in_place = ReadsValuesInPlace(k);
+  for (int l = d.layers_loaded; l <= layer; ++l) {
+    const SliceLayout& layout = layer_layouts_[l];
+    const SliceLayout::Slice& mine = layout.slices[k];
+    // In place, as far as the pass reads (the rows of a block); else this
+    // device's whole slice of the layer, which goes to the device at once.
+    const bool whole = !in_place || l < layer || floats >= layout.total_floats();
+    const int64_t end = whole ? mine.flat_offset + mine.floats : mine.flat_offset + floats;
+    const absl::Time t0 = MonotonicNow();
+    d.next_awaited = std::max(d.next_awaited, mine.first_chunk);
+    bool landed = true;
+    while (!d.pending.empty() && landed && d.next_awaited < mine.last_chunk &&
+           plan.chunks(d.next_awaited).offset() < end) {
+      landed = d.client->AwaitReply(d.pending, d.chunk_pending[d.next_awaited], d.next_awaited);
+      if (landed) ++d.next_awaited;
+    }
+    // All of them before backward writes the gradient (a retry would send
+    // it), or at once when one was lost: the one to retry.
+    if (!landed || (whole && l + 1 == num_layers)) PSTRAIN_RETURN_IF_ERROR(FinishExchanges(k));
+    const absl::Time t1 = MonotonicNow();
+    *wait_seconds += absl::ToDoubleSeconds(t1 - t0);
+    if (!whole) return absl::OkStatus();
+    if (!in_place) {
+      PSTRAIN_RETURN_IF_ERROR(LoadLayer(k, l));
+      *load_seconds += absl::ToDoubleSeconds(MonotonicNow() - t1);
+    }
+    d.layers_loaded = l + 1;
+    if (options_.trace) options_.trace({StepEvent::Kind::kValuesLoaded, l, k});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadLayer(int k, int layer) {
+  DeviceState& d = *devices_[k];
+  kernels::Device& dev = *d.device;
+  const SliceLayout& layout = layer_layouts_[layer];
+  if (devices_.size() == 1) {
+    const SliceLayout::Slice& whole = layout.slices[0];
+    return dev.CopyToDevice(d.params_ptr + whole.flat_offset, host_params_.data() + whole.flat_offset,
+                            whole.floats * sizeof(float));
+  }
+  // Each device holds the servers' answer for its own slice; the
+  // all-gather gives every device all of them.
+  const SliceLayout::Slice& mine = layout.slices[k];
+  PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.send.as<float>(), host_params_.data() + mine.flat_offset,
+                                           mine.floats * sizeof(float)));
+  PSTRAIN_RETURN_IF_ERROR(
+      reducer_->AllGather(k, d.send.as<float>(), d.recv.as<float>(), layout.slice_floats));
+  for (int r = 0; r < static_cast<int>(devices_.size()); ++r) {
+    PSTRAIN_RETURN_IF_ERROR(
+        layout.UnpackSlice(dev, r, d.recv.as<float>() + r * layout.slice_floats, d.params_ptr));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
                                      StepResult* result) {
   DeviceState& d = *devices_[k];
@@ -294,36 +359,16 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   const int k_devices = static_cast<int>(devices_.size());
   const absl::Time start = MonotonicNow();
 
-  // The last step's values, when they are still arriving (ReceiveValues
-  // left them): the forward pass waits for each chunk as it first reads it
-  // (layers, and so chunks, in ascending order), and for every exchange to
-  // finish once it asks for the last layer, before backward writes the
-  // gradient that a retry of them would send.
+  // The last step's values, when they are still arriving (DeferValues
+  // left them): the forward pass asks for each layer before it reads it.
   const v1::PartitionPlan& plan = options_.assignment.plan();
   const int num_layers = static_cast<int>(layer_layouts_.size());
-  int next_awaited = 0;  // chunk
-  bool last_step_unfinished = !d.pending.empty();
+  double reduce_seconds = 0;
   kernels::ParamsNeededFn params_needed;
-  if (last_step_unfinished) {
-    params_needed = [&](int layer, int64_t floats) -> absl::Status {
-      if (d.pending.empty()) return absl::OkStatus();
-      const absl::Time t0 = MonotonicNow();
-      const SliceLayout::Slice& whole = layer_layouts_[layer].slices[0];
-      const int64_t end = whole.flat_offset + floats;
-      bool landed = true;
-      while (landed && next_awaited < whole.last_chunk &&
-             plan.chunks(next_awaited).offset() < end) {
-        landed = d.client->AwaitReply(d.pending, d.chunk_pending[next_awaited], next_awaited);
-        if (landed) ++next_awaited;
-      }
-      // All of them before the gradient is written, or the one to retry.
-      absl::Status status;
-      if (!landed || layer + 1 == num_layers) {
-        status = FinishExchanges(k);
-        last_step_unfinished = false;
-      }
-      result->params_wait_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
-      return status;
+  if (d.layers_loaded < num_layers) {
+    params_needed = [&](int layer, int64_t floats) {
+      if (options_.trace) options_.trace({StepEvent::Kind::kValuesAsked, layer, k});
+      return AwaitValues(k, layer, floats, &result->params_wait_seconds, &reduce_seconds);
     };
   }
 
@@ -332,7 +377,6 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   // it (with the earlier micro-batches' sum added). A single device pushes
   // the whole chunks of a final prefix of a layer at once (without
   // micro-batches).
-  double reduce_seconds = 0;
   absl::Status push_status;
   std::vector<int> first_unpushed(layer_layouts_.size());
   for (size_t l = 0; l < layer_layouts_.size(); ++l) {
@@ -376,7 +420,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   };
   int micro_batch = 0;
   auto on_ready = [&](int layer, int64_t ready_floats) {
-    if (last_step_unfinished && push_status.ok()) {
+    if (d.layers_loaded < num_layers && push_status.ok()) {
       // A retry of them would send this gradient: a kernel that breaks
       // the contract of ParamsNeededFn.
       push_status = absl::InternalError(
@@ -467,44 +511,11 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   return push_status;
 }
 
-absl::Status Trainer::ReceiveValues(int k, StepResult* result) {
+void Trainer::DeferValues(int k) {
   DeviceState& d = *devices_[k];
-  kernels::Device& dev = *d.device;
-  const int k_devices = static_cast<int>(devices_.size());
-  if (ReadsValuesInPlace(k)) {
-    // They land where the next forward pass reads them, which waits for each.
-    d.samples += d.share;
-    return absl::OkStatus();
-  }
-  PSTRAIN_RETURN_IF_ERROR(FinishExchanges(k));
-
-  // The new parameters onto the device: each device holds the servers'
-  // answer for its slice; the all-gather gives every device all of them.
-  const absl::Time t0 = MonotonicNow();
-  if (k_devices == 1) {
-    if (d.params_ptr != host_params_.data()) {
-      PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.params_ptr, host_params_.data(),
-                                               host_params_.size() * sizeof(float)));
-    }
-  } else {
-    // Layer by layer, with the slices the devices pushed: device k has the
-    // answers for its slices only.
-    for (const SliceLayout& layout : layer_layouts_) {
-      const SliceLayout::Slice& mine = layout.slices[k];
-      PSTRAIN_RETURN_IF_ERROR(dev.CopyToDevice(d.send.as<float>(),
-                                               host_params_.data() + mine.flat_offset,
-                                               mine.floats * sizeof(float)));
-      PSTRAIN_RETURN_IF_ERROR(reducer_->AllGather(k, d.send.as<float>(), d.recv.as<float>(),
-                                                  layout.slice_floats));
-      for (int r = 0; r < k_devices; ++r) {
-        PSTRAIN_RETURN_IF_ERROR(layout.UnpackSlice(
-            dev, r, d.recv.as<float>() + r * layout.slice_floats, d.params_ptr));
-      }
-    }
-  }
-  result->reduce_seconds += absl::ToDoubleSeconds(MonotonicNow() - t0);
+  d.layers_loaded = 0;
+  d.next_awaited = 0;
   d.samples += d.share;
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Evaluation> Trainer::EvaluateAfter(int64_t steps) {
@@ -591,23 +602,14 @@ absl::Status Trainer::Run() {
         [&](int k) { return ComputeAndPush(k, step, node_samples, &results[k]); });
     if (status.ok()) {
       // The node's step end, once every device has started its pushes: the
-      // servers apply none of the step before it. Acknowledged at once, and
-      // finished first: the pushes' replies wait for it, so a lost step end
-      // must be sent again before anything waits for them. A device that
-      // reads the values in place finishes it as the first of the step's
-      // exchanges, when the next forward pass awaits them.
+      // servers apply none of the step before it. Device 0 finishes it as
+      // the first of its exchanges (a lost one is sent again before
+      // anything else), when the next forward pass awaits the values.
       for (const auto& d : devices_) max_abs = std::max(max_abs, d->client->PushedMaxAbs(step));
-      std::unique_ptr<ParameterClient::Pending> step_end = client0.StartEndStep(step, max_abs);
-      if (ReadsValuesInPlace(0)) {
-        DeviceState& d = *devices_[0];
-        d.pending.insert(d.pending.begin(), std::move(step_end));
-        for (int& exchange : d.chunk_pending) ++exchange;
-      } else {
-        status = client0.Finish(std::move(step_end));
-      }
-      if (status.ok()) {
-        status = OnAllDevices([&](int k) { return ReceiveValues(k, &results[k]); });
-      }
+      DeviceState& d0 = *devices_[0];
+      d0.pending.insert(d0.pending.begin(), client0.StartEndStep(step, max_abs));
+      for (int& exchange : d0.chunk_pending) ++exchange;
+      for (int k = 0; k < static_cast<int>(devices_.size()); ++k) DeferValues(k);
     }
     if (!status.ok()) {
       if (cancelled_) return absl::CancelledError("training cancelled");

@@ -41,7 +41,9 @@ namespace pstrain::worker {
 // start before its kBackwardDone when the kernel announces a final prefix of
 // it (the CPU MLP's first layer).
 struct StepEvent {
-  enum class Kind { kBackwardDone, kPushStarted };
+  // kValuesAsked: the forward pass asks for (part of) the layer's new
+  // values; kValuesLoaded: they are all on the device.
+  enum class Kind { kBackwardDone, kPushStarted, kValuesAsked, kValuesLoaded };
   Kind kind;
   int layer;
   int device;
@@ -125,11 +127,22 @@ class Trainer {
   // each layer's pushes as the layer's gradient is final...
   absl::Status ComputeAndPush(int k, int64_t step, const int64_t* node_samples,
                               StepResult* result);
-  // ... and, after the node's step end, the new values onto the device
-  // (a device that reads the host parameters in place: left to the next
-  // ComputeAndPush, whose forward pass starts on the first values as they
-  // land).
-  absl::Status ReceiveValues(int k, StepResult* result);
+  // ... and, after the node's step end, leaves the new values to the next
+  // ComputeAndPush, whose forward pass starts on the first layers as they
+  // land.
+  void DeferValues(int k);
+  // What the forward pass asks before it reads the first `floats` of layer
+  // `layer` (kernels::ParamsNeededFn): awaits device k's chunks of the
+  // layers up to it (a device reading host_params_ in place: only as far
+  // as asked) and loads each whole layer onto the device (all-gathered
+  // across the node's devices); finishes every exchange when the last
+  // layer is asked for, or at once when one was lost. Adds the time spent
+  // waiting and loading.
+  absl::Status AwaitValues(int k, int layer, int64_t floats, double* wait_seconds,
+                           double* load_seconds);
+  // Copies layer `layer` of host_params_ to device k (several devices:
+  // device k's slice, all-gathered).
+  absl::Status LoadLayer(int k, int layer);
   // Whether device k reads its parameters from host_params_ itself.
   bool ReadsValuesInPlace(int k) const;
   // Finishes device k's exchanges in flight (retrying what was lost).

@@ -113,13 +113,8 @@ class CudaMlp final : public ModelKernels {
       return absl::InvalidArgumentError("batch " + std::to_string(batch) + " outside [1, " +
                                         std::to_string(max_batch_) + "]");
     }
-    // The parameters are in device memory, copied in whole: every layer at once.
-    for (size_t t = 0; params_needed && t < tensors_.size(); t += 2) {
-      const int64_t floats = tensors_[t].size + tensors_[t + 1].size;
-      if (absl::Status s = params_needed(static_cast<int>(t / 2), floats); !s.ok()) return s;
-    }
     CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    if (absl::Status s = Forward(params, x, batch); !s.ok()) return s;
+    if (absl::Status s = Forward(params, x, batch, params_needed); !s.ok()) return s;
     const int layers = num_layers();
     const int classes = widths_[layers];
     LaunchSoftmaxCrossEntropy(stream_, activations_[layers].as<float>(), labels, batch, classes,
@@ -210,7 +205,15 @@ class CudaMlp final : public ModelKernels {
     return static_cast<size_t>(rows) * cols * sizeof(float);
   }
 
-  absl::Status Forward(const float* params, const float* x, int batch) {
+  // Asks for each layer's parameters (if params_needed is set) before it
+  // launches the layer's kernels: the host waits for a layer's values while
+  // the device computes the layers before it.
+  absl::Status Forward(const float* params, const float* x, int batch,
+                       const ParamsNeededFn& params_needed = nullptr) {
+    auto ask = [&](int layer) {
+      if (!params_needed) return absl::OkStatus();
+      return params_needed(layer, tensors_[2 * layer].size + tensors_[2 * layer + 1].size);
+    };
     const float* dense_in = x;
     if (!convs_.empty()) {
       const ConvLayer& first = convs_.front();
@@ -221,6 +224,7 @@ class CudaMlp final : public ModelKernels {
         in = input_.as<float>();
       }
       for (size_t l = 0; l < convs_.size(); ++l) {
+        if (absl::Status s = ask(static_cast<int>(l)); !s.ok()) return s;
         if (absl::Status s = ForwardConv(l, params, in, batch); !s.ok()) return s;
         in = conv_[l].pooled.as<float>();
       }
@@ -232,6 +236,7 @@ class CudaMlp final : public ModelKernels {
     }
     const int layers = num_layers();
     for (int l = 0; l < layers; ++l) {
+      if (absl::Status s = ask(first_dense() + l); !s.ok()) return s;
       const int in = widths_[l], out = widths_[l + 1];
       const float* a_in = l == 0 ? dense_in : activations_[l].as<float>();
       const float* w = params + weight(l).offset;

@@ -131,6 +131,47 @@ TEST_F(MultiDeviceTest, PushesOverlapTheBackwardPass) {
   }
 }
 
+// The next step's values reach each device a layer at a time, as its
+// forward pass asks for them: every layer is loaded after the pass asked
+// for it and before it asks for the next, so the pass computes the first
+// layers while the later ones are still on their way.
+TEST_F(MultiDeviceTest, TheForwardPassAwaitsEachLayerAsItReachesIt) {
+  constexpr int kSteps = 3;
+  const int num_layers = 3;  // 784-256-128-10
+  for (int k : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << k << " devices");
+    const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.01f, 1, 64, 2, kSteps);
+    absl::Mutex mu;
+    std::vector<std::vector<worker::StepEvent>> events(k);
+    RunOptions run;
+    run.devices = Cpus(k);
+    run.trace = [&](const worker::StepEvent& e) {
+      absl::MutexLock lock(&mu);
+      if (e.kind == worker::StepEvent::Kind::kValuesAsked ||
+          e.kind == worker::StepEvent::Kind::kValuesLoaded) {
+        events[e.device].push_back(e);
+      }
+    };
+    Train(spec, run);
+    for (int device = 0; device < k; ++device) {
+      int asked = -1;  // the layer last asked for
+      std::vector<int> loads(num_layers);
+      for (const worker::StepEvent& e : events[device]) {
+        if (e.kind == worker::StepEvent::Kind::kValuesAsked) {
+          asked = e.layer;
+        } else {
+          EXPECT_EQ(e.layer, asked) << "device " << device << ": a layer loaded before it was asked for";
+          ++loads[e.layer];
+        }
+      }
+      // Every step's but the first (its values come with the job's start).
+      for (int l = 0; l < num_layers; ++l) {
+        EXPECT_EQ(loads[l], kSteps - 1) << "device " << device << ", layer " << l;
+      }
+    }
+  }
+}
+
 // Coalescing small pushes into fewer exchanges changes no bit of the
 // result, on one device and on several.
 TEST_F(MultiDeviceTest, CoalescedPushesGiveTheSameParameters) {
