@@ -252,5 +252,6 @@ int main(int argc, char** argv) {
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines
   google::InitGoogleLogging(argv[0]);
   pstrain::SkipMutexDeadlockDetection();  // as in the daemons
+  pstrain::KeepFreedMemoryForReuse();
   return pstrain::bench::Main(args);
 }

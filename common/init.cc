@@ -1,5 +1,7 @@
 #include "common/init.h"
 
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -36,6 +38,14 @@ void InitMain(int argc, char** argv, absl::string_view usage) {
   google::InstallFailureSignalHandler();
   std::signal(SIGTERM, SIG_DFL);
   SkipMutexDeadlockDetection();
+  KeepFreedMemoryForReuse();
+}
+
+void KeepFreedMemoryForReuse() {
+  // Where glibc's own dynamic thresholds end up after a 32 MiB buffer is
+  // freed; setting one fixes both, so both are set.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
 
 void SkipMutexDeadlockDetection() {
