@@ -210,7 +210,13 @@ PYBIND11_MODULE(_client, m) {
       .def(
           "await_values",
           [](pstrain::Client& c, const std::vector<int>& tensors) {
-            for (int t : tensors) Check(Unlocked([&] { return c.AwaitValues(t); }));
+            Check(Unlocked([&] {
+              absl::Status status;
+              for (size_t i = 0; i < tensors.size() && status.ok(); ++i) {
+                status = c.AwaitValues(tensors[i]);
+              }
+              return status;
+            }));
           },
           py::arg("tensors"),
           "Waits until these tensors' values of the step end_step(await_values=False) ended "
