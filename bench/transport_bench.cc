@@ -1,9 +1,10 @@
 // transport: W workers push a gradient of the whole model to S servers in a
-// process of their own and pull the new values back (sync PushPull over
-// gRPC on loopback TCP, over the servers' same-machine sockets, and through
-// shared memory), against the same bytes moved in the same pattern by
-// plain sockets of the same kind, and, for shared memory, by memcpy; over
-// TCP also against a plain gRPC program making the same exchanges.
+// process of their own and pull the new values back (sync PushPull on
+// loopback TCP over direct connections and over gRPC, over the servers'
+// same-machine sockets, and through shared memory), against the same bytes
+// moved in the same pattern by plain sockets of the same kind, and, for
+// shared memory, by memcpy; gRPC over TCP also against a plain gRPC program
+// making the same exchanges.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -356,11 +357,11 @@ int RunTransportBench(const TransportBenchOptions& options) {
       const v1::PartitionPlan plan = PlanOf(spec);
       std::vector<int64_t> shares;
       for (int64_t floats : ServerLoads(plan)) shares.push_back(4 * floats);
-      // pstrain over TCP against a plain TCP socket pair; over its
-      // same-machine socket against a plain Unix socket pair; through shared
-      // memory against memcpy.
-      enum class Way { kTcp, kUnix, kShm };
-      for (const Way way : {Way::kTcp, Way::kUnix, Way::kShm}) {
+      // pstrain over TCP (its direct connections, and gRPC's) against a
+      // plain TCP socket pair; over its same-machine socket against a plain
+      // Unix socket pair; through shared memory against memcpy.
+      enum class Way { kDirectTcp, kGrpcTcp, kUnix, kShm };
+      for (const Way way : {Way::kDirectTcp, Way::kGrpcTcp, Way::kUnix, Way::kShm}) {
         absl::StatusOr<std::unique_ptr<ServerProcess>> server_process =
             ServerProcess::Start(spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes);
         if (!server_process.ok()) {
@@ -370,6 +371,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
         worker::GrpcTransportOptions transport = grpc;
         transport.same_machine_sockets = way == Way::kUnix;
         transport.shared_memory = way == Way::kShm;
+        transport.direct_tcp = way == Way::kDirectTcp;
         int64_t steps = 0;
         absl::StatusOr<double> ours = PstrainRate(
             spec, plan, (*server_process)->addresses(), transport, options.duration, &steps);
@@ -378,7 +380,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
             way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
                              : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
                                              workers, options.duration);
-        if (way == Way::kTcp && ours.ok()) {
+        if (way == Way::kGrpcTcp && ours.ok()) {
           // And against gRPC alone making the same exchanges.
           absl::StatusOr<std::unique_ptr<ServerProcess>> echo = ServerProcess::Start(
               spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes, /*echo=*/true);
@@ -395,7 +397,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
                         .Number(4.0 * plan.total_floats() / kMiB, 1)
                         .Int(workers)
                         .Int(servers)
-                        .Text("tcp")
+                        .Text("grpc-tcp")
                         .Int(steps)
                         .Number(*ours / kMiB, 0)
                         .Number(*grpc_only / kMiB, 0)
@@ -411,7 +413,10 @@ int RunTransportBench(const TransportBenchOptions& options) {
                       .Number(4.0 * plan.total_floats() / kMiB, 1)
                       .Int(workers)
                       .Int(servers)
-                      .Text(way == Way::kTcp ? "tcp" : way == Way::kUnix ? "unix" : "shm")
+                      .Text(way == Way::kDirectTcp  ? "tcp"
+                            : way == Way::kGrpcTcp ? "grpc-tcp"
+                            : way == Way::kUnix    ? "unix"
+                                                   : "shm")
                       .Int(steps)
                       .Number(*ours / kMiB, 0)
                       .Number(*plain / kMiB, 0)

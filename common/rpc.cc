@@ -78,6 +78,15 @@ bool IsWildcardHost(const std::string& host) {
 
 }  // namespace
 
+std::string SocketHost(const std::string& address) {
+  std::string host = SplitHostPort(address).first;
+  if (IsWildcardHost(host)) return "";
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen,
                                               const std::string& advertise, int port) {
   if (!advertise.empty()) {

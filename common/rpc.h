@@ -59,6 +59,10 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder, RpcMetrics* metrics = 
 absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen,
                                               const std::string& advertise, int port);
 
+// The host of "host:port" or "[v6]:port" as getaddrinfo takes it: "::1"
+// for "[::1]:80"; empty for a wildcard host (every address of the machine).
+std::string SocketHost(const std::string& address);
+
 inline std::chrono::system_clock::time_point ToChronoTime(absl::Time t) {
   return absl::ToChronoTime(t);
 }

@@ -1,6 +1,10 @@
 #include "common/shm_connection.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -28,6 +32,11 @@ constexpr size_t kControlBytes = 4096;  // the region's first page: its header
 constexpr size_t kMessageHeaderBytes = 12;
 constexpr int64_t kMinPipeBytes = 64 << 10;
 constexpr int64_t kMaxPipeBytes = int64_t{1} << 30;
+// TCP: what one recv takes at most ahead of the message being read; a
+// larger remainder of a body goes straight into the body.
+constexpr size_t kStagedBytes = 64 << 10;
+// TCP: the iovecs one sendmsg takes.
+constexpr int kSendIovecs = 64;
 
 // One direction's indices, each written by one side only, on cache lines
 // of their own.
@@ -53,7 +62,7 @@ static_assert(sizeof(RegionHeader) <= kControlBytes);
 struct Hello {
   uint64_t magic;
   uint64_t instance;  // the listener it wants
-  uint64_t pipe_bytes;
+  uint64_t pipe_bytes;  // TCP: 0
 };
 struct Reply {
   uint64_t magic;
@@ -83,6 +92,28 @@ int PeerPid(int fd) {
 }
 
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// A TCP connection's peer as gRPC names a peer's host: "ipv4:10.0.0.2",
+// "ipv6:[::1]".
+std::string TcpPeer(int fd) {
+  sockaddr_storage address{};
+  socklen_t len = sizeof(address);
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &len) != 0) return "unknown";
+  if (address.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&address)->sin_addr, text, sizeof(text));
+    return absl::StrCat("ipv4:", text);
+  }
+  inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&address)->sin6_addr, text, sizeof(text));
+  return absl::StrCat("ipv6:[", text, "]");
+}
+
+// A connected TCP socket, ready for messages: non-blocking, no Nagle delay.
+void PrepareTcp(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  SetNonBlocking(fd);
+}
 
 // Reads exactly n bytes within `timeout`; false otherwise.
 bool ReadFully(int fd, void* data, size_t n, absl::Duration timeout) {
@@ -214,6 +245,12 @@ ShmConnection::ShmConnection(int socket_fd, void* region, size_t region_bytes, b
       region_bytes_(region_bytes),
       options_(options),
       peer_pid_(peer_pid) {
+  if (region == nullptr) {
+    peer_ = TcpPeer(socket_fd);
+    staged_ = std::make_unique<unsigned char[]>(kStagedBytes);
+    return;
+  }
+  peer_ = absl::StrCat("local process ", peer_pid);
   // The pipes' size as checked, not as the shared header says now.
   auto* header = static_cast<RegionHeader*>(region);
   auto* data = static_cast<unsigned char*>(region) + kControlBytes;
@@ -228,7 +265,7 @@ ShmConnection::~ShmConnection() {
   Close();
   close(socket_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
-  munmap(region_, region_bytes_);
+  if (region_ != nullptr) munmap(region_, region_bytes_);
 }
 
 absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::Connect(const std::string& name,
@@ -294,6 +331,65 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::Connect(const std:
       new ShmConnection(fd, region, bytes, /*is_client=*/true, options, PeerPid(fd)));
 }
 
+absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::ConnectTcp(
+    const std::string& host, int port, uint64_t instance, const ShmOptions& options,
+    absl::Duration timeout) {
+  if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
+  const std::string where = absl::StrCat(host, " port ", port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (port <= 0 || port > 65535 ||
+      getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", where));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!connected && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int64_t left = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      int error = 0;
+      socklen_t len = sizeof(error);
+      connected = poll(&p, 1, static_cast<int>(left)) == 1 &&
+                  getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+    }
+    if (!connected) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", where));
+  const Hello hello{kHelloMagic, instance, 0};
+  Reply reply{};
+  absl::Status status;
+  pollfd p{fd, POLLOUT, 0};
+  if (poll(&p, 1, 0) != 1 ||
+      send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+    status = Errno(absl::StrCat("handshake with ", where));
+  } else if (!ReadFully(fd, &reply, sizeof(reply),
+                        std::max(deadline - absl::Now(), absl::ZeroDuration())) ||
+             reply.magic != kHelloMagic) {
+    status = absl::UnavailableError(absl::StrCat("no handshake from ", where));
+  } else if (reply.status != 0 || reply.instance != instance) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        where, " is another process (instance ", reply.instance, "), or refused (", reply.status,
+        ")"));
+  }
+  if (!status.ok()) {
+    close(fd);
+    return status;
+  }
+  PrepareTcp(fd);
+  return std::unique_ptr<ShmConnection>(
+      new ShmConnection(fd, nullptr, 0, /*is_client=*/true, options, -1));
+}
+
 void ShmConnection::Start(MessageFn on_message, ClosedFn on_closed,
                           std::function<void()> on_tick) {
   on_message_ = std::move(on_message);
@@ -347,6 +443,68 @@ bool ShmConnection::SendQueued(std::unique_ptr<Outgoing> message) {
 }
 
 bool ShmConnection::FlushLocked() {
+  return over_tcp() ? FlushToSocketLocked() : FlushToPipeLocked();
+}
+
+bool ShmConnection::FlushToSocketLocked() {
+  bool progress = false;
+  std::vector<std::function<void()>> written;
+  while (!queue_.empty() && !send_failed_) {
+    // As much of the queue as kSendIovecs pieces hold, in one sendmsg.
+    iovec pieces[kSendIovecs];
+    int count = 0;
+    size_t asked = 0;
+    auto add = [&](const void* data, size_t n) {
+      if (n == 0 || count == kSendIovecs) return;
+      pieces[count++] = {const_cast<void*>(data), n};
+      asked += n;
+    };
+    for (const std::unique_ptr<Outgoing>& m : queue_) {
+      if (count == kSendIovecs) break;
+      add(m->header + m->header_sent, kMessageHeaderBytes - m->header_sent);
+      for (size_t i = m->slice; i < m->body.size(); ++i) {
+        const size_t skip = i == m->slice ? m->offset : 0;
+        add(m->body[i].begin() + skip, m->body[i].size() - skip);
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = pieces;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t sent = sendmsg(socket_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      // EAGAIN: the socket is full; the connection's thread goes on when
+      // it has room. Anything else: the peer is gone.
+      send_failed_ = errno != EAGAIN && errno != EWOULDBLOCK;
+      break;
+    }
+    progress = true;
+    // Messages sent whole leave the queue.
+    size_t left = static_cast<size_t>(sent);
+    while (!queue_.empty()) {
+      Outgoing& m = *queue_.front();
+      const size_t header = std::min(left, kMessageHeaderBytes - m.header_sent);
+      m.header_sent += header;
+      left -= header;
+      while (m.header_sent == kMessageHeaderBytes && m.slice < m.body.size()) {
+        const size_t n = std::min(left, m.body[m.slice].size() - m.offset);
+        m.offset += n;
+        left -= n;
+        if (m.offset < m.body[m.slice].size()) break;
+        ++m.slice;
+        m.offset = 0;
+      }
+      if (m.header_sent < kMessageHeaderBytes || m.slice < m.body.size()) break;
+      if (m.on_written) written.push_back(std::move(m.on_written));
+      queue_.pop_front();
+    }
+    if (static_cast<size_t>(sent) < asked) break;  // the socket is full
+  }
+  for (auto& fn : written) fn();
+  return progress;
+}
+
+bool ShmConnection::FlushToPipeLocked() {
   bool progress = false;
   bool ring = false;
   std::vector<std::function<void()>> written;
@@ -414,6 +572,7 @@ void ShmConnection::Wake() {
 }
 
 void ShmConnection::RingPeer() {
+  if (over_tcp()) return;  // the bytes themselves wake the peer
   const char bell = 0;
   if (send(socket_fd_, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
     // EAGAIN: the peer has doorbells enough to read; a broken socket shows
@@ -426,7 +585,7 @@ absl::StatusOr<bool> ShmConnection::Drain() {
   bool ring = false;
   while (true) {
     if (header_got_ < kMessageHeaderBytes) {
-      const size_t n = in_->Read(header_ + header_got_, kMessageHeaderBytes - header_got_, &ring);
+      const size_t n = ReadIn(header_ + header_got_, kMessageHeaderBytes - header_got_, &ring);
       header_got_ += n;
       any |= n > 0;
       if (header_got_ < kMessageHeaderBytes) break;
@@ -435,15 +594,16 @@ absl::StatusOr<bool> ShmConnection::Drain() {
       if (length > static_cast<uint64_t>(options_.max_message_bytes)) {
         if (ring) RingPeer();
         return absl::InvalidArgumentError(absl::StrCat(
-            "shared-memory message of ", length, " bytes, more than the ",
+            over_tcp() ? "message" : "shared-memory message", " of ", length,
+            " bytes, more than the ",
             options_.max_message_bytes, " allowed"));
       }
       body_ = grpc::Slice(static_cast<size_t>(length));
       body_got_ = 0;
     }
     if (body_got_ < body_.size()) {
-      const size_t n = in_->Read(const_cast<uint8_t*>(body_.begin()) + body_got_,
-                                 body_.size() - body_got_, &ring);
+      const size_t n = ReadIn(const_cast<uint8_t*>(body_.begin()) + body_got_,
+                              body_.size() - body_got_, &ring);
       body_got_ += n;
       any |= n > 0;
       if (body_got_ < body_.size()) break;
@@ -459,10 +619,47 @@ absl::StatusOr<bool> ShmConnection::Drain() {
     on_message_(std::move(message));
   }
   if (ring) RingPeer();
-  if (in_->broken()) {
+  if (over_tcp()) {
+    if (!receive_end_.ok()) return receive_end_;
+  } else if (in_->broken()) {
     return absl::DataLossError("shared-memory pipe: the peer's index is out of range");
   }
   return any;
+}
+
+size_t ShmConnection::ReadIn(unsigned char* dst, size_t n, bool* ring) {
+  return over_tcp() ? ReadSocket(dst, n) : in_->Read(dst, n, ring);
+}
+
+size_t ShmConnection::ReadSocket(unsigned char* dst, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    if (staged_begin_ < staged_end_) {
+      const size_t k = std::min(n - done, staged_end_ - staged_begin_);
+      std::memcpy(dst + done, staged_.get() + staged_begin_, k);
+      staged_begin_ += k;
+      done += k;
+      continue;
+    }
+    if (!receive_end_.ok()) break;
+    const bool direct = n - done >= kStagedBytes;
+    const ssize_t got = recv(socket_fd_, direct ? dst + done : staged_.get(),
+                             direct ? n - done : kStagedBytes, MSG_DONTWAIT);
+    if (got > 0) {
+      if (direct) {
+        done += static_cast<size_t>(got);
+      } else {
+        staged_begin_ = 0;
+        staged_end_ = static_cast<size_t>(got);
+      }
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    receive_end_ = got == 0 ? absl::UnavailableError("the peer closed the connection")
+                            : Errno("receive");
+  }
+  return done;
 }
 
 void ShmConnection::Loop() {
@@ -485,8 +682,10 @@ void ShmConnection::Loop() {
       }
       posted.swap(posted_);
       progress |= FlushLocked();
-      if (out_->broken()) {
-        end = absl::DataLossError("shared-memory pipe: the peer's index is out of range");
+      if (over_tcp() ? send_failed_ : out_->broken()) {
+        end = over_tcp()
+                  ? absl::UnavailableError("the peer closed the connection")
+                  : absl::DataLossError("shared-memory pipe: the peer's index is out of range");
         break;
       }
     }
@@ -498,6 +697,10 @@ void ShmConnection::Loop() {
       break;
     }
     if (progress || *drained) continue;
+    if (over_tcp()) {
+      Sleep(kTick);
+      continue;
+    }
 
     // Nothing to do: say so in the shared flags, look once more, sleep.
     bool waiting_to_write;
@@ -544,8 +747,25 @@ void ShmConnection::Loop() {
   if (on_closed_) on_closed_(end);
 }
 
-ShmListener::ShmListener(int fd, uint64_t instance, const ShmOptions& options, AcceptFn on_accept)
+void ShmConnection::Sleep(absl::Duration timeout) {
+  bool waiting_to_write;
+  {
+    absl::MutexLock lock(&send_mu_);
+    waiting_to_write = !queue_.empty();
+  }
+  pollfd fds[2] = {{socket_fd_, static_cast<short>(POLLIN | (waiting_to_write ? POLLOUT : 0)), 0},
+                   {wake_fd_, POLLIN, 0}};
+  poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  uint64_t counter;
+  if (read(wake_fd_, &counter, sizeof(counter)) < 0) {
+    // EAGAIN: nobody woke us.
+  }
+}
+
+ShmListener::ShmListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options,
+                         AcceptFn on_accept)
     : fd_(fd),
+      tcp_(tcp),
       wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       instance_(instance),
       options_(options),
@@ -573,7 +793,46 @@ absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::Listen(const std::stri
     if (fd >= 0) close(fd);
     return s;
   }
-  return std::unique_ptr<ShmListener>(new ShmListener(fd, instance, options, std::move(on_accept)));
+  return std::unique_ptr<ShmListener>(
+      new ShmListener(fd, /*tcp=*/false, instance, options, std::move(on_accept)));
+}
+
+absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::ListenTcp(const std::string& host,
+                                                                    uint64_t instance,
+                                                                    const ShmOptions& options,
+                                                                    AcceptFn on_accept) {
+  if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &found) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host));
+  }
+  int fd = -1;
+  int port = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      close(fd);
+      fd = -1;
+      continue;
+    }
+    port = ntohs(bound.ss_family == AF_INET
+                     ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                     : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return Errno(absl::StrCat("listen on ", host));
+  auto listener = std::unique_ptr<ShmListener>(
+      new ShmListener(fd, /*tcp=*/true, instance, options, std::move(on_accept)));
+  listener->port_ = port;
+  return listener;
 }
 
 void ShmListener::Stop() {
@@ -617,6 +876,29 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmListener::Handshake(int fd) {
     return absl::DeadlineExceededError("no handshake");
   }
   Hello hello{};
+  if (tcp_) {
+    auto refuse = [&](uint64_t why, absl::Status status) {
+      Reply reply{kHelloMagic, instance_, why};
+      if (send(fd, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+      }
+      return status;
+    };
+    if (!ReadFully(fd, &hello, sizeof(hello), kHandshakeTimeout) || hello.magic != kHelloMagic ||
+        hello.pipe_bytes != 0) {
+      return refuse(2, absl::InvalidArgumentError("not a handshake"));
+    }
+    if (hello.instance != instance_) {
+      return refuse(1, absl::FailedPreconditionError(
+                           absl::StrCat("asked for instance ", hello.instance, ", not this one")));
+    }
+    const Reply reply{kHelloMagic, instance_, 0};
+    if (send(fd, &reply, sizeof(reply), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(reply))) {
+      return Errno("handshake reply");
+    }
+    PrepareTcp(fd);
+    return std::unique_ptr<ShmConnection>(
+        new ShmConnection(fd, nullptr, 0, /*is_client=*/false, options_, -1));
+  }
   iovec iov{&hello, sizeof(hello)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
   msghdr msg{};

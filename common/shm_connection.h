@@ -1,19 +1,24 @@
-// A message connection between two processes of one machine through shared
-// memory: two byte pipes (one each way) in a memfd_create region that the
-// connecting side makes and hands to the listening side over an abstract
-// Unix socket (SCM_RIGHTS). The socket stays open as the doorbell (a byte
-// wakes a peer that sleeps) and as the liveness signal: a peer that exits,
-// however it dies, closes it, and the other side sees the connection end.
+// A message connection between two processes outside gRPC, carried one of
+// two ways:
+// - through shared memory, between processes of one machine: two byte
+//   pipes (one each way) in a memfd_create region that the connecting side
+//   makes and hands to the listening side over an abstract Unix socket
+//   (SCM_RIGHTS). The socket stays open as the doorbell (a byte wakes a
+//   peer that sleeps) and as the liveness signal: a peer that exits,
+//   however it dies, closes it, and the other side sees the connection end.
+// - over a TCP socket, between any two machines (plaintext): the messages
+//   are the socket's bytes, with no HTTP/2 framing and no gRPC threads.
 //
 // Messages are (type, flags, stream, body) with bodies of any size up to
 // Options::max_message_bytes: a body larger than a pipe streams through it.
 // No gRPC here beyond its slices (the bodies are gRPC byte buffers, as the
 // parameter service's frames are).
 //
-// Nothing the peer writes into the shared region is trusted: indices are
-// checked against the pipe's size, each message is copied out of the pipe
-// before it is handed on, and the region is sealed against shrinking (a peer
-// cannot make this process fault on its mapping).
+// Nothing the peer writes is trusted: a length over the limit ends the
+// connection; in shared memory, indices are checked against the pipe's
+// size, each message is copied out of the pipe before it is handed on, and
+// the region is sealed against shrinking (a peer cannot make this process
+// fault on its mapping).
 #ifndef PSTRAIN_COMMON_SHM_CONNECTION_H_
 #define PSTRAIN_COMMON_SHM_CONNECTION_H_
 
@@ -69,6 +74,12 @@ class ShmConnection {
                                                                 uint64_t instance,
                                                                 const ShmOptions& options,
                                                                 absl::Duration timeout);
+  // The same over TCP to the listener at `host` (a name or an address)
+  // and `port`: UNAVAILABLE if it cannot be reached in `timeout`.
+  static absl::StatusOr<std::unique_ptr<ShmConnection>> ConnectTcp(const std::string& host,
+                                                                   int port, uint64_t instance,
+                                                                   const ShmOptions& options,
+                                                                   absl::Duration timeout);
   ~ShmConnection();  // Close()
 
   // Starts the connection's thread: messages from the peer go to
@@ -96,14 +107,21 @@ class ShmConnection {
   // Must not be called from a callback.
   void Close();
 
-  // The peer's process id (from the socket's credentials).
+  // Over shared memory, the peer's process id (from the socket's
+  // credentials); over TCP -1.
   int peer_pid() const { return peer_pid_; }
+  // Who the peer is: "local process <pid>", or over TCP its address as
+  // gRPC names a peer's host ("ipv4:10.0.0.2", "ipv6:[::1]").
+  const std::string& peer() const { return peer_; }
+  bool over_tcp() const { return region_ == nullptr; }
 
   class Pipe;
 
  private:
   friend class ShmListener;
   struct Outgoing;
+  // Shared memory: `region` holds the pipes. TCP: region is null and the
+  // socket carries the messages.
   ShmConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
                 const ShmOptions& options, int peer_pid);
 
@@ -111,9 +129,16 @@ class ShmConnection {
   // Writes queued messages while the pipe has room. Returns true if
   // anything was written.
   bool FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  bool FlushToPipeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  bool FlushToSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   // Reads what the peer wrote and hands on whole messages. Returns true if
   // anything was read; an error ends the connection.
   absl::StatusOr<bool> Drain();
+  // Copies up to n bytes the peer sent into dst; returns how many.
+  size_t ReadIn(unsigned char* dst, size_t n, bool* ring);
+  size_t ReadSocket(unsigned char* dst, size_t n);
+  // Waits (up to `timeout`) for something to do.
+  void Sleep(absl::Duration timeout);
   void RingPeer();
   void Wake();
   bool SendQueued(std::unique_ptr<Outgoing> message);
@@ -124,7 +149,8 @@ class ShmConnection {
   const size_t region_bytes_;
   const ShmOptions options_;
   const int peer_pid_;
-  std::unique_ptr<Pipe> in_, out_;
+  std::string peer_;
+  std::unique_ptr<Pipe> in_, out_;  // shared memory only
   MessageFn on_message_;
   ClosedFn on_closed_;
   std::function<void()> on_tick_;
@@ -136,12 +162,19 @@ class ShmConnection {
   bool ended_ ABSL_GUARDED_BY(send_mu_) = false;   // no more sends
   bool closing_ ABSL_GUARDED_BY(send_mu_) = false;  // Close called
   bool started_ ABSL_GUARDED_BY(send_mu_) = false;
+  // TCP: a send failed (the peer is gone).
+  bool send_failed_ ABSL_GUARDED_BY(send_mu_) = false;
 
   // The message being read (connection thread only).
   unsigned char header_[12];
   size_t header_got_ = 0;
   grpc::Slice body_;
   size_t body_got_ = 0;
+  // TCP: bytes received ahead of the message being read, and how the
+  // socket ended (ok while it has not).
+  std::unique_ptr<unsigned char[]> staged_;
+  size_t staged_begin_ = 0, staged_end_ = 0;
+  absl::Status receive_end_;
 };
 
 // Accepts connections on an abstract Unix socket. Thread-safe.
@@ -156,18 +189,29 @@ class ShmListener {
                                                              uint64_t instance,
                                                              const ShmOptions& options,
                                                              AcceptFn on_accept);
+  // The same for TCP connections, on a free port of `host` (an address of
+  // this machine; "0.0.0.0" or "::" for every one): port() says which.
+  static absl::StatusOr<std::unique_ptr<ShmListener>> ListenTcp(const std::string& host,
+                                                                uint64_t instance,
+                                                                const ShmOptions& options,
+                                                                AcceptFn on_accept);
   ~ShmListener();  // Stop()
+
+  // TCP: the port it listens on; else 0.
+  int port() const { return port_; }
 
   // Stops accepting and waits for the listener's thread. Idempotent.
   void Stop();
 
  private:
-  ShmListener(int fd, uint64_t instance, const ShmOptions& options, AcceptFn on_accept);
+  ShmListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options, AcceptFn on_accept);
   void Loop();
   // The handshake of one accepted socket; on success the connection.
   absl::StatusOr<std::unique_ptr<ShmConnection>> Handshake(int fd);
 
   const int fd_;
+  const bool tcp_;
+  int port_ = 0;
   const int wake_fd_;
   const uint64_t instance_;
   const ShmOptions options_;

@@ -68,6 +68,16 @@ class ParameterServerImpl final : public ParameterServer {
         LOG(WARNING) << "no shared-memory connections: " << s;
       }
     }
+    if (options_.direct_tcp && options_.security == nullptr) {
+      absl::StatusOr<int> direct_port = service_.ServeDirectTcp(
+          SocketHost(options_.listen_address), hello.instance(), options_.shm);
+      if (direct_port.ok()) {
+        hello.set_direct_tcp_port(*direct_port);
+        direct_tcp_port_ = *direct_port;
+      } else {
+        LOG(WARNING) << "no direct TCP connections: " << direct_port.status();
+      }
+    }
     service_.SetHello(hello);
     PSTRAIN_ASSIGN_OR_RETURN(
         address_, AdvertisedAddress(options_.listen_address, options_.advertise_address, port));
@@ -114,6 +124,7 @@ class ParameterServerImpl final : public ParameterServer {
   std::string address() const override { return address_; }
   ShardStore& store() override { return store_; }
   InProcessService& in_process() override { return service_; }
+  int direct_tcp_port() const override { return direct_tcp_port_; }
 
   void RequestStop() override {
     absl::MutexLock lock(&stop_mu_);
@@ -143,7 +154,7 @@ class ParameterServerImpl final : public ParameterServer {
     }
     if (membership_ != nullptr) membership_->Stop();
     store_.Shutdown();
-    service_.StopSharedMemory();
+    service_.StopDirectConnections();
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     LOG(INFO) << "parameter server " << address_ << " stopped";
   }
@@ -235,6 +246,7 @@ class ParameterServerImpl final : public ParameterServer {
   ParameterService service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  int direct_tcp_port_ = 0;
   std::unique_ptr<MembershipClient> membership_;
   absl::Mutex stop_mu_;
   bool stop_requested_ ABSL_GUARDED_BY(stop_mu_) = false;

@@ -58,6 +58,11 @@ class ParameterServer {
     // workers of this machine find through Hello and prefer to any socket:
     // the parameter service through memory both processes map.
     bool shared_memory = true;
+    // Also take direct TCP connections (only in plaintext) on a free port
+    // of the listen address's host, which workers of other machines find
+    // through Hello and prefer to gRPC: the parameter service's messages
+    // on a socket of their own, without HTTP/2.
+    bool direct_tcp = true;
     // Their pipes' size and largest message.
     ShmOptions shm{};
   };
@@ -75,6 +80,8 @@ class ParameterServer {
   // Its parameter service for a worker of this process (colocated): must
   // not be used after Shutdown.
   virtual InProcessService& in_process() = 0;
+  // The port of its direct TCP connections; 0: none.
+  virtual int direct_tcp_port() const = 0;
 
   // Makes Wait() return. Thread-safe, async-signal context excluded.
   virtual void RequestStop() = 0;

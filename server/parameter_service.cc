@@ -588,7 +588,7 @@ class ParameterService::ShmPeer {
       : service_(service),
         connection_(std::move(connection)),
         sender_(std::make_shared<ShmSender>(connection_.get())),
-        client_(absl::StrCat("local process ", connection_->peer_pid())) {
+        client_(connection_->peer()) {
     connection_->Start([this](ShmMessage m) { OnMessage(std::move(m)); },
                        [this](const absl::Status& status) { OnClosed(status); });
   }
@@ -629,7 +629,7 @@ class ParameterService::ShmPeer {
         }
         return;
       default:
-        LOG(WARNING) << "shared-memory client " << client_ << ": unknown message type "
+        LOG(WARNING) << "direct client " << client_ << ": unknown message type "
                      << static_cast<int>(m.type) << ", ignored";
     }
   }
@@ -672,7 +672,7 @@ class ParameterService::ShmPeer {
   }
 
   void OnClosed(const absl::Status& status) {
-    VLOG(1) << "shared-memory client " << client_ << " gone: " << status;
+    VLOG(1) << "direct client " << client_ << " gone: " << status;
     sender_->Detach();
     while (!streams_.empty()) {
       streams_.begin()->second.state->Cancel();
@@ -790,32 +790,47 @@ ParameterService::ParameterService(ShardStore* store, const WorkerRoster* roster
                                    ClientLimits limits)
     : store_(store), roster_(roster), load_(limits) {}
 
-ParameterService::~ParameterService() { StopSharedMemory(); }
+ParameterService::~ParameterService() { StopDirectConnections(); }
 
-absl::Status ParameterService::ServeSharedMemory(const std::string& name, uint64_t instance,
-                                                 const ShmOptions& options) {
-  PSTRAIN_ASSIGN_OR_RETURN(
-      std::unique_ptr<ShmListener> listener,
-      ShmListener::Listen(name, instance, options, [this](std::unique_ptr<ShmConnection> c) {
-        absl::MutexLock lock(&shm_mu_);
-        if (shm_stopped_) return;
-        // Peers whose client went away are dropped as new ones come.
-        std::erase_if(shm_peers_, [](const std::unique_ptr<ShmPeer>& p) { return p->closed(); });
-        shm_peers_.push_back(std::make_unique<ShmPeer>(this, std::move(c)));
-      }));
+void ParameterService::Accept(std::unique_ptr<ShmConnection> connection) {
   absl::MutexLock lock(&shm_mu_);
-  shm_listener_ = std::move(listener);
+  if (shm_stopped_) return;
+  // Peers whose client went away are dropped as new ones come.
+  std::erase_if(shm_peers_, [](const std::unique_ptr<ShmPeer>& p) { return p->closed(); });
+  shm_peers_.push_back(std::make_unique<ShmPeer>(this, std::move(connection)));
+}
+
+absl::Status ParameterService::AddListener(
+    absl::StatusOr<std::unique_ptr<ShmListener>> listener) {
+  if (!listener.ok()) return listener.status();
+  absl::MutexLock lock(&shm_mu_);
+  shm_listeners_.push_back(*std::move(listener));
   return absl::OkStatus();
 }
 
-void ParameterService::StopSharedMemory() {
-  std::unique_ptr<ShmListener> listener;
+absl::Status ParameterService::ServeSharedMemory(const std::string& name, uint64_t instance,
+                                                 const ShmOptions& options) {
+  return AddListener(ShmListener::Listen(
+      name, instance, options, [this](std::unique_ptr<ShmConnection> c) { Accept(std::move(c)); }));
+}
+
+absl::StatusOr<int> ParameterService::ServeDirectTcp(const std::string& host, uint64_t instance,
+                                                     const ShmOptions& options) {
+  absl::StatusOr<std::unique_ptr<ShmListener>> listener = ShmListener::ListenTcp(
+      host, instance, options, [this](std::unique_ptr<ShmConnection> c) { Accept(std::move(c)); });
+  const int port = listener.ok() ? (*listener)->port() : 0;
+  PSTRAIN_RETURN_IF_ERROR(AddListener(std::move(listener)));
+  return port;
+}
+
+void ParameterService::StopDirectConnections() {
+  std::vector<std::unique_ptr<ShmListener>> listeners;
   {
     absl::MutexLock lock(&shm_mu_);
     shm_stopped_ = true;
-    listener = std::move(shm_listener_);
+    listeners.swap(shm_listeners_);
   }
-  if (listener != nullptr) listener->Stop();
+  for (const auto& listener : listeners) listener->Stop();
   std::vector<std::unique_ptr<ShmPeer>> peers;
   {
     absl::MutexLock lock(&shm_mu_);

@@ -96,7 +96,7 @@ class ClientLoad {
 class ParameterService final : public grpc::CallbackGenericService, public InProcessService {
  public:
   ParameterService(ShardStore* store, const WorkerRoster* roster, ClientLimits limits = {});
-  ~ParameterService() override;  // StopSharedMemory()
+  ~ParameterService() override;  // StopDirectConnections()
 
   // What Hello answers from now on. Thread-safe.
   void SetHello(const v1::HelloReply& hello);
@@ -106,9 +106,14 @@ class ParameterService final : public grpc::CallbackGenericService, public InPro
   // UNAVAILABLE if the name cannot be bound.
   absl::Status ServeSharedMemory(const std::string& name, uint64_t instance,
                                  const ShmOptions& options);
-  // Stops taking them and ends those open (their streams end as a gone
+  // Takes direct TCP connections (the same messages over a socket, no
+  // gRPC) on a free port of `host` from clients that ask for `instance`
+  // (plaintext only). Returns the port.
+  absl::StatusOr<int> ServeDirectTcp(const std::string& host, uint64_t instance,
+                                     const ShmOptions& options);
+  // Stops taking either and ends those open (their streams end as a gone
   // client's do). Idempotent.
-  void StopSharedMemory();
+  void StopDirectConnections();
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
 
@@ -120,6 +125,10 @@ class ParameterService final : public grpc::CallbackGenericService, public InPro
   class ShmPeer;
   class InProcessSession;
 
+  // Starts a peer for each connection `listener` accepts.
+  absl::Status AddListener(absl::StatusOr<std::unique_ptr<ShmListener>> listener);
+  void Accept(std::unique_ptr<ShmConnection> connection);
+
   ShardStore* const store_;
   const WorkerRoster* const roster_;
   ClientLoad load_;
@@ -127,7 +136,7 @@ class ParameterService final : public grpc::CallbackGenericService, public InPro
   std::string hello_ ABSL_GUARDED_BY(hello_mu_);  // serialized v1::HelloReply
   uint64_t instance_ ABSL_GUARDED_BY(hello_mu_) = 0;
   absl::Mutex shm_mu_;
-  std::unique_ptr<ShmListener> shm_listener_ ABSL_GUARDED_BY(shm_mu_);
+  std::vector<std::unique_ptr<ShmListener>> shm_listeners_ ABSL_GUARDED_BY(shm_mu_);
   std::vector<std::unique_ptr<ShmPeer>> shm_peers_ ABSL_GUARDED_BY(shm_mu_);
   bool shm_stopped_ ABSL_GUARDED_BY(shm_mu_) = false;
 };

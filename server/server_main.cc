@@ -47,6 +47,9 @@ ABSL_FLAG(bool, local_socket, pstrain::server::ParameterServer::Options().local_
 ABSL_FLAG(bool, shared_memory, pstrain::server::ParameterServer::Options().shared_memory,
           "also take shared-memory connections, which workers of this machine prefer to any "
           "socket (plaintext only)");
+ABSL_FLAG(bool, direct_tcp, pstrain::server::ParameterServer::Options().direct_tcp,
+          "also take direct TCP connections, which workers of other machines prefer to gRPC "
+          "(plaintext only)");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
 ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
 ABSL_FLAG(int, metrics_job_grace_s, 300,
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   }
   options.local_socket = absl::GetFlag(FLAGS_local_socket);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  options.direct_tcp = absl::GetFlag(FLAGS_direct_tcp);
   options.store.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   options.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.client_limits.streams = absl::GetFlag(FLAGS_max_streams_per_client);

@@ -4,7 +4,9 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job_spec.h"
 #include "common/partition.h"
@@ -149,6 +151,29 @@ int SharedMemoryMappings(int pid) {
   int n = 0;
   for (std::string line; std::getline(maps, line);) {
     n += line.find("/memfd:pstrain-shm") != std::string::npos;
+  }
+  return n;
+}
+
+int EstablishedTcpConnections(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream lines(table);
+    std::string line;
+    std::getline(lines, line);  // the heading
+    while (std::getline(lines, line)) {
+      // "  0: 0100007F:A1B2 0100007F:C3D4 01 ...": local, remote, state.
+      std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() < 4 || fields[3] != "01") continue;  // 01: ESTABLISHED
+      for (int f : {1, 2}) {
+        const std::string& address = fields[f];
+        int at = 0;
+        if (const size_t colon = address.rfind(':'); colon != std::string::npos &&
+            absl::SimpleHexAtoi(address.substr(colon + 1), &at) && at == port) {
+          ++n;
+        }
+      }
+    }
   }
   return n;
 }

@@ -140,11 +140,11 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 };
 
 // How a transport reaches one server: the address its channels dial, and
-// a shared-memory connection if the server is a process of this machine
-// that takes them.
+// a direct connection if the server takes them: through shared memory if
+// it is a process of this machine, else over TCP.
 struct ServerRoute {
   std::string dial;
-  std::unique_ptr<ShmConnection> shm;
+  std::unique_ptr<ShmConnection> direct;
   bool in_process = false;  // the server of this process (options.in_process)
 };
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
@@ -164,8 +164,9 @@ class GrpcTransport final : public ParameterTransport {
       const std::string& address = route.dial;
       in_process_.push_back(route.in_process);
       if (route.in_process && session_ == nullptr) session_ = options.in_process->OpenSession();
-      shm_.push_back(route.shm == nullptr ? nullptr
-                                          : std::make_unique<ShmStreams>(std::move(route.shm)));
+      shm_.push_back(route.direct == nullptr
+                         ? nullptr
+                         : std::make_unique<ShmStreams>(std::move(route.direct)));
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
             MakeChannel(address, {.security = options.security,
@@ -204,7 +205,7 @@ class GrpcTransport final : public ParameterTransport {
                          std::move(on_done));
       return;
     }
-    // Shared memory while the server's connection lasts; its sockets after.
+    // The direct connection while it lasts; gRPC after.
     if (ShmStreams* shm = shm_[server].get();
         shm != nullptr && shm->StartExchange(method, std::move(requests), deadline, on_sent,
                                              on_reply, on_done)) {
@@ -355,7 +356,8 @@ ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& opti
   constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
   ServerRoute route{address, nullptr};
   if (options.security != nullptr ||
-      (!options.same_machine_sockets && !options.shared_memory && options.in_process == nullptr)) {
+      (!options.same_machine_sockets && !options.shared_memory && !options.direct_tcp &&
+       options.in_process == nullptr)) {
     return route;
   }
   const std::optional<v1::HelloReply> remote = Hello(address, kHelloTimeout);
@@ -373,10 +375,21 @@ ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& opti
         ShmConnection::Connect(remote->shm_address(), remote->instance(), options.shm,
                                kHelloTimeout);
     if (shm.ok()) {
-      VLOG(1) << "server " << address << " reached through shared memory";
-      route.shm = *std::move(shm);
+      LOG(INFO) << "server " << address << " reached through shared memory";
+      route.direct = *std::move(shm);
     } else {
       VLOG(1) << "server " << address << ": no shared memory: " << shm.status();
+    }
+  }
+  if (route.direct == nullptr && options.direct_tcp && remote->direct_tcp_port() > 0) {
+    absl::StatusOr<std::unique_ptr<ShmConnection>> tcp =
+        ShmConnection::ConnectTcp(SocketHost(address), remote->direct_tcp_port(),
+                                  remote->instance(), options.shm, kHelloTimeout);
+    if (tcp.ok()) {
+      LOG(INFO) << "server " << address << " reached over a direct TCP connection";
+      route.direct = *std::move(tcp);
+    } else {
+      VLOG(1) << "server " << address << ": no direct TCP connection: " << tcp.status();
     }
   }
   return route;

@@ -83,6 +83,11 @@ struct GrpcTransportOptions {
   // map, before any socket; if the connection ends (the server went away),
   // its sockets. The transport asks for pipes of shm.pipe_bytes.
   bool shared_memory = true;
+  // In plaintext, reach a server that takes direct TCP connections (its
+  // Hello names the port) over one of pstrain's own instead of gRPC when no
+  // shared memory reaches it: the same messages as shared memory's, on a
+  // socket with no HTTP/2 framing; if the connection ends, gRPC.
+  bool direct_tcp = true;
   ShmOptions shm{};
   // The parameter service of a server in this process (a colocated one):
   // a server whose Hello names its instance is called directly, in
@@ -97,7 +102,8 @@ absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
 // The gRPC transport: options.channels_per_server channels per server
 // address, each its own connection (also across transports); a server of
 // this machine over its same-machine socket (options.same_machine_sockets),
-// and through shared memory while it can (options.shared_memory).
+// through shared memory while it can (options.shared_memory), and any
+// other over a direct TCP connection while it can (options.direct_tcp).
 // INVALID_ARGUMENT on an empty address list or invalid options.
 absl::StatusOr<std::unique_ptr<ParameterTransport>> CreateGrpcTransport(
     const std::vector<std::string>& server_addresses, const GrpcTransportOptions& options = {});

@@ -42,6 +42,9 @@ ABSL_FLAG(bool, same_machine_sockets, pstrain::worker::GrpcTransportOptions().sa
 ABSL_FLAG(bool, shared_memory, pstrain::worker::GrpcTransportOptions().shared_memory,
           "reach servers of this machine through shared memory (found and verified through "
           "Hello and a handshake) before any socket; plaintext only");
+ABSL_FLAG(bool, direct_tcp, pstrain::worker::GrpcTransportOptions().direct_tcp,
+          "reach other servers over direct TCP connections (found and verified through Hello "
+          "and a handshake) instead of gRPC streams; plaintext only");
 ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
           "bytes of each shared-memory pipe (one each way per server), a power of two in "
           "[64 KiB, 1 GiB]");
@@ -111,6 +114,7 @@ int main(int argc, char** argv) {
   transport.window = absl::GetFlag(FLAGS_stream_window);
   transport.same_machine_sockets = absl::GetFlag(FLAGS_same_machine_sockets);
   transport.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  transport.direct_tcp = absl::GetFlag(FLAGS_direct_tcp);
   transport.shm.pipe_bytes = absl::GetFlag(FLAGS_shm_pipe_bytes);
   if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
     std::cerr << "pstrain-worker: --channels_per_server / --stream_window / --shm_pipe_bytes: "

@@ -1,7 +1,9 @@
-// Shared-memory connections: messages of every size both ways, in order;
-// the handshake's checks; the end of a peer seen by the other side.
+// Direct connections, through shared memory and over TCP: messages of
+// every size both ways, in order; the handshake's checks; the end of a peer
+// seen by the other side.
 #include "common/shm_connection.h"
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -69,19 +71,49 @@ std::string Text(const grpc::Slice& s) {
   return std::string(reinterpret_cast<const char*>(s.begin()), s.size());
 }
 
-class ShmConnectionTest : public ::testing::Test {
+// A free loopback TCP port: bound, then let go (nothing listens on it).
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &len);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The parameter: over TCP (else through shared memory).
+class ShmConnectionTest : public ::testing::TestWithParam<bool> {
  protected:
+  bool tcp() const { return GetParam(); }
+
   // A listener whose connections are kept (and started) in server_.
   void Listen(ShmOptions options = {}) {
     name_ = UniqueName();
-    absl::StatusOr<std::unique_ptr<ShmListener>> listener = ShmListener::Listen(
-        name_, kInstance, options, [this](std::unique_ptr<ShmConnection> c) {
-          absl::MutexLock lock(&mu_);
-          server_inbox_.Start(*c);
-          server_ = std::move(c);
-        });
+    auto accept = [this](std::unique_ptr<ShmConnection> c) {
+      absl::MutexLock lock(&mu_);
+      server_inbox_.Start(*c);
+      server_ = std::move(c);
+    };
+    absl::StatusOr<std::unique_ptr<ShmListener>> listener =
+        tcp() ? ShmListener::ListenTcp("127.0.0.1", kInstance, options, accept)
+              : ShmListener::Listen(name_, kInstance, options, accept);
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
+    if (tcp()) EXPECT_GT(listener_->port(), 0);
+  }
+  // A client of the listener (or of nobody).
+  absl::StatusOr<std::unique_ptr<ShmConnection>> Connect(uint64_t instance,
+                                                         const ShmOptions& options = {},
+                                                         bool nobody = false) {
+    constexpr absl::Duration kTimeout = absl::Seconds(10);
+    if (tcp()) {
+      return ShmConnection::ConnectTcp("127.0.0.1", nobody ? UnusedPort() : listener_->port(),
+                                       instance, options, kTimeout);
+    }
+    return ShmConnection::Connect(nobody ? UniqueName() : name_, instance, options, kTimeout);
   }
   ShmConnection* AwaitServer() {
     absl::MutexLock lock(&mu_);
@@ -104,18 +136,21 @@ class ShmConnectionTest : public ::testing::Test {
   Inbox server_inbox_;
 };
 
-TEST_F(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
+TEST_P(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   ShmOptions options;
   options.pipe_bytes = 64 << 10;  // smaller than some messages: they stream through
   ASSERT_NO_FATAL_FAILURE(Listen(options));
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
-      ShmConnection::Connect(name_, kInstance, options, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance, options);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
   ShmConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
-  EXPECT_EQ(server->peer_pid(), getpid());
+  if (tcp()) {
+    EXPECT_EQ(server->peer(), "ipv4:127.0.0.1");
+  } else {
+    EXPECT_EQ(server->peer_pid(), getpid());
+  }
 
   std::mt19937 rng(7);
   std::vector<std::string> sent;
@@ -149,10 +184,9 @@ TEST_F(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   EXPECT_EQ(written, static_cast<int>(sent.size()));
 }
 
-TEST_F(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
+TEST_P(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   ASSERT_NO_FATAL_FAILURE(Listen());
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
-      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_NE(AwaitServer(), nullptr);
   constexpr int kThreads = 4, kEach = 500;
@@ -176,46 +210,51 @@ TEST_F(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   }
 }
 
-TEST_F(ShmConnectionTest, AnotherInstanceOrNobodyIsRefused) {
+TEST_P(ShmConnectionTest, AnotherInstanceOrNobodyIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Listen());
-  absl::StatusOr<std::unique_ptr<ShmConnection>> other =
-      ShmConnection::Connect(name_, kInstance + 1, {}, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> other = Connect(kInstance + 1);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
-  absl::StatusOr<std::unique_ptr<ShmConnection>> nobody =
-      ShmConnection::Connect(UniqueName(), kInstance, {}, absl::Seconds(1));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> nobody = Connect(kInstance, {}, /*nobody=*/true);
   EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable) << nobody.status();
   ShmOptions bad;
   bad.pipe_bytes = 100000;  // not a power of two
-  EXPECT_EQ(ShmConnection::Connect(name_, kInstance, bad, absl::Seconds(1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Connect(kInstance, bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A peer that is no shared-memory client (garbage, or silence) is refused
 // and the listener goes on taking good ones.
-TEST_F(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
+TEST_P(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(Listen());
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path + 1, name_.data(), name_.size());
-  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address),
-                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name_.size())),
-            0);
+  int fd;
+  if (tcp()) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(listener_->port()));
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  } else {
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name_.data(), name_.size());
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address),
+                      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name_.size())),
+              0);
+  }
   const char garbage[24] = "not a handshake at all";
   ASSERT_EQ(send(fd, garbage, sizeof(garbage), 0), static_cast<ssize_t>(sizeof(garbage)));
   char reply[64];
   EXPECT_GE(recv(fd, reply, sizeof(reply), 0), 0);  // refused (or just closed)
   close(fd);
-  absl::StatusOr<std::unique_ptr<ShmConnection>> good =
-      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> good = Connect(kInstance);
   EXPECT_TRUE(good.ok()) << good.status();
 }
 
-TEST_F(ShmConnectionTest, EachSideSeesTheOtherEnd) {
+TEST_P(ShmConnectionTest, EachSideSeesTheOtherEnd) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
-      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
@@ -231,13 +270,12 @@ TEST_F(ShmConnectionTest, EachSideSeesTheOtherEnd) {
   EXPECT_FALSE(server_->Send(4, 0, 1, &body));
 }
 
-TEST_F(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
+TEST_P(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   ShmOptions small;
   small.max_message_bytes = 1000;
   ASSERT_NO_FATAL_FAILURE(Listen(small));
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client =
-      ShmConnection::Connect(name_, kInstance, {}, absl::Seconds(10));
+  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
@@ -250,6 +288,11 @@ TEST_F(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   ASSERT_TRUE(seen.has_value());
   EXPECT_EQ(seen->code(), absl::StatusCode::kUnavailable) << *seen;
 }
+
+INSTANTIATE_TEST_SUITE_P(Carriers, ShmConnectionTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Tcp" : "SharedMemory";
+                         });
 
 }  // namespace
 }  // namespace pstrain

@@ -84,6 +84,9 @@ struct OptimizerCase {
   const char* name;
   v1::OptimizerType type;
   float momentum;
+  // The workers reach the servers over direct TCP connections (no shared
+  // memory, no Unix sockets): the fault ends those connections.
+  bool direct_tcp = false;
 };
 
 class ServerRestartTest : public RecoveryTest,
@@ -92,7 +95,13 @@ class ServerRestartTest : public RecoveryTest,
 // kill -9 of a server, which comes back under its id: the job rolls back to
 // its latest checkpoint and ends with the parameters of a clean run.
 TEST_P(ServerRestartTest, AKilledServerRestartedUnderItsIdChangesNothing) {
-  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
+  cli::LocalCluster::Options options;
+  if (GetParam().direct_tcp) {
+    for (int w = 0; w < 2; ++w) {
+      options.worker_flags[w] = {"--noshared_memory", "--nosame_machine_sockets"};
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2, options));
   const v1::JobSpec spec = Job(GetParam().type, GetParam().momentum);
   const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
@@ -102,12 +111,19 @@ TEST_P(ServerRestartTest, AKilledServerRestartedUnderItsIdChangesNothing) {
   ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
   EXPECT_TRUE(HistorySays(ended, "was restarted")) << ended.DebugString();
+  if (GetParam().direct_tcp) {
+    for (const char* worker : {"worker-0", "worker-1"}) {
+      EXPECT_TRUE(absl::StrContains(Log(worker), "reached over a direct TCP connection"))
+          << Log(worker);
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, ServerRestartTest,
-                         ::testing::Values(OptimizerCase{"adam", v1::OPTIMIZER_TYPE_ADAM, 0},
-                                           OptimizerCase{"momentum", v1::OPTIMIZER_TYPE_SGD,
-                                                         0.9f}),
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ServerRestartTest,
+    ::testing::Values(OptimizerCase{"adam", v1::OPTIMIZER_TYPE_ADAM, 0},
+                      OptimizerCase{"momentum", v1::OPTIMIZER_TYPE_SGD, 0.9f},
+                      OptimizerCase{"adam_direct_tcp", v1::OPTIMIZER_TYPE_ADAM, 0, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The dead server stays dead: once its lease has lapsed, the spare server

@@ -62,14 +62,17 @@ ExchangeResult Exchange(worker::ParameterTransport& transport, int server,
 }
 
 // The data-plane suite runs over each way a worker reaches a server.
+// kTcp: gRPC over TCP; kDirectTcp: pstrain's own TCP connections.
 // kInProcess: server 0 is called directly, as a colocated worker calls the
 // server of its own process (server 1 over TCP).
-enum class Transport { kTcp, kSameMachineSocket, kSharedMemory, kInProcess };
+enum class Transport { kTcp, kDirectTcp, kSameMachineSocket, kSharedMemory, kInProcess };
 
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   switch (info.param) {
     case Transport::kTcp:
       return "Tcp";
+    case Transport::kDirectTcp:
+      return "DirectTcp";
     case Transport::kSameMachineSocket:
       return "SameMachineSocket";
     case Transport::kSharedMemory:
@@ -80,8 +83,9 @@ std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   return "";
 }
 
-const auto kEveryTransport = ::testing::Values(Transport::kTcp, Transport::kSameMachineSocket,
-                                               Transport::kSharedMemory, Transport::kInProcess);
+const auto kEveryTransport =
+    ::testing::Values(Transport::kTcp, Transport::kDirectTcp, Transport::kSameMachineSocket,
+                      Transport::kSharedMemory, Transport::kInProcess);
 
 class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
  protected:
@@ -89,6 +93,7 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     worker::GrpcTransportOptions options;
     options.same_machine_sockets = GetParam() == Transport::kSameMachineSocket;
     options.shared_memory = GetParam() == Transport::kSharedMemory;
+    options.direct_tcp = GetParam() == Transport::kDirectTcp;
     if (GetParam() == Transport::kInProcess) options.in_process = &servers_->server(0).in_process();
     return options;
   }
@@ -108,6 +113,14 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     // in this process).
     EXPECT_EQ(SharedMemoryMappings() - mapped_before,
               GetParam() == Transport::kSharedMemory ? 2 * 2 : 0);
+    // So are direct TCP connections: one to each server, both of its ends
+    // in this process.
+    for (int s = 0; s < 2; ++s) {
+      const int port = servers_->server(s).direct_tcp_port();
+      ASSERT_GT(port, 0);
+      EXPECT_EQ(EstablishedTcpConnections(port), GetParam() == Transport::kDirectTcp ? 2 : 0)
+          << "server " << s;
+    }
     for (const v1::ChunkInfo& c : plan_.chunks()) {
       if (c.server() == 0 && own_chunk_ < 0) own_chunk_ = c.id();
       if (c.server() == 1 && other_chunk_ < 0) other_chunk_ = c.id();

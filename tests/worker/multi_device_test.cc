@@ -188,19 +188,24 @@ TEST_F(MultiDeviceTest, CoalescedPushesGiveTheSameParameters) {
 }
 
 // Sync training gives bitwise the same parameters over the same-machine
-// socket and through shared memory as over TCP.
+// socket, through shared memory and over direct TCP connections as over
+// gRPC's TCP.
 TEST_F(MultiDeviceTest, EveryTransportGivesTheParametersOfTcp) {
   const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 0.001f, 2, 32, 2, 6);
   RunOptions tcp;
   tcp.devices = Cpus(1);
   tcp.grpc.same_machine_sockets = false;
   tcp.grpc.shared_memory = false;
+  tcp.grpc.direct_tcp = false;
   RunOptions same_machine = tcp;
   same_machine.grpc.same_machine_sockets = true;
   ExpectTheSameParameters(spec, tcp, same_machine);
   RunOptions shared_memory = tcp;
   shared_memory.grpc.shared_memory = true;
   ExpectTheSameParameters(spec, tcp, shared_memory);
+  RunOptions direct_tcp = tcp;
+  direct_tcp.grpc.direct_tcp = true;
+  ExpectTheSameParameters(spec, tcp, direct_tcp);
 }
 
 // Reduce-scatter and all-gather over padded, chunk-aligned slices of sizes
