@@ -31,18 +31,18 @@ inline constexpr char kHelloMethod[] = "/pstrain.v1.Parameters/Hello";
 // The parameter service's streaming methods.
 enum class ParameterMethod { kPush, kPull, kPushPull };
 
-// The parameter service over a same-machine shared-memory connection
-// (common/shm_connection.h): streams as gRPC's, each opened by the client
+// The parameter service over a direct connection
+// (common/direct_connection.h): streams as gRPC's, each opened by the client
 // with its method, carrying request frames one way and reply frames the
 // other, and ended by the server with a status.
-enum ShmParameterMessage : uint8_t {
-  kShmOpen = 1,     // client: opens `stream`, flags = its ParameterMethod
-  kShmRequest = 2,  // client: a request frame; flags kShmLast: the stream's last
-  kShmCancel = 3,   // client: the stream is abandoned; no reply will be read
-  kShmReply = 4,    // server: a reply frame
-  kShmDone = 5,     // server: the stream's end: [fixed32 LE code][message]
+enum DirectParameterMessage : uint8_t {
+  kDirectOpen = 1,     // client: opens `stream`, flags = its ParameterMethod
+  kDirectRequest = 2,  // client: a request frame; flags kDirectLast: the stream's last
+  kDirectCancel = 3,   // client: the stream is abandoned; no reply will be read
+  kDirectReply = 4,    // server: a reply frame
+  kDirectDone = 5,     // server: the stream's end: [fixed32 LE code][message]
 };
-inline constexpr uint8_t kShmLast = 1;
+inline constexpr uint8_t kDirectLast = 1;
 
 // Bytes per value of a payload dtype; 0 for an unknown one.
 size_t DTypeBytes(v1::DType dtype);

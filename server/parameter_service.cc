@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/direct_connection.h"
 #include "common/rpc.h"
-#include "common/shm_connection.h"
 #include "common/status.h"
-#include "glog/logging.h"
 #include "common/tls.h"
+#include "glog/logging.h"
 
 namespace pstrain::server {
 namespace {
@@ -371,14 +371,18 @@ class Refused final : public grpc::ServerGenericBidiReactor {
   void OnDone() override { delete this; }
 };
 
-// A shared-memory connection's sending side as its streams see it: the
+// A direct connection's sending side as its streams see it: the
 // store may hold a stream after the connection is gone.
-class ShmSender {
+class DirectSender {
  public:
-  explicit ShmSender(ShmConnection* connection) : connection_(connection) {}
+  explicit DirectSender(DirectConnection* connection) : connection_(connection) {}
   void Send(uint8_t type, uint32_t stream, const grpc::ByteBuffer* body) {
     absl::ReaderMutexLock lock(&mu_);
     if (connection_ != nullptr) connection_->Send(type, 0, stream, body);
+  }
+  void SendAll(std::vector<DirectConnection::Message> messages) {
+    absl::ReaderMutexLock lock(&mu_);
+    if (connection_ != nullptr) connection_->SendAll(std::move(messages));
   }
   void Post(std::function<void()> fn) {
     absl::ReaderMutexLock lock(&mu_);
@@ -395,10 +399,10 @@ class ShmSender {
 
  private:
   mutable absl::Mutex mu_;
-  ShmConnection* connection_ ABSL_GUARDED_BY(mu_);
+  DirectConnection* connection_ ABSL_GUARDED_BY(mu_);
 };
 
-// kShmDone's body.
+// kDirectDone's body.
 grpc::ByteBuffer DoneBody(const absl::Status& status) {
   std::string body(4, '\0');
   const auto code = static_cast<uint32_t>(status.code());
@@ -408,19 +412,19 @@ grpc::ByteBuffer DoneBody(const absl::Status& status) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// One stream of a shared-memory connection. It ends OK once the client
+// One stream of a direct connection. It ends OK once the client
 // has sent its last request and every request has been answered; then (or
 // on a failure) `on_end` runs, on any thread.
-class ShmStream final : public ReplyingStream {
+class DirectStream final : public ReplyingStream {
  public:
-  ShmStream(std::shared_ptr<ShmSender> sender, uint32_t id, ClientLoad* load, std::string client,
-            std::function<void()> on_end)
+  DirectStream(std::shared_ptr<DirectSender> sender, uint32_t id, ClientLoad* load,
+               std::string client, std::function<void()> on_end)
       : sender_(std::move(sender)),
         id_(id),
         load_(load),
         client_(std::move(client)),
         on_end_(std::move(on_end)) {}
-  ~ShmStream() override { load_->Paid(client_, owed_); }
+  ~DirectStream() override { load_->Paid(client_, owed_); }
 
   absl::Status ExpectReply() override {
     PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
@@ -433,8 +437,11 @@ class ShmStream final : public ReplyingStream {
     if (ended_) return;
     --owed_;
     load_->Paid(client_, 1);
-    sender_->Send(kShmReply, id_, &frame);
-    EndIfDone();
+    if (last_request_ && owed_ == 0) {
+      End(absl::OkStatus(), &frame);  // the last reply and the end, together
+      return;
+    }
+    sender_->Send(kDirectReply, id_, &frame);
   }
   void Fail(const absl::Status& status) override {
     absl::MutexLock lock(&mu_);
@@ -459,15 +466,22 @@ class ShmStream final : public ReplyingStream {
   void EndIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (last_request_ && owed_ == 0) End(absl::OkStatus());
   }
-  void End(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Sends the stream's end (after `last_reply`, if given).
+  void End(const absl::Status& status, const grpc::ByteBuffer* last_reply = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ended_) return;
     ended_ = true;
     const grpc::ByteBuffer done = DoneBody(status);
-    sender_->Send(kShmDone, id_, &done);
+    std::vector<DirectConnection::Message> messages;
+    if (last_reply != nullptr) {
+      messages.push_back({.type = kDirectReply, .stream = id_, .body = last_reply});
+    }
+    messages.push_back({.type = kDirectDone, .stream = id_, .body = &done});
+    sender_->SendAll(std::move(messages));
     on_end_();
   }
 
-  const std::shared_ptr<ShmSender> sender_;
+  const std::shared_ptr<DirectSender> sender_;
   const uint32_t id_;
   ClientLoad* const load_;
   const std::string client_;
@@ -580,20 +594,21 @@ grpc::ServerGenericBidiReactor* ParameterService::CreateReactor(
   return new ChunkStream(store_, method, roster_, std::move(caller), &load_, std::move(client));
 }
 
-// One shared-memory client (a worker's transport): its streams, handled
+// One direct client (a worker's transport, through shared memory or over
+// TCP): its streams, handled
 // on the connection's thread as a gRPC stream's are on gRPC's.
-class ParameterService::ShmPeer {
+class ParameterService::DirectPeer {
  public:
-  ShmPeer(ParameterService* service, std::unique_ptr<ShmConnection> connection)
+  DirectPeer(ParameterService* service, std::unique_ptr<DirectConnection> connection)
       : service_(service),
         connection_(std::move(connection)),
-        sender_(std::make_shared<ShmSender>(connection_.get())),
+        sender_(std::make_shared<DirectSender>(connection_.get())),
         client_(connection_->peer()) {
-    connection_->Start([this](ShmMessage m) { OnMessage(std::move(m)); },
+    connection_->Start([this](DirectMessage m) { OnMessage(std::move(m)); },
                        [this](const absl::Status& status) { OnClosed(status); });
   }
   // Ends the connection: its streams are dropped as the client's would be.
-  ~ShmPeer() { connection_->Close(); }
+  ~DirectPeer() { connection_->Close(); }
 
   bool closed() const {
     absl::MutexLock lock(&mu_);
@@ -602,16 +617,16 @@ class ParameterService::ShmPeer {
 
  private:
   struct Stream {
-    std::shared_ptr<ShmStream> state;
+    std::shared_ptr<DirectStream> state;
     std::unique_ptr<StreamRequests> requests;
   };
 
-  void OnMessage(ShmMessage m) {
+  void OnMessage(DirectMessage m) {
     switch (m.type) {
-      case kShmOpen:
+      case kDirectOpen:
         Open(m.stream, m.flags);
         return;
-      case kShmRequest: {
+      case kDirectRequest: {
         auto it = streams_.find(m.stream);
         if (it == streams_.end()) return;  // ended already: its requests go nowhere
         const grpc::ByteBuffer request(&m.body, 1);
@@ -619,10 +634,10 @@ class ParameterService::ShmPeer {
           it->second.state->Fail(s);
           return;
         }
-        if (m.flags & kShmLast) it->second.state->LastRequest();
+        if (m.flags & kDirectLast) it->second.state->LastRequest();
         return;
       }
-      case kShmCancel:
+      case kDirectCancel:
         if (auto it = streams_.find(m.stream); it != streams_.end()) {
           it->second.state->Cancel();
           Erase(it);
@@ -637,7 +652,7 @@ class ParameterService::ShmPeer {
   void Open(uint32_t id, uint8_t method_code) {
     auto refuse = [&](const absl::Status& status) {
       const grpc::ByteBuffer done = DoneBody(status);
-      sender_->Send(kShmDone, id, &done);
+      sender_->Send(kDirectDone, id, &done);
     };
     if (streams_.count(id) != 0) {
       refuse(absl::InvalidArgumentError(absl::StrCat("stream ", id, " is open already")));
@@ -660,7 +675,7 @@ class ParameterService::ShmPeer {
     };
     Stream& stream = streams_[id];
     stream.state =
-        std::make_shared<ShmStream>(sender_, id, &service_->load_, client_, std::move(on_end));
+        std::make_shared<DirectStream>(sender_, id, &service_->load_, client_, std::move(on_end));
     stream.requests = std::make_unique<StreamRequests>(service_->store_, method, service_->roster_,
                                                        std::nullopt);
   }
@@ -683,8 +698,8 @@ class ParameterService::ShmPeer {
   }
 
   ParameterService* const service_;
-  const std::unique_ptr<ShmConnection> connection_;
-  const std::shared_ptr<ShmSender> sender_;
+  const std::unique_ptr<DirectConnection> connection_;
+  const std::shared_ptr<DirectSender> sender_;
   const std::string client_;  // its ClientLoad budget: the process
   std::map<uint32_t, Stream> streams_;  // the connection's thread only
   mutable absl::Mutex mu_;
@@ -792,49 +807,51 @@ ParameterService::ParameterService(ShardStore* store, const WorkerRoster* roster
 
 ParameterService::~ParameterService() { StopDirectConnections(); }
 
-void ParameterService::Accept(std::unique_ptr<ShmConnection> connection) {
-  absl::MutexLock lock(&shm_mu_);
-  if (shm_stopped_) return;
+void ParameterService::Accept(std::unique_ptr<DirectConnection> connection) {
+  absl::MutexLock lock(&direct_mu_);
+  if (direct_stopped_) return;
   // Peers whose client went away are dropped as new ones come.
-  std::erase_if(shm_peers_, [](const std::unique_ptr<ShmPeer>& p) { return p->closed(); });
-  shm_peers_.push_back(std::make_unique<ShmPeer>(this, std::move(connection)));
+  std::erase_if(direct_peers_, [](const std::unique_ptr<DirectPeer>& p) { return p->closed(); });
+  direct_peers_.push_back(std::make_unique<DirectPeer>(this, std::move(connection)));
 }
 
 absl::Status ParameterService::AddListener(
-    absl::StatusOr<std::unique_ptr<ShmListener>> listener) {
+    absl::StatusOr<std::unique_ptr<DirectListener>> listener) {
   if (!listener.ok()) return listener.status();
-  absl::MutexLock lock(&shm_mu_);
-  shm_listeners_.push_back(*std::move(listener));
+  absl::MutexLock lock(&direct_mu_);
+  direct_listeners_.push_back(*std::move(listener));
   return absl::OkStatus();
 }
 
 absl::Status ParameterService::ServeSharedMemory(const std::string& name, uint64_t instance,
                                                  const ShmOptions& options) {
-  return AddListener(ShmListener::Listen(
-      name, instance, options, [this](std::unique_ptr<ShmConnection> c) { Accept(std::move(c)); }));
+  return AddListener(DirectListener::Listen(
+      name, instance, options,
+      [this](std::unique_ptr<DirectConnection> c) { Accept(std::move(c)); }));
 }
 
 absl::StatusOr<int> ParameterService::ServeDirectTcp(const std::string& host, uint64_t instance,
                                                      const ShmOptions& options) {
-  absl::StatusOr<std::unique_ptr<ShmListener>> listener = ShmListener::ListenTcp(
-      host, instance, options, [this](std::unique_ptr<ShmConnection> c) { Accept(std::move(c)); });
+  absl::StatusOr<std::unique_ptr<DirectListener>> listener = DirectListener::ListenTcp(
+      host, instance, options,
+      [this](std::unique_ptr<DirectConnection> c) { Accept(std::move(c)); });
   const int port = listener.ok() ? (*listener)->port() : 0;
   PSTRAIN_RETURN_IF_ERROR(AddListener(std::move(listener)));
   return port;
 }
 
 void ParameterService::StopDirectConnections() {
-  std::vector<std::unique_ptr<ShmListener>> listeners;
+  std::vector<std::unique_ptr<DirectListener>> listeners;
   {
-    absl::MutexLock lock(&shm_mu_);
-    shm_stopped_ = true;
-    listeners.swap(shm_listeners_);
+    absl::MutexLock lock(&direct_mu_);
+    direct_stopped_ = true;
+    listeners.swap(direct_listeners_);
   }
   for (const auto& listener : listeners) listener->Stop();
-  std::vector<std::unique_ptr<ShmPeer>> peers;
+  std::vector<std::unique_ptr<DirectPeer>> peers;
   {
-    absl::MutexLock lock(&shm_mu_);
-    peers.swap(shm_peers_);
+    absl::MutexLock lock(&direct_mu_);
+    peers.swap(direct_peers_);
   }
   peers.clear();  // each ends its connection and drops its streams
 }

@@ -10,8 +10,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
+#include "common/direct_connection.h"
 #include "common/in_process_service.h"
-#include "common/shm_connection.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "server/shard_store.h"
 
@@ -122,12 +122,12 @@ class ParameterService final : public grpc::CallbackGenericService, public InPro
   std::unique_ptr<Session> OpenSession() override;
 
  private:
-  class ShmPeer;
+  class DirectPeer;
   class InProcessSession;
 
   // Starts a peer for each connection `listener` accepts.
-  absl::Status AddListener(absl::StatusOr<std::unique_ptr<ShmListener>> listener);
-  void Accept(std::unique_ptr<ShmConnection> connection);
+  absl::Status AddListener(absl::StatusOr<std::unique_ptr<DirectListener>> listener);
+  void Accept(std::unique_ptr<DirectConnection> connection);
 
   ShardStore* const store_;
   const WorkerRoster* const roster_;
@@ -135,10 +135,10 @@ class ParameterService final : public grpc::CallbackGenericService, public InPro
   mutable absl::Mutex hello_mu_;
   std::string hello_ ABSL_GUARDED_BY(hello_mu_);  // serialized v1::HelloReply
   uint64_t instance_ ABSL_GUARDED_BY(hello_mu_) = 0;
-  absl::Mutex shm_mu_;
-  std::vector<std::unique_ptr<ShmListener>> shm_listeners_ ABSL_GUARDED_BY(shm_mu_);
-  std::vector<std::unique_ptr<ShmPeer>> shm_peers_ ABSL_GUARDED_BY(shm_mu_);
-  bool shm_stopped_ ABSL_GUARDED_BY(shm_mu_) = false;
+  absl::Mutex direct_mu_;
+  std::vector<std::unique_ptr<DirectListener>> direct_listeners_ ABSL_GUARDED_BY(direct_mu_);
+  std::vector<std::unique_ptr<DirectPeer>> direct_peers_ ABSL_GUARDED_BY(direct_mu_);
+  bool direct_stopped_ ABSL_GUARDED_BY(direct_mu_) = false;
 };
 
 }  // namespace pstrain::server

@@ -79,7 +79,7 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
                          const v1::PartitionPlan& plan, const std::vector<std::string>& addresses,
                          DatasetCache* data, const RunOptions& run = {});
 
-// The shared-memory regions (common/shm_connection.h) mapped into process
+// The shared-memory regions (common/direct_connection.h) mapped into process
 // `pid` (0: this one) now: a connection maps its region once on each side.
 int SharedMemoryMappings(int pid = 0);
 

@@ -1,7 +1,5 @@
 // The gRPC ParameterTransport: generic bidi streams over a pool of channels
 // per server, each stream with a window of requests ahead of their replies.
-#include "worker/transport.h"
-
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -13,14 +11,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunk_codec.h"
+#include "common/direct_connection.h"
 #include "common/in_process_service.h"
 #include "common/rpc.h"
 #include "common/status.h"
-#include "common/shm_connection.h"
 #include "common/tls.h"
 #include "glog/logging.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "worker/shm_streams.h"
+#include "worker/direct_streams.h"
+#include "worker/transport.h"
 
 namespace pstrain::worker {
 namespace {
@@ -144,7 +143,7 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
 // it is a process of this machine, else over TCP.
 struct ServerRoute {
   std::string dial;
-  std::unique_ptr<ShmConnection> direct;
+  std::unique_ptr<DirectConnection> direct;
   bool in_process = false;  // the server of this process (options.in_process)
 };
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
@@ -164,9 +163,9 @@ class GrpcTransport final : public ParameterTransport {
       const std::string& address = route.dial;
       in_process_.push_back(route.in_process);
       if (route.in_process && session_ == nullptr) session_ = options.in_process->OpenSession();
-      shm_.push_back(route.direct == nullptr
-                         ? nullptr
-                         : std::make_unique<ShmStreams>(std::move(route.direct)));
+      direct_.push_back(route.direct == nullptr
+                            ? nullptr
+                            : std::make_unique<DirectStreams>(std::move(route.direct)));
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
             MakeChannel(address, {.security = options.security,
@@ -181,7 +180,7 @@ class GrpcTransport final : public ParameterTransport {
   ~GrpcTransport() override {
     CancelAll();
     session_.reset();
-    shm_.clear();  // their streams have ended when this returns
+    direct_.clear();  // their streams have ended when this returns
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
@@ -206,9 +205,9 @@ class GrpcTransport final : public ParameterTransport {
       return;
     }
     // The direct connection while it lasts; gRPC after.
-    if (ShmStreams* shm = shm_[server].get();
-        shm != nullptr && shm->StartExchange(method, std::move(requests), deadline, on_sent,
-                                             on_reply, on_done)) {
+    if (DirectStreams* direct = direct_[server].get();
+        direct != nullptr &&
+        direct->StartExchange(method, std::move(requests), deadline, on_sent, on_reply, on_done)) {
       return;
     }
     auto* call = new ExchangeCall(this, std::move(requests), window_, window_bytes_,
@@ -226,8 +225,8 @@ class GrpcTransport final : public ParameterTransport {
 
   void CancelAll() override {
     if (session_ != nullptr) session_->CancelAll();
-    for (const auto& shm : shm_) {
-      if (shm != nullptr) shm->CancelAll();
+    for (const auto& direct : direct_) {
+      if (direct != nullptr) direct->CancelAll();
     }
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
@@ -280,8 +279,8 @@ class GrpcTransport final : public ParameterTransport {
   const int64_t window_bytes_;
   // Server s, channel c: stubs_[s * channels_per_server_ + c].
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
-  // By server: its shared-memory streams; null: none.
-  std::vector<std::unique_ptr<ShmStreams>> shm_;
+  // By server: its direct streams; null: none.
+  std::vector<std::unique_ptr<DirectStreams>> direct_;
   // By server: whether it is the server of this process, and the session
   // the transport reaches it through (if any is).
   std::vector<bool> in_process_;
@@ -371,9 +370,8 @@ ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& opti
   if (options.shared_memory && !remote->shm_address().empty()) {
     // The handshake checks that the process behind the name is the one
     // that answered at `address`.
-    absl::StatusOr<std::unique_ptr<ShmConnection>> shm =
-        ShmConnection::Connect(remote->shm_address(), remote->instance(), options.shm,
-                               kHelloTimeout);
+    absl::StatusOr<std::unique_ptr<DirectConnection>> shm = DirectConnection::Connect(
+        remote->shm_address(), remote->instance(), options.shm, kHelloTimeout);
     if (shm.ok()) {
       LOG(INFO) << "server " << address << " reached through shared memory";
       route.direct = *std::move(shm);
@@ -382,9 +380,9 @@ ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& opti
     }
   }
   if (route.direct == nullptr && options.direct_tcp && remote->direct_tcp_port() > 0) {
-    absl::StatusOr<std::unique_ptr<ShmConnection>> tcp =
-        ShmConnection::ConnectTcp(SocketHost(address), remote->direct_tcp_port(),
-                                  remote->instance(), options.shm, kHelloTimeout);
+    absl::StatusOr<std::unique_ptr<DirectConnection>> tcp =
+        DirectConnection::ConnectTcp(SocketHost(address), remote->direct_tcp_port(),
+                                     remote->instance(), options.shm, kHelloTimeout);
     if (tcp.ok()) {
       LOG(INFO) << "server " << address << " reached over a direct TCP connection";
       route.direct = *std::move(tcp);

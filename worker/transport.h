@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chunk_codec.h"
+#include "common/direct_connection.h"
 #include "common/in_process_service.h"
-#include "common/shm_connection.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace pstrain {

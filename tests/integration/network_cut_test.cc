@@ -7,6 +7,10 @@
 // cannot be made.
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -124,6 +128,17 @@ TEST_F(NetworkCutTest, AServerCutOffForLongerThanTheLeaseComesBack) {
   options.server_flags[1] = {absl::StrCat("--listen=", net_->ns_ip(), ":0")};
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
   CutAndCompare("server-1");
+  // No shared memory reaches a server of another network namespace: the
+  // workers reached it over direct TCP connections, which the cut ended
+  // or held.
+  for (const char* worker : {"worker-0", "worker-1"}) {
+    std::ifstream in(absl::StrCat(dir_.path(), "/", worker, ".log"));
+    std::stringstream log;
+    log << in.rdbuf();
+    EXPECT_TRUE(absl::StrContains(log.str(), absl::StrCat(net_->ns_ip(), ":")) &&
+                absl::StrContains(log.str(), "reached over a direct TCP connection"))
+        << worker << ":\n" << log.str();
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "common/shm_connection.h"
+#include "common/direct_connection.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -28,7 +28,7 @@ namespace {
 
 constexpr uint64_t kRegionMagic = 0x314d485352545350;  // "PSTRSHM1", little-endian
 constexpr uint64_t kHelloMagic = 0x4f4c454852545350;   // "PSTRHELO"
-constexpr size_t kControlBytes = 4096;  // the region's first page: its header
+constexpr size_t kControlBytes = 4096;                 // the region's first page: its header
 constexpr size_t kMessageHeaderBytes = 12;
 constexpr int64_t kMinPipeBytes = 64 << 10;
 constexpr int64_t kMaxPipeBytes = int64_t{1} << 30;
@@ -61,7 +61,7 @@ static_assert(sizeof(RegionHeader) <= kControlBytes);
 // the listener answers a Reply.
 struct Hello {
   uint64_t magic;
-  uint64_t instance;  // the listener it wants
+  uint64_t instance;    // the listener it wants
   uint64_t pipe_bytes;  // TCP: 0
 };
 struct Reply {
@@ -108,10 +108,19 @@ std::string TcpPeer(int fd) {
   return absl::StrCat("ipv6:[", text, "]");
 }
 
-// A connected TCP socket, ready for messages: non-blocking, no Nagle delay.
+// A connected TCP socket, ready for messages: non-blocking, no Nagle
+// delay, and ended by the kernel when the peer stops answering (a cut
+// network, a machine gone), as gRPC's keepalive ends its connections: a
+// probe after 30 s of silence, the end 10 s later without an answer, or
+// once sent bytes have waited 40 s for their acknowledgement.
 void PrepareTcp(int fd) {
-  const int one = 1;
+  const int one = 1, idle_s = 30, probe_interval_s = 5, probes = 2, user_timeout_ms = 40000;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &probe_interval_s, sizeof(probe_interval_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
   SetNonBlocking(fd);
 }
 
@@ -138,8 +147,8 @@ bool ReadFully(int fd, void* data, size_t n, absl::Duration timeout) {
 absl::Status ValidateShmOptions(const ShmOptions& options) {
   const int64_t p = options.pipe_bytes;
   if (p < kMinPipeBytes || p > kMaxPipeBytes || (p & (p - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared-memory pipe bytes must be a power of two in [64 KiB, 1 GiB], not ", p));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory pipe bytes must be a power of two in [64 KiB, 1 GiB], not ", p));
   }
   if (options.max_message_bytes < 1 || options.max_message_bytes > (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -150,7 +159,7 @@ absl::Status ValidateShmOptions(const ShmOptions& options) {
 
 // One end of one direction. The peer's index is read, never trusted: a
 // value that the protocol cannot produce makes the pipe broken().
-class ShmConnection::Pipe {
+class DirectConnection::Pipe {
  public:
   Pipe(PipeControl* control, unsigned char* data, uint64_t capacity)
       : control_(control), data_(data), capacity_(capacity) {}
@@ -228,7 +237,7 @@ class ShmConnection::Pipe {
 
 // A message on its way into the pipe: its header, its body's slices, and
 // how far it got.
-struct ShmConnection::Outgoing {
+struct DirectConnection::Outgoing {
   unsigned char header[kMessageHeaderBytes];
   size_t header_sent = 0;
   std::vector<grpc::Slice> body;
@@ -237,8 +246,8 @@ struct ShmConnection::Outgoing {
   std::function<void()> on_written;
 };
 
-ShmConnection::ShmConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
-                             const ShmOptions& options, int peer_pid)
+DirectConnection::DirectConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
+                                   const ShmOptions& options, int peer_pid)
     : socket_fd_(socket_fd),
       wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       region_(region),
@@ -261,17 +270,15 @@ ShmConnection::ShmConnection(int socket_fd, void* region, size_t region_bytes, b
   in_ = is_client ? std::move(to_connector) : std::move(to_listener);
 }
 
-ShmConnection::~ShmConnection() {
+DirectConnection::~DirectConnection() {
   Close();
   close(socket_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
   if (region_ != nullptr) munmap(region_, region_bytes_);
 }
 
-absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::Connect(const std::string& name,
-                                                                      uint64_t instance,
-                                                                      const ShmOptions& options,
-                                                                      absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<DirectConnection>> DirectConnection::Connect(
+    const std::string& name, uint64_t instance, const ShmOptions& options, absl::Duration timeout) {
   if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
   const uint64_t pipe_bytes = static_cast<uint64_t>(options.pipe_bytes);
   const size_t bytes = RegionBytes(pipe_bytes);
@@ -315,9 +322,9 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::Connect(const std:
     } else if (!ReadFully(fd, &reply, sizeof(reply), timeout) || reply.magic != kHelloMagic) {
       status = absl::UnavailableError(absl::StrCat("no shared-memory handshake from ", name));
     } else if (reply.status != 0 || reply.instance != instance) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          name, " is another process (instance ", reply.instance, "), or refused the region (",
-          reply.status, ")"));
+      status = absl::FailedPreconditionError(
+          absl::StrCat(name, " is another process (instance ", reply.instance,
+                       "), or refused the region (", reply.status, ")"));
     }
   }
   close(memfd);
@@ -327,11 +334,11 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::Connect(const std:
     return status;
   }
   SetNonBlocking(fd);
-  return std::unique_ptr<ShmConnection>(
-      new ShmConnection(fd, region, bytes, /*is_client=*/true, options, PeerPid(fd)));
+  return std::unique_ptr<DirectConnection>(
+      new DirectConnection(fd, region, bytes, /*is_client=*/true, options, PeerPid(fd)));
 }
 
-absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::ConnectTcp(
+absl::StatusOr<std::unique_ptr<DirectConnection>> DirectConnection::ConnectTcp(
     const std::string& host, int port, uint64_t instance, const ShmOptions& options,
     absl::Duration timeout) {
   if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
@@ -377,21 +384,21 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmConnection::ConnectTcp(
              reply.magic != kHelloMagic) {
     status = absl::UnavailableError(absl::StrCat("no handshake from ", where));
   } else if (reply.status != 0 || reply.instance != instance) {
-    status = absl::FailedPreconditionError(absl::StrCat(
-        where, " is another process (instance ", reply.instance, "), or refused (", reply.status,
-        ")"));
+    status = absl::FailedPreconditionError(absl::StrCat(where, " is another process (instance ",
+                                                        reply.instance, "), or refused (",
+                                                        reply.status, ")"));
   }
   if (!status.ok()) {
     close(fd);
     return status;
   }
   PrepareTcp(fd);
-  return std::unique_ptr<ShmConnection>(
-      new ShmConnection(fd, nullptr, 0, /*is_client=*/true, options, -1));
+  return std::unique_ptr<DirectConnection>(
+      new DirectConnection(fd, nullptr, 0, /*is_client=*/true, options, -1));
 }
 
-void ShmConnection::Start(MessageFn on_message, ClosedFn on_closed,
-                          std::function<void()> on_tick) {
+void DirectConnection::Start(MessageFn on_message, ClosedFn on_closed,
+                             std::function<void()> on_tick) {
   on_message_ = std::move(on_message);
   on_closed_ = std::move(on_closed);
   on_tick_ = std::move(on_tick);
@@ -402,15 +409,34 @@ void ShmConnection::Start(MessageFn on_message, ClosedFn on_closed,
   thread_ = std::thread([this] { Loop(); });
 }
 
-bool ShmConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
-                         const grpc::ByteBuffer* body, std::function<void()> on_written) {
+bool DirectConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
+                            const grpc::ByteBuffer* body, std::function<void()> on_written) {
   std::vector<grpc::Slice> slices;
   if (body != nullptr && !body->Dump(&slices).ok()) return false;
   return Send(type, flags, stream, std::move(slices), std::move(on_written));
 }
 
-bool ShmConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
-                         std::vector<grpc::Slice> body, std::function<void()> on_written) {
+bool DirectConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
+                            std::vector<grpc::Slice> body, std::function<void()> on_written) {
+  std::vector<std::unique_ptr<Outgoing>> one;
+  one.push_back(MakeOutgoing(type, flags, stream, std::move(body), std::move(on_written)));
+  return SendQueued(std::move(one));
+}
+
+bool DirectConnection::SendAll(std::vector<Message> messages) {
+  std::vector<std::unique_ptr<Outgoing>> all;
+  for (Message& m : messages) {
+    std::vector<grpc::Slice> slices;
+    if (m.body != nullptr && !m.body->Dump(&slices).ok()) return false;
+    all.push_back(MakeOutgoing(m.type, m.flags, m.stream, std::move(slices),
+                               std::move(m.on_written)));
+  }
+  return SendQueued(std::move(all));
+}
+
+std::unique_ptr<DirectConnection::Outgoing> DirectConnection::MakeOutgoing(
+    uint8_t type, uint8_t flags, uint32_t stream, std::vector<grpc::Slice> body,
+    std::function<void()> on_written) {
   auto message = std::make_unique<Outgoing>();
   uint64_t length = 0;
   for (const grpc::Slice& s : body) length += s.size();
@@ -424,17 +450,19 @@ bool ShmConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
   message->header[10] = message->header[11] = 0;
   message->body = std::move(body);
   message->on_written = std::move(on_written);
-  return SendQueued(std::move(message));
+  return message;
 }
 
-bool ShmConnection::SendQueued(std::unique_ptr<Outgoing> message) {
+bool DirectConnection::SendQueued(std::vector<std::unique_ptr<Outgoing>> messages) {
   bool wake;
   {
     absl::MutexLock lock(&send_mu_);
     if (ended_) return false;
-    queue_.push_back(std::move(message));
-    // Nothing ahead of it: straight into the pipe, on this thread.
-    if (queue_.size() == 1) FlushLocked();
+    const bool idle = queue_.empty();
+    for (auto& m : messages) queue_.push_back(std::move(m));
+    // Nothing ahead of them: straight into the pipe or socket, on this
+    // thread.
+    if (idle) FlushLocked();
     // What did not fit is the connection's thread's to write.
     wake = !queue_.empty();
   }
@@ -442,11 +470,11 @@ bool ShmConnection::SendQueued(std::unique_ptr<Outgoing> message) {
   return true;
 }
 
-bool ShmConnection::FlushLocked() {
+bool DirectConnection::FlushLocked() {
   return over_tcp() ? FlushToSocketLocked() : FlushToPipeLocked();
 }
 
-bool ShmConnection::FlushToSocketLocked() {
+bool DirectConnection::FlushToSocketLocked() {
   bool progress = false;
   std::vector<std::function<void()>> written;
   while (!queue_.empty() && !send_failed_) {
@@ -504,7 +532,7 @@ bool ShmConnection::FlushToSocketLocked() {
   return progress;
 }
 
-bool ShmConnection::FlushToPipeLocked() {
+bool DirectConnection::FlushToPipeLocked() {
   bool progress = false;
   bool ring = false;
   std::vector<std::function<void()>> written;
@@ -512,8 +540,8 @@ bool ShmConnection::FlushToPipeLocked() {
     Outgoing& m = *queue_.front();
     bool stalled = false;
     if (m.header_sent < kMessageHeaderBytes) {
-      const size_t n = out_->Write(m.header + m.header_sent, kMessageHeaderBytes - m.header_sent,
-                                   &ring);
+      const size_t n =
+          out_->Write(m.header + m.header_sent, kMessageHeaderBytes - m.header_sent, &ring);
       m.header_sent += n;
       progress |= n > 0;
       stalled = m.header_sent < kMessageHeaderBytes;
@@ -541,7 +569,7 @@ bool ShmConnection::FlushToPipeLocked() {
   return progress;
 }
 
-bool ShmConnection::Post(std::function<void()> fn) {
+bool DirectConnection::Post(std::function<void()> fn) {
   {
     absl::MutexLock lock(&send_mu_);
     if (ended_) return false;
@@ -551,7 +579,7 @@ bool ShmConnection::Post(std::function<void()> fn) {
   return true;
 }
 
-void ShmConnection::Close() {
+void DirectConnection::Close() {
   bool join;
   {
     absl::MutexLock lock(&send_mu_);
@@ -564,14 +592,14 @@ void ShmConnection::Close() {
   shutdown(socket_fd_, SHUT_RDWR);
 }
 
-void ShmConnection::Wake() {
+void DirectConnection::Wake() {
   const uint64_t one = 1;
   if (write(wake_fd_, &one, sizeof(one)) < 0) {
     // EAGAIN: the counter is full, the thread is awake anyway.
   }
 }
 
-void ShmConnection::RingPeer() {
+void DirectConnection::RingPeer() {
   if (over_tcp()) return;  // the bytes themselves wake the peer
   const char bell = 0;
   if (send(socket_fd_, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
@@ -580,7 +608,7 @@ void ShmConnection::RingPeer() {
   }
 }
 
-absl::StatusOr<bool> ShmConnection::Drain() {
+absl::StatusOr<bool> DirectConnection::Drain() {
   bool any = false;
   bool ring = false;
   while (true) {
@@ -593,22 +621,21 @@ absl::StatusOr<bool> ShmConnection::Drain() {
       for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(header_[i]) << (8 * i);
       if (length > static_cast<uint64_t>(options_.max_message_bytes)) {
         if (ring) RingPeer();
-        return absl::InvalidArgumentError(absl::StrCat(
-            over_tcp() ? "message" : "shared-memory message", " of ", length,
-            " bytes, more than the ",
-            options_.max_message_bytes, " allowed"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(over_tcp() ? "message" : "shared-memory message", " of ", length,
+                         " bytes, more than the ", options_.max_message_bytes, " allowed"));
       }
       body_ = grpc::Slice(static_cast<size_t>(length));
       body_got_ = 0;
     }
     if (body_got_ < body_.size()) {
-      const size_t n = ReadIn(const_cast<uint8_t*>(body_.begin()) + body_got_,
-                              body_.size() - body_got_, &ring);
+      const size_t n =
+          ReadIn(const_cast<uint8_t*>(body_.begin()) + body_got_, body_.size() - body_got_, &ring);
       body_got_ += n;
       any |= n > 0;
       if (body_got_ < body_.size()) break;
     }
-    ShmMessage message;
+    DirectMessage message;
     message.type = header_[8];
     message.flags = header_[9];
     for (int i = 0; i < 4; ++i) message.stream |= static_cast<uint32_t>(header_[4 + i]) << (8 * i);
@@ -627,11 +654,11 @@ absl::StatusOr<bool> ShmConnection::Drain() {
   return any;
 }
 
-size_t ShmConnection::ReadIn(unsigned char* dst, size_t n, bool* ring) {
+size_t DirectConnection::ReadIn(unsigned char* dst, size_t n, bool* ring) {
   return over_tcp() ? ReadSocket(dst, n) : in_->Read(dst, n, ring);
 }
 
-size_t ShmConnection::ReadSocket(unsigned char* dst, size_t n) {
+size_t DirectConnection::ReadSocket(unsigned char* dst, size_t n) {
   size_t done = 0;
   while (done < n) {
     if (staged_begin_ < staged_end_) {
@@ -656,13 +683,13 @@ size_t ShmConnection::ReadSocket(unsigned char* dst, size_t n) {
     }
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    receive_end_ = got == 0 ? absl::UnavailableError("the peer closed the connection")
-                            : Errno("receive");
+    receive_end_ =
+        got == 0 ? absl::UnavailableError("the peer closed the connection") : Errno("receive");
   }
   return done;
 }
 
-void ShmConnection::Loop() {
+void DirectConnection::Loop() {
   absl::Status end;
   pollfd fds[2] = {{socket_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   constexpr absl::Duration kTick = absl::Seconds(1);
@@ -747,7 +774,7 @@ void ShmConnection::Loop() {
   if (on_closed_) on_closed_(end);
 }
 
-void ShmConnection::Sleep(absl::Duration timeout) {
+void DirectConnection::Sleep(absl::Duration timeout) {
   bool waiting_to_write;
   {
     absl::MutexLock lock(&send_mu_);
@@ -762,8 +789,8 @@ void ShmConnection::Sleep(absl::Duration timeout) {
   }
 }
 
-ShmListener::ShmListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options,
-                         AcceptFn on_accept)
+DirectListener::DirectListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options,
+                               AcceptFn on_accept)
     : fd_(fd),
       tcp_(tcp),
       wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
@@ -773,16 +800,16 @@ ShmListener::ShmListener(int fd, bool tcp, uint64_t instance, const ShmOptions& 
   thread_ = std::thread([this] { Loop(); });
 }
 
-ShmListener::~ShmListener() {
+DirectListener::~DirectListener() {
   Stop();
   close(fd_);
   close(wake_fd_);
 }
 
-absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::Listen(const std::string& name,
-                                                                 uint64_t instance,
-                                                                 const ShmOptions& options,
-                                                                 AcceptFn on_accept) {
+absl::StatusOr<std::unique_ptr<DirectListener>> DirectListener::Listen(const std::string& name,
+                                                                       uint64_t instance,
+                                                                       const ShmOptions& options,
+                                                                       AcceptFn on_accept) {
   if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un address;
@@ -793,14 +820,14 @@ absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::Listen(const std::stri
     if (fd >= 0) close(fd);
     return s;
   }
-  return std::unique_ptr<ShmListener>(
-      new ShmListener(fd, /*tcp=*/false, instance, options, std::move(on_accept)));
+  return std::unique_ptr<DirectListener>(
+      new DirectListener(fd, /*tcp=*/false, instance, options, std::move(on_accept)));
 }
 
-absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::ListenTcp(const std::string& host,
-                                                                    uint64_t instance,
-                                                                    const ShmOptions& options,
-                                                                    AcceptFn on_accept) {
+absl::StatusOr<std::unique_ptr<DirectListener>> DirectListener::ListenTcp(const std::string& host,
+                                                                          uint64_t instance,
+                                                                          const ShmOptions& options,
+                                                                          AcceptFn on_accept) {
   if (absl::Status s = ValidateShmOptions(options); !s.ok()) return s;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -823,19 +850,18 @@ absl::StatusOr<std::unique_ptr<ShmListener>> ShmListener::ListenTcp(const std::s
       fd = -1;
       continue;
     }
-    port = ntohs(bound.ss_family == AF_INET
-                     ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
-                     : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+    port = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                                            : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
   }
   freeaddrinfo(found);
   if (fd < 0) return Errno(absl::StrCat("listen on ", host));
-  auto listener = std::unique_ptr<ShmListener>(
-      new ShmListener(fd, /*tcp=*/true, instance, options, std::move(on_accept)));
+  auto listener = std::unique_ptr<DirectListener>(
+      new DirectListener(fd, /*tcp=*/true, instance, options, std::move(on_accept)));
   listener->port_ = port;
   return listener;
 }
 
-void ShmListener::Stop() {
+void DirectListener::Stop() {
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
@@ -847,7 +873,7 @@ void ShmListener::Stop() {
   thread_.join();
 }
 
-void ShmListener::Loop() {
+void DirectListener::Loop() {
   pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   while (true) {
     {
@@ -858,7 +884,7 @@ void ShmListener::Loop() {
     if (poll(fds, 2, -1) <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
-    absl::StatusOr<std::unique_ptr<ShmConnection>> connection = Handshake(conn);
+    absl::StatusOr<std::unique_ptr<DirectConnection>> connection = Handshake(conn);
     if (!connection.ok()) {
       LOG(WARNING) << "refused a shared-memory connection: " << connection.status();
       close(conn);
@@ -868,7 +894,7 @@ void ShmListener::Loop() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<ShmConnection>> ShmListener::Handshake(int fd) {
+absl::StatusOr<std::unique_ptr<DirectConnection>> DirectListener::Handshake(int fd) {
   // A peer that connects and sends nothing holds the listener this long.
   constexpr absl::Duration kHandshakeTimeout = absl::Seconds(2);
   pollfd p{fd, POLLIN, 0};
@@ -896,8 +922,8 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmListener::Handshake(int fd) {
       return Errno("handshake reply");
     }
     PrepareTcp(fd);
-    return std::unique_ptr<ShmConnection>(
-        new ShmConnection(fd, nullptr, 0, /*is_client=*/false, options_, -1));
+    return std::unique_ptr<DirectConnection>(
+        new DirectConnection(fd, nullptr, 0, /*is_client=*/false, options_, -1));
   }
   iovec iov{&hello, sizeof(hello)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
@@ -961,8 +987,8 @@ absl::StatusOr<std::unique_ptr<ShmConnection>> ShmListener::Handshake(int fd) {
     return Errno("handshake reply");
   }
   SetNonBlocking(fd);
-  return std::unique_ptr<ShmConnection>(
-      new ShmConnection(fd, region, bytes, /*is_client=*/false, asked, PeerPid(fd)));
+  return std::unique_ptr<DirectConnection>(
+      new DirectConnection(fd, region, bytes, /*is_client=*/false, asked, PeerPid(fd)));
 }
 
 }  // namespace pstrain

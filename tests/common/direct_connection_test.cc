@@ -1,7 +1,7 @@
 // Direct connections, through shared memory and over TCP: messages of
 // every size both ways, in order; the handshake's checks; the end of a peer
 // seen by the other side.
-#include "common/shm_connection.h"
+#include "common/direct_connection.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -25,12 +25,12 @@ constexpr uint64_t kInstance = 0x5eed;
 // What one end received, in order, and how it ended.
 struct Inbox {
   absl::Mutex mu;
-  std::vector<ShmMessage> messages ABSL_GUARDED_BY(mu);
+  std::vector<DirectMessage> messages ABSL_GUARDED_BY(mu);
   std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
 
-  void Start(ShmConnection& c) {
+  void Start(DirectConnection& c) {
     c.Start(
-        [this](ShmMessage m) {
+        [this](DirectMessage m) {
           absl::MutexLock lock(&mu);
           messages.push_back(std::move(m));
         },
@@ -85,42 +85,42 @@ int UnusedPort() {
 }
 
 // The parameter: over TCP (else through shared memory).
-class ShmConnectionTest : public ::testing::TestWithParam<bool> {
+class DirectConnectionTest : public ::testing::TestWithParam<bool> {
  protected:
   bool tcp() const { return GetParam(); }
 
   // A listener whose connections are kept (and started) in server_.
   void Listen(ShmOptions options = {}) {
     name_ = UniqueName();
-    auto accept = [this](std::unique_ptr<ShmConnection> c) {
+    auto accept = [this](std::unique_ptr<DirectConnection> c) {
       absl::MutexLock lock(&mu_);
       server_inbox_.Start(*c);
       server_ = std::move(c);
     };
-    absl::StatusOr<std::unique_ptr<ShmListener>> listener =
-        tcp() ? ShmListener::ListenTcp("127.0.0.1", kInstance, options, accept)
-              : ShmListener::Listen(name_, kInstance, options, accept);
+    absl::StatusOr<std::unique_ptr<DirectListener>> listener =
+        tcp() ? DirectListener::ListenTcp("127.0.0.1", kInstance, options, accept)
+              : DirectListener::Listen(name_, kInstance, options, accept);
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
     if (tcp()) EXPECT_GT(listener_->port(), 0);
   }
   // A client of the listener (or of nobody).
-  absl::StatusOr<std::unique_ptr<ShmConnection>> Connect(uint64_t instance,
-                                                         const ShmOptions& options = {},
-                                                         bool nobody = false) {
+  absl::StatusOr<std::unique_ptr<DirectConnection>> Connect(uint64_t instance,
+                                                            const ShmOptions& options = {},
+                                                            bool nobody = false) {
     constexpr absl::Duration kTimeout = absl::Seconds(10);
     if (tcp()) {
-      return ShmConnection::ConnectTcp("127.0.0.1", nobody ? UnusedPort() : listener_->port(),
-                                       instance, options, kTimeout);
+      return DirectConnection::ConnectTcp("127.0.0.1", nobody ? UnusedPort() : listener_->port(),
+                                          instance, options, kTimeout);
     }
-    return ShmConnection::Connect(nobody ? UniqueName() : name_, instance, options, kTimeout);
+    return DirectConnection::Connect(nobody ? UniqueName() : name_, instance, options, kTimeout);
   }
-  ShmConnection* AwaitServer() {
+  DirectConnection* AwaitServer() {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](std::unique_ptr<ShmConnection>* s) { return *s != nullptr; },
-                             &server_),
-                         absl::Seconds(60));
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::unique_ptr<DirectConnection>* s) { return *s != nullptr; }, &server_),
+        absl::Seconds(60));
     return server_.get();
   }
   void TearDown() override {
@@ -130,21 +130,21 @@ class ShmConnectionTest : public ::testing::TestWithParam<bool> {
   }
 
   std::string name_;
-  std::unique_ptr<ShmListener> listener_;
+  std::unique_ptr<DirectListener> listener_;
   absl::Mutex mu_;
-  std::unique_ptr<ShmConnection> server_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DirectConnection> server_ ABSL_GUARDED_BY(mu_);
   Inbox server_inbox_;
 };
 
-TEST_P(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
+TEST_P(DirectConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   ShmOptions options;
   options.pipe_bytes = 64 << 10;  // smaller than some messages: they stream through
   ASSERT_NO_FATAL_FAILURE(Listen(options));
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance, options);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
-  ShmConnection* server = AwaitServer();
+  DirectConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
   if (tcp()) {
     EXPECT_EQ(server->peer(), "ipv4:127.0.0.1");
@@ -162,8 +162,8 @@ TEST_P(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   int written = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
     const grpc::ByteBuffer body = Bytes(sent[i]);
-    ASSERT_TRUE((*client)->Send(2, static_cast<uint8_t>(i), static_cast<uint32_t>(1000 + i),
-                                &body, [&written] { ++written; }));
+    ASSERT_TRUE((*client)->Send(2, static_cast<uint8_t>(i), static_cast<uint32_t>(1000 + i), &body,
+                                [&written] { ++written; }));
     ASSERT_TRUE(server->Send(4, 0, static_cast<uint32_t>(i), &body));
   }
   ASSERT_TRUE(server_inbox_.AwaitMessages(sent.size()));
@@ -171,12 +171,12 @@ TEST_P(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   absl::MutexLock lock(&server_inbox_.mu);
   absl::MutexLock lock2(&client_inbox.mu);
   for (size_t i = 0; i < sent.size(); ++i) {
-    const ShmMessage& in = server_inbox_.messages[i];
+    const DirectMessage& in = server_inbox_.messages[i];
     EXPECT_EQ(in.type, 2);
     EXPECT_EQ(in.flags, i);
     EXPECT_EQ(in.stream, 1000 + i);
     EXPECT_EQ(Text(in.body), sent[i]) << "message " << i;
-    const ShmMessage& back = client_inbox.messages[i];
+    const DirectMessage& back = client_inbox.messages[i];
     EXPECT_EQ(back.type, 4);
     EXPECT_EQ(back.stream, i);
     EXPECT_EQ(Text(back.body), sent[i]) << "message " << i;
@@ -184,9 +184,9 @@ TEST_P(ShmConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   EXPECT_EQ(written, static_cast<int>(sent.size()));
 }
 
-TEST_P(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
+TEST_P(DirectConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   ASSERT_NO_FATAL_FAILURE(Listen());
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_NE(AwaitServer(), nullptr);
   constexpr int kThreads = 4, kEach = 500;
@@ -203,18 +203,19 @@ TEST_P(ShmConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   ASSERT_TRUE(server_inbox_.AwaitMessages(kThreads * kEach));
   absl::MutexLock lock(&server_inbox_.mu);
   std::vector<int> next(kThreads, 0);
-  for (const ShmMessage& m : server_inbox_.messages) {
+  for (const DirectMessage& m : server_inbox_.messages) {
     const int t = static_cast<int>(m.stream / kEach), i = static_cast<int>(m.stream % kEach);
     EXPECT_EQ(i, next[t]++) << "one thread's messages in its order";
     EXPECT_EQ(Text(m.body), std::string(1000 + i, static_cast<char>('a' + t)));
   }
 }
 
-TEST_P(ShmConnectionTest, AnotherInstanceOrNobodyIsRefused) {
+TEST_P(DirectConnectionTest, AnotherInstanceOrNobodyIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Listen());
-  absl::StatusOr<std::unique_ptr<ShmConnection>> other = Connect(kInstance + 1);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> other = Connect(kInstance + 1);
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
-  absl::StatusOr<std::unique_ptr<ShmConnection>> nobody = Connect(kInstance, {}, /*nobody=*/true);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> nobody =
+      Connect(kInstance, {}, /*nobody=*/true);
   EXPECT_EQ(nobody.status().code(), absl::StatusCode::kUnavailable) << nobody.status();
   ShmOptions bad;
   bad.pipe_bytes = 100000;  // not a power of two
@@ -223,7 +224,7 @@ TEST_P(ShmConnectionTest, AnotherInstanceOrNobodyIsRefused) {
 
 // A peer that is no shared-memory client (garbage, or silence) is refused
 // and the listener goes on taking good ones.
-TEST_P(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
+TEST_P(DirectConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   int fd;
   if (tcp()) {
@@ -247,14 +248,14 @@ TEST_P(ShmConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
   char reply[64];
   EXPECT_GE(recv(fd, reply, sizeof(reply), 0), 0);  // refused (or just closed)
   close(fd);
-  absl::StatusOr<std::unique_ptr<ShmConnection>> good = Connect(kInstance);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> good = Connect(kInstance);
   EXPECT_TRUE(good.ok()) << good.status();
 }
 
-TEST_P(ShmConnectionTest, EachSideSeesTheOtherEnd) {
+TEST_P(DirectConnectionTest, EachSideSeesTheOtherEnd) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
@@ -270,12 +271,12 @@ TEST_P(ShmConnectionTest, EachSideSeesTheOtherEnd) {
   EXPECT_FALSE(server_->Send(4, 0, 1, &body));
 }
 
-TEST_P(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
+TEST_P(DirectConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   ShmOptions small;
   small.max_message_bytes = 1000;
   ASSERT_NO_FATAL_FAILURE(Listen(small));
   Inbox client_inbox;  // outlives the connection, which calls into it
-  absl::StatusOr<std::unique_ptr<ShmConnection>> client = Connect(kInstance);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
   ASSERT_TRUE(client.ok()) << client.status();
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
@@ -289,7 +290,7 @@ TEST_P(ShmConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   EXPECT_EQ(seen->code(), absl::StatusCode::kUnavailable) << *seen;
 }
 
-INSTANTIATE_TEST_SUITE_P(Carriers, ShmConnectionTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Carriers, DirectConnectionTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Tcp" : "SharedMemory";
                          });

@@ -1,4 +1,4 @@
-#include "worker/shm_streams.h"
+#include "worker/direct_streams.h"
 
 #include <utility>
 
@@ -8,7 +8,7 @@
 namespace pstrain::worker {
 namespace {
 
-// kShmDone's body: [fixed32 LE code][message].
+// kDirectDone's body: [fixed32 LE code][message].
 absl::Status DoneStatus(const grpc::Slice& body) {
   if (body.size() < 4) return absl::InternalError("a malformed end of stream from the server");
   uint32_t code = 0;
@@ -16,35 +16,35 @@ absl::Status DoneStatus(const grpc::Slice& body) {
   if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
     code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
   }
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::string_view(reinterpret_cast<const char*>(body.begin()) + 4,
-                                        body.size() - 4));
+  return absl::Status(
+      static_cast<absl::StatusCode>(code),
+      absl::string_view(reinterpret_cast<const char*>(body.begin()) + 4, body.size() - 4));
 }
 
 }  // namespace
 
-ShmStreams::ShmStreams(std::unique_ptr<ShmConnection> connection)
+DirectStreams::DirectStreams(std::unique_ptr<DirectConnection> connection)
     : connection_(std::move(connection)) {
-  connection_->Start([this](ShmMessage m) { OnMessage(std::move(m)); },
+  connection_->Start([this](DirectMessage m) { OnMessage(std::move(m)); },
                      [this](const absl::Status& status) { OnClosed(status); },
                      [this] { EndExpired(); });
 }
 
-ShmStreams::~ShmStreams() { connection_->Close(); }
+DirectStreams::~DirectStreams() { connection_->Close(); }
 
-bool ShmStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
-                               absl::Time deadline, ParameterTransport::SentFn on_sent,
-                               ParameterTransport::ReplyFn on_reply,
-                               ParameterTransport::DoneFn on_done) {
+bool DirectStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
+                                  absl::Time deadline, ParameterTransport::SentFn on_sent,
+                                  ParameterTransport::ReplyFn on_reply,
+                                  ParameterTransport::DoneFn on_done) {
   uint32_t id;
   {
     absl::MutexLock lock(&mu_);
     // Once ended, OnClosed has taken every stream: a new one would be lost.
     if (ended_) return false;
     id = next_id_++;
-    streams_[id] = std::make_shared<Stream>(
-        Stream{std::move(on_reply), std::move(on_done), requests.empty() ? absl::InfinitePast()
-                                                                          : deadline});
+    streams_[id] =
+        std::make_shared<Stream>(Stream{std::move(on_reply), std::move(on_done),
+                                        requests.empty() ? absl::InfinitePast() : deadline});
     if (cancelled_ || requests.empty()) {
       // Ends on the connection's thread (an empty stream as "expired", but OK).
       if (requests.empty() && !cancelled_) {
@@ -60,19 +60,23 @@ bool ShmStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuf
       return true;
     }
   }
-  // A failed send means the connection ended: OnClosed ends the stream.
-  if (!connection_->Send(kShmOpen, static_cast<uint8_t>(method), id, nullptr)) return true;
+  // The opening and every request, written together. A failed send means
+  // the connection ended: OnClosed ends the stream.
+  std::vector<DirectConnection::Message> messages;
+  messages.push_back({.type = kDirectOpen, .flags = static_cast<uint8_t>(method), .stream = id});
   for (size_t i = 0; i < requests.size(); ++i) {
     const bool last = i + 1 == requests.size();
-    if (!connection_->Send(kShmRequest, last ? kShmLast : 0, id, &requests[i],
-                           last ? std::move(on_sent) : nullptr)) {
-      break;
-    }
+    messages.push_back({.type = kDirectRequest,
+                        .flags = last ? kDirectLast : uint8_t{0},
+                        .stream = id,
+                        .body = &requests[i],
+                        .on_written = last ? std::move(on_sent) : nullptr});
   }
+  connection_->SendAll(std::move(messages));
   return true;
 }
 
-void ShmStreams::CancelAll() {
+void DirectStreams::CancelAll() {
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
@@ -80,16 +84,16 @@ void ShmStreams::CancelAll() {
   connection_->Post([this] { EndExpired(); });
 }
 
-std::shared_ptr<ShmStreams::Stream> ShmStreams::Abandon(uint32_t id) {
+std::shared_ptr<DirectStreams::Stream> DirectStreams::Abandon(uint32_t id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return nullptr;
   std::shared_ptr<Stream> stream = std::move(it->second);
   streams_.erase(it);
-  connection_->Send(kShmCancel, 0, id, nullptr);
+  connection_->Send(kDirectCancel, 0, id, nullptr);
   return stream;
 }
 
-void ShmStreams::EndExpired() {
+void DirectStreams::EndExpired() {
   std::vector<std::pair<std::shared_ptr<Stream>, absl::Status>> ended;
   {
     absl::MutexLock lock(&mu_);
@@ -99,32 +103,32 @@ void ShmStreams::EndExpired() {
       if (cancelled_ || now >= stream->deadline) ids.push_back(id);
     }
     for (uint32_t id : ids) {
-      ended.emplace_back(Abandon(id), cancelled_ ? absl::CancelledError("stream cancelled")
-                                                 : absl::DeadlineExceededError(
-                                                       "shared-memory stream past its deadline"));
+      ended.emplace_back(
+          Abandon(id), cancelled_ ? absl::CancelledError("stream cancelled")
+                                  : absl::DeadlineExceededError("direct stream past its deadline"));
     }
   }
   for (auto& [stream, status] : ended) stream->on_done(status);
 }
 
-void ShmStreams::OnMessage(ShmMessage m) {
+void DirectStreams::OnMessage(DirectMessage m) {
   std::shared_ptr<Stream> stream;
   {
     absl::MutexLock lock(&mu_);
     auto it = streams_.find(m.stream);
     if (it == streams_.end()) return;  // abandoned: what is left of it goes nowhere
     stream = it->second;
-    if (m.type == kShmDone) streams_.erase(it);
+    if (m.type == kDirectDone) streams_.erase(it);
   }
-  if (m.type == kShmReply) {
+  if (m.type == kDirectReply) {
     const grpc::ByteBuffer reply(&m.body, 1);
     stream->on_reply(reply);
-  } else if (m.type == kShmDone) {
+  } else if (m.type == kDirectDone) {
     stream->on_done(DoneStatus(m.body));
   }
 }
 
-void ShmStreams::OnClosed(const absl::Status& status) {
+void DirectStreams::OnClosed(const absl::Status& status) {
   std::map<uint32_t, std::shared_ptr<Stream>> open;
   {
     absl::MutexLock lock(&mu_);
@@ -135,8 +139,7 @@ void ShmStreams::OnClosed(const absl::Status& status) {
   const absl::Status why =
       status.code() == absl::StatusCode::kCancelled
           ? status
-          : absl::UnavailableError(
-                absl::StrCat("the shared-memory connection ended: ", status.message()));
+          : absl::UnavailableError(absl::StrCat("the direct connection ended: ", status.message()));
   for (auto& [id, stream] : open) stream->on_done(why);
 }
 

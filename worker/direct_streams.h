@@ -1,9 +1,9 @@
-// A worker's parameter streams to one server of its machine over a
-// shared-memory connection (common/shm_connection.h): what a gRPC stream
-// of the parameter service does, with the same frames, replies and final
-// status, but through memory both processes map.
-#ifndef PSTRAIN_WORKER_SHM_STREAMS_H_
-#define PSTRAIN_WORKER_SHM_STREAMS_H_
+// A worker's parameter streams to one server over a direct connection
+// (common/direct_connection.h): what a gRPC stream of the parameter service
+// does, with the same frames, replies and final status, but through memory
+// both processes map, or over a TCP socket without HTTP/2.
+#ifndef PSTRAIN_WORKER_DIRECT_STREAMS_H_
+#define PSTRAIN_WORKER_DIRECT_STREAMS_H_
 
 #include <cstdint>
 #include <map>
@@ -12,19 +12,19 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/shm_connection.h"
+#include "common/direct_connection.h"
 #include "worker/transport.h"
 
 namespace pstrain::worker {
 
 // Thread-safe. Every callback of a stream runs on the connection's thread:
 // on_reply never after on_done. (on_sent may run on the starting thread.)
-class ShmStreams {
+class DirectStreams {
  public:
-  explicit ShmStreams(std::unique_ptr<ShmConnection> connection);
+  explicit DirectStreams(std::unique_ptr<DirectConnection> connection);
   // Ends the connection; every open stream's on_done has run (CANCELLED)
   // when it returns.
-  ~ShmStreams();
+  ~DirectStreams();
 
   // Starts one stream as ParameterTransport::StartExchange does. False, and
   // nothing started, once the connection has ended (the server went away):
@@ -44,7 +44,7 @@ class ShmStreams {
     absl::Time deadline;
   };
 
-  void OnMessage(ShmMessage message);
+  void OnMessage(DirectMessage message);
   void OnClosed(const absl::Status& status);
   // Streams cancelled or past their deadline end (connection's thread).
   void EndExpired();
@@ -52,7 +52,7 @@ class ShmStreams {
   // has ended already.
   std::shared_ptr<Stream> Abandon(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::unique_ptr<ShmConnection> connection_;
+  const std::unique_ptr<DirectConnection> connection_;
   absl::Mutex mu_;
   std::map<uint32_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   uint32_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -62,4 +62,4 @@ class ShmStreams {
 
 }  // namespace pstrain::worker
 
-#endif  // PSTRAIN_WORKER_SHM_STREAMS_H_
+#endif  // PSTRAIN_WORKER_DIRECT_STREAMS_H_

@@ -19,8 +19,8 @@
 // size, each message is copied out of the pipe before it is handed on, and
 // the region is sealed against shrinking (a peer cannot make this process
 // fault on its mapping).
-#ifndef PSTRAIN_COMMON_SHM_CONNECTION_H_
-#define PSTRAIN_COMMON_SHM_CONNECTION_H_
+#ifndef PSTRAIN_COMMON_DIRECT_CONNECTION_H_
+#define PSTRAIN_COMMON_DIRECT_CONNECTION_H_
 
 #include <cstdint>
 #include <deque>
@@ -39,7 +39,7 @@
 
 namespace pstrain {
 
-struct ShmMessage {
+struct DirectMessage {
   uint8_t type = 0;
   uint8_t flags = 0;
   uint32_t stream = 0;
@@ -59,28 +59,28 @@ absl::Status ValidateShmOptions(const ShmOptions& options);
 
 // One end of a connection. Thread-safe. Send may be called from any
 // thread; every callback runs on the connection's own thread, one at a time.
-class ShmConnection {
+class DirectConnection {
  public:
-  using MessageFn = std::function<void(ShmMessage message)>;
+  using MessageFn = std::function<void(DirectMessage message)>;
   // Called once, last, when the connection ends: the peer went away (or
   // broke the protocol), or Close was called (CANCELLED).
   using ClosedFn = std::function<void(const absl::Status& status)>;
 
   // Connects to the listener at abstract socket `name`, hands it a new
   // shared region, and checks that the process that accepts is `instance`
-  // (its ShmListener's). UNAVAILABLE if nothing listens or it does not
+  // (its DirectListener's). UNAVAILABLE if nothing listens or it does not
   // answer within `timeout`; FAILED_PRECONDITION if another process does.
-  static absl::StatusOr<std::unique_ptr<ShmConnection>> Connect(const std::string& name,
-                                                                uint64_t instance,
-                                                                const ShmOptions& options,
-                                                                absl::Duration timeout);
-  // The same over TCP to the listener at `host` (a name or an address)
-  // and `port`: UNAVAILABLE if it cannot be reached in `timeout`.
-  static absl::StatusOr<std::unique_ptr<ShmConnection>> ConnectTcp(const std::string& host,
-                                                                   int port, uint64_t instance,
+  static absl::StatusOr<std::unique_ptr<DirectConnection>> Connect(const std::string& name,
+                                                                   uint64_t instance,
                                                                    const ShmOptions& options,
                                                                    absl::Duration timeout);
-  ~ShmConnection();  // Close()
+  // The same over TCP to the listener at `host` (a name or an address)
+  // and `port`: UNAVAILABLE if it cannot be reached in `timeout`.
+  static absl::StatusOr<std::unique_ptr<DirectConnection>> ConnectTcp(const std::string& host,
+                                                                      int port, uint64_t instance,
+                                                                      const ShmOptions& options,
+                                                                      absl::Duration timeout);
+  ~DirectConnection();  // Close()
 
   // Starts the connection's thread: messages from the peer go to
   // on_message from now on; on_tick (if set) runs about once a second,
@@ -97,6 +97,18 @@ class ShmConnection {
   // The same for a body given as slices.
   bool Send(uint8_t type, uint8_t flags, uint32_t stream, std::vector<grpc::Slice> body,
             std::function<void()> on_written = nullptr);
+  // One message of SendAll: Send's arguments.
+  struct Message {
+    uint8_t type = 0;
+    uint8_t flags = 0;
+    uint32_t stream = 0;
+    const grpc::ByteBuffer* body = nullptr;  // null: none
+    std::function<void()> on_written;
+  };
+  // Sends `messages` in order, as a Send of each would, written together
+  // (over TCP one system call where they fit). False (nothing sent) once
+  // the connection has ended.
+  bool SendAll(std::vector<Message> messages);
 
   // Runs `fn` on the connection's thread soon (after the messages it is
   // handing on now). False if the connection has ended.
@@ -118,12 +130,12 @@ class ShmConnection {
   class Pipe;
 
  private:
-  friend class ShmListener;
+  friend class DirectListener;
   struct Outgoing;
   // Shared memory: `region` holds the pipes. TCP: region is null and the
   // socket carries the messages.
-  ShmConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
-                const ShmOptions& options, int peer_pid);
+  DirectConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
+                   const ShmOptions& options, int peer_pid);
 
   void Loop();
   // Writes queued messages while the pipe has room. Returns true if
@@ -141,7 +153,10 @@ class ShmConnection {
   void Sleep(absl::Duration timeout);
   void RingPeer();
   void Wake();
-  bool SendQueued(std::unique_ptr<Outgoing> message);
+  static std::unique_ptr<Outgoing> MakeOutgoing(uint8_t type, uint8_t flags, uint32_t stream,
+                                                std::vector<grpc::Slice> body,
+                                                std::function<void()> on_written);
+  bool SendQueued(std::vector<std::unique_ptr<Outgoing>> messages);
 
   const int socket_fd_;
   const int wake_fd_;  // eventfd: Send, Post and Close wake the thread
@@ -159,7 +174,7 @@ class ShmConnection {
   absl::Mutex send_mu_;
   std::deque<std::unique_ptr<Outgoing>> queue_ ABSL_GUARDED_BY(send_mu_);
   std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(send_mu_);
-  bool ended_ ABSL_GUARDED_BY(send_mu_) = false;   // no more sends
+  bool ended_ ABSL_GUARDED_BY(send_mu_) = false;    // no more sends
   bool closing_ ABSL_GUARDED_BY(send_mu_) = false;  // Close called
   bool started_ ABSL_GUARDED_BY(send_mu_) = false;
   // TCP: a send failed (the peer is gone).
@@ -178,24 +193,24 @@ class ShmConnection {
 };
 
 // Accepts connections on an abstract Unix socket. Thread-safe.
-class ShmListener {
+class DirectListener {
  public:
-  using AcceptFn = std::function<void(std::unique_ptr<ShmConnection> connection)>;
+  using AcceptFn = std::function<void(std::unique_ptr<DirectConnection> connection)>;
 
   // Listens on abstract socket `name`; each connection that hands over a
   // good region and asks for `instance` goes to on_accept (on the
   // listener's thread; Start it there). UNAVAILABLE if the name is taken.
-  static absl::StatusOr<std::unique_ptr<ShmListener>> Listen(const std::string& name,
-                                                             uint64_t instance,
-                                                             const ShmOptions& options,
-                                                             AcceptFn on_accept);
-  // The same for TCP connections, on a free port of `host` (an address of
-  // this machine; "0.0.0.0" or "::" for every one): port() says which.
-  static absl::StatusOr<std::unique_ptr<ShmListener>> ListenTcp(const std::string& host,
+  static absl::StatusOr<std::unique_ptr<DirectListener>> Listen(const std::string& name,
                                                                 uint64_t instance,
                                                                 const ShmOptions& options,
                                                                 AcceptFn on_accept);
-  ~ShmListener();  // Stop()
+  // The same for TCP connections, on a free port of `host` (an address of
+  // this machine; "0.0.0.0" or "::" for every one): port() says which.
+  static absl::StatusOr<std::unique_ptr<DirectListener>> ListenTcp(const std::string& host,
+                                                                   uint64_t instance,
+                                                                   const ShmOptions& options,
+                                                                   AcceptFn on_accept);
+  ~DirectListener();  // Stop()
 
   // TCP: the port it listens on; else 0.
   int port() const { return port_; }
@@ -204,10 +219,11 @@ class ShmListener {
   void Stop();
 
  private:
-  ShmListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options, AcceptFn on_accept);
+  DirectListener(int fd, bool tcp, uint64_t instance, const ShmOptions& options,
+                 AcceptFn on_accept);
   void Loop();
   // The handshake of one accepted socket; on success the connection.
-  absl::StatusOr<std::unique_ptr<ShmConnection>> Handshake(int fd);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> Handshake(int fd);
 
   const int fd_;
   const bool tcp_;
@@ -223,4 +239,4 @@ class ShmListener {
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_COMMON_SHM_CONNECTION_H_
+#endif  // PSTRAIN_COMMON_DIRECT_CONNECTION_H_
