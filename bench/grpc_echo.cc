@@ -168,10 +168,10 @@ absl::StatusOr<double> GrpcEchoRate(const std::vector<std::string>& addresses,
   grpc::Slice small(payload.data(), 32, grpc::Slice::STATIC_SLICE);
   const std::vector<grpc::ByteBuffer> step_end = {grpc::ByteBuffer(&small, 1)};
 
-  std::barrier warm(workers + 1);
+  absl::Time start;  // when the last worker is warm: the timed part begins
   std::atomic<bool> failed{false};
   std::atomic<int64_t> moved{0};
-  absl::Time start;  // written before the barrier releases the workers
+  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
@@ -204,7 +204,6 @@ absl::StatusOr<double> GrpcEchoRate(const std::vector<std::string>& addresses,
       if (w == 0) *steps = done_steps;
     });
   }
-  start = absl::Now();
   warm.arrive_and_wait();
   for (std::thread& t : threads) t.join();
   if (failed) return absl::InternalError("a gRPC echo stream failed");

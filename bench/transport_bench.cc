@@ -55,9 +55,9 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
                                    const worker::GrpcTransportOptions& grpc,
                                    absl::Duration duration, int64_t* steps) {
   const int workers = spec.num_workers();
-  std::barrier warm(workers + 1);
+  absl::Time start;  // when the last worker is warm: the timed part begins
   std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
-  absl::Time start;  // written before the barrier releases the workers
+  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
   std::vector<absl::Status> status(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -88,7 +88,6 @@ absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionP
       }
     });
   }
-  start = absl::Now();
   warm.arrive_and_wait();
   for (std::thread& t : threads) t.join();
   const double seconds = SecondsSince(start);
@@ -196,10 +195,10 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
       });
     }
   }
-  std::barrier warm(servers * workers + 1);
+  absl::Time start;  // when the last client is warm: the timed part begins
   std::atomic<bool> failed{false};
   std::atomic<int64_t> echoed_bytes{0};
-  absl::Time start;  // written before the barrier releases the clients
+  std::barrier warm(servers * workers + 1, [&start]() noexcept { start = absl::Now(); });
   std::vector<std::thread> clients;
   for (int w = 0; w < workers; ++w) {
     for (int s = 0; s < servers; ++s) {
@@ -221,7 +220,6 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
       });
     }
   }
-  start = absl::Now();
   warm.arrive_and_wait();
   for (std::thread& t : clients) t.join();
   const double seconds = SecondsSince(start);
@@ -239,9 +237,9 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
 double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Duration duration) {
   int64_t total = 0;
   for (int64_t b : share_bytes) total += b;
-  std::barrier warm(workers + 1);
+  absl::Time start;  // when the last worker is warm: the timed part begins
   std::atomic<int64_t> moved{0};
-  absl::Time start;  // written before the barrier releases the workers
+  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
@@ -262,7 +260,6 @@ double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Du
       moved += 2 * steps * total;
     });
   }
-  start = absl::Now();
   warm.arrive_and_wait();
   for (std::thread& t : threads) t.join();
   return static_cast<double>(moved) / SecondsSince(start);
