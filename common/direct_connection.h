@@ -88,10 +88,11 @@ class DirectConnection {
   void Start(MessageFn on_message, ClosedFn on_closed, std::function<void()> on_tick = nullptr);
 
   // Sends a message whose body is `body` (may be null: none). Written into
-  // the pipe at once, on this thread, as far as it has room; the rest by
-  // the connection's thread, in order. Returns false (nothing sent) once
-  // the connection has ended. `on_written`, if set, runs once the whole
-  // message is in the pipe: on this thread or on the connection's.
+  // the pipe (or the socket) at once, on this thread, as far as it has
+  // room; the rest by the connection's thread, in order. Returns false
+  // (nothing sent) once the connection has ended. `on_written`, if set,
+  // runs once the whole message is in the pipe (or the socket): on this
+  // thread or on the connection's.
   bool Send(uint8_t type, uint8_t flags, uint32_t stream, const grpc::ByteBuffer* body,
             std::function<void()> on_written = nullptr);
   // The same for a body given as slices.

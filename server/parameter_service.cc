@@ -474,9 +474,10 @@ class DirectStream final : public ReplyingStream {
     const grpc::ByteBuffer done = DoneBody(status);
     std::vector<DirectConnection::Message> messages;
     if (last_reply != nullptr) {
-      messages.push_back({.type = kDirectReply, .stream = id_, .body = last_reply});
+      messages.push_back(
+          {.type = kDirectReply, .stream = id_, .body = last_reply, .on_written = nullptr});
     }
-    messages.push_back({.type = kDirectDone, .stream = id_, .body = &done});
+    messages.push_back({.type = kDirectDone, .stream = id_, .body = &done, .on_written = nullptr});
     sender_->SendAll(std::move(messages));
     on_end_();
   }

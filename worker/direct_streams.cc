@@ -63,7 +63,11 @@ bool DirectStreams::StartExchange(ParameterMethod method, std::vector<grpc::Byte
   // The opening and every request, written together. A failed send means
   // the connection ended: OnClosed ends the stream.
   std::vector<DirectConnection::Message> messages;
-  messages.push_back({.type = kDirectOpen, .flags = static_cast<uint8_t>(method), .stream = id});
+  messages.push_back({.type = kDirectOpen,
+                      .flags = static_cast<uint8_t>(method),
+                      .stream = id,
+                      .body = nullptr,
+                      .on_written = nullptr});
   for (size_t i = 0; i < requests.size(); ++i) {
     const bool last = i + 1 == requests.size();
     messages.push_back({.type = kDirectRequest,

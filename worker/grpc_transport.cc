@@ -1,5 +1,7 @@
 // The gRPC ParameterTransport: generic bidi streams over a pool of channels
 // per server, each stream with a window of requests ahead of their replies.
+#include "worker/transport.h"
+
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -19,7 +21,6 @@
 #include "glog/logging.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "worker/direct_streams.h"
-#include "worker/transport.h"
 
 namespace pstrain::worker {
 namespace {

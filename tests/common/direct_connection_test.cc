@@ -102,7 +102,9 @@ class DirectConnectionTest : public ::testing::TestWithParam<bool> {
               : DirectListener::Listen(name_, kInstance, options, accept);
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
-    if (tcp()) EXPECT_GT(listener_->port(), 0);
+    if (tcp()) {
+      EXPECT_GT(listener_->port(), 0);
+    }
   }
   // A client of the listener (or of nobody).
   absl::StatusOr<std::unique_ptr<DirectConnection>> Connect(uint64_t instance,
