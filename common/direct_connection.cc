@@ -375,9 +375,7 @@ absl::StatusOr<std::unique_ptr<DirectConnection>> DirectConnection::ConnectTcp(
   const Hello hello{kHelloMagic, instance, 0};
   Reply reply{};
   absl::Status status;
-  pollfd p{fd, POLLOUT, 0};
-  if (poll(&p, 1, 0) != 1 ||
-      send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+  if (send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
     status = Errno(absl::StrCat("handshake with ", where));
   } else if (!ReadFully(fd, &reply, sizeof(reply),
                         std::max(deadline - absl::Now(), absl::ZeroDuration())) ||
@@ -902,13 +900,15 @@ absl::StatusOr<std::unique_ptr<DirectConnection>> DirectListener::Handshake(int 
     return absl::DeadlineExceededError("no handshake");
   }
   Hello hello{};
+  int memfd = -1;  // shared memory: the region's, ours to close until mapped
+  auto refuse = [&](uint64_t why, absl::Status status) {
+    Reply reply{kHelloMagic, instance_, why};
+    if (send(fd, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    }
+    if (memfd >= 0) close(memfd);
+    return status;
+  };
   if (tcp_) {
-    auto refuse = [&](uint64_t why, absl::Status status) {
-      Reply reply{kHelloMagic, instance_, why};
-      if (send(fd, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-      }
-      return status;
-    };
     if (!ReadFully(fd, &hello, sizeof(hello), kHandshakeTimeout) || hello.magic != kHelloMagic ||
         hello.pipe_bytes != 0) {
       return refuse(2, absl::InvalidArgumentError("not a handshake"));
@@ -934,7 +934,6 @@ absl::StatusOr<std::unique_ptr<DirectConnection>> DirectListener::Handshake(int 
   msg.msg_controllen = sizeof(control);
   const ssize_t got = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   // Every descriptor that came along is ours to close; the first is the region.
-  int memfd = -1;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -948,13 +947,6 @@ absl::StatusOr<std::unique_ptr<DirectConnection>> DirectListener::Handshake(int 
       }
     }
   }
-  auto refuse = [&](uint64_t why, absl::Status status) {
-    Reply reply{kHelloMagic, instance_, why};
-    if (send(fd, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-    }
-    if (memfd >= 0) close(memfd);
-    return status;
-  };
   if (got != static_cast<ssize_t>(sizeof(hello)) || hello.magic != kHelloMagic || memfd < 0) {
     return refuse(2, absl::InvalidArgumentError("not a shared-memory handshake"));
   }

@@ -437,11 +437,8 @@ class DirectStream final : public ReplyingStream {
     if (ended_) return;
     --owed_;
     load_->Paid(client_, 1);
-    if (last_request_ && owed_ == 0) {
-      End(absl::OkStatus(), &frame);  // the last reply and the end, together
-      return;
-    }
-    sender_->Send(kDirectReply, id_, &frame);
+    // The last reply goes with the stream's end.
+    if (!EndIfDone(&frame)) sender_->Send(kDirectReply, id_, &frame);
   }
   void Fail(const absl::Status& status) override {
     absl::MutexLock lock(&mu_);
@@ -463,8 +460,11 @@ class DirectStream final : public ReplyingStream {
   }
 
  private:
-  void EndIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (last_request_ && owed_ == 0) End(absl::OkStatus());
+  // Ends the stream if it is done (after `last_reply`); true if it did.
+  bool EndIfDone(const grpc::ByteBuffer* last_reply = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!last_request_ || owed_ != 0) return false;
+    End(absl::OkStatus(), last_reply);
+    return true;
   }
   // Sends the stream's end (after `last_reply`, if given).
   void End(const absl::Status& status, const grpc::ByteBuffer* last_reply = nullptr)
