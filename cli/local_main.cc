@@ -20,6 +20,7 @@
 #include "cli/job_output.h"
 #include "cli/local_cluster.h"
 #include "common/clock.h"
+#include "common/cpu_affinity.h"
 #include "common/dataset.h"
 #include "common/files.h"
 #include "common/model_file.h"
@@ -45,6 +46,9 @@ ABSL_FLAG(std::string, run_dir, "",
 ABSL_FLAG(int, lease_s, 10, "heartbeat lease of the nodes, seconds");
 ABSL_FLAG(std::string, devices, "cpu:1",
           "every worker's devices: cpu:N or cuda:0,cuda:1,... (see pstrain-worker)");
+ABSL_FLAG(bool, pin_cpus, true,
+          "give each worker CPUs of its own (split evenly; server s shares worker s's), when "
+          "there are CPUs enough for every worker's compute threads");
 ABSL_FLAG(double, progress_interval_s, 1.0, "seconds between progress lines");
 ABSL_FLAG(bool, tls, false,
           "mutual TLS between all processes and bearer tokens on the control API, with "
@@ -55,6 +59,14 @@ ABSL_FLAG(std::string, tls_dir, "",
 
 namespace pstrain::cli {
 namespace {
+
+// --pin_cpus: `cpus` split among the workers, when every worker's group
+// has a CPU for each of its compute threads; else none (nothing pinned).
+std::vector<std::vector<int>> WorkerCpus(const std::vector<int>& cpus, int workers,
+                                         int compute_threads) {
+  if (static_cast<int64_t>(cpus.size()) < int64_t{workers} * compute_threads) return {};
+  return SplitCpus(cpus, workers);
+}
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
@@ -159,8 +171,8 @@ int Run() {
     }
   }
 
-  if (absl::StatusOr<worker::DeviceList> devices = worker::ParseDevices(absl::GetFlag(FLAGS_devices));
-      !devices.ok()) {
+  absl::StatusOr<worker::DeviceList> devices = worker::ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) {
     std::cerr << "pstrain-local: --" << devices.status().message() << "\n";
     return kExitUsage;
   }
@@ -232,6 +244,19 @@ int Run() {
   options.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_s));
   for (int w = 0; w < spec->num_workers(); ++w) {
     options.worker_flags[w] = {"--devices=" + absl::GetFlag(FLAGS_devices)};
+  }
+  if (absl::GetFlag(FLAGS_pin_cpus)) {
+    const int compute_threads = devices->kind == worker::DeviceList::Kind::kCpu
+                                    ? static_cast<int>(devices->indices.size())
+                                    : 1;
+    const std::vector<std::vector<int>> groups =
+        WorkerCpus(AllowedCpus(), spec->num_workers(), compute_threads);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      options.worker_flags[g].push_back("--cpus=" + FormatCpuList(groups[g]));
+    }
+    for (int s = 0; s < options.num_servers && !groups.empty(); ++s) {
+      options.server_flags[s] = {"--cpus=" + FormatCpuList(groups[s % groups.size()])};
+    }
   }
   options.state_dir = run_dir + "/state";
   options.prometheus_sd_file = run_dir + "/prometheus-targets.json";

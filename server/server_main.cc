@@ -3,6 +3,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/file_system.h"
+#include "common/cpu_affinity.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/node_id.h"
@@ -59,6 +60,7 @@ ABSL_FLAG(int, coordinator_loss_exit_s, 0,
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-server --coordinator=host:port [flags]");
+  pstrain::RunOnlyOnFlagCpus("pstrain-server");  // before any thread starts
   pstrain::server::ParameterServer::Options options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);

@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpu_affinity.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/node_id.h"
@@ -72,6 +73,7 @@ ABSL_FLAG(std::string, fault_injection, "",
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-worker --coordinator=host:port [flags]");
+  pstrain::RunOnlyOnFlagCpus("pstrain-worker");  // before any thread starts
   pstrain::worker::WorkerNode::Options options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));

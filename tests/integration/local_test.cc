@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/cpu_affinity.h"
 #include "common/files.h"
 #include "common/process.h"
 #include "common/rpc.h"
@@ -169,8 +170,10 @@ TEST(LocalTest, ColocatedServersGiveTheResultOfServersOfTheirOwn) {
   const std::string separate = dir.Write("job.yaml", yaml);
   yaml.replace(yaml.find("num_servers: 2"), 14, "colocated_servers: true");
   const std::string colocated = dir.Write("colocated.yaml", yaml);
-  ProcessResult clean =
-      RunProcess({BinDir() + "/pstrain-local", "--job", separate}, absl::Minutes(5));
+  // With nothing pinned; the colocated runs below pin each worker (the
+  // default) where the machine has a CPU for each.
+  ProcessResult clean = RunProcess(
+      {BinDir() + "/pstrain-local", "--job", separate, "--nopin_cpus"}, absl::Minutes(5));
   ASSERT_EQ(clean.exit_code(), 0) << clean.err;
   const auto expected = ResultFields(clean.out);
 
@@ -178,6 +181,14 @@ TEST(LocalTest, ColocatedServersGiveTheResultOfServersOfTheirOwn) {
   ASSERT_NO_FATAL_FAILURE(RunWithKills(dir, colocated, {}, &run));
   ASSERT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)
       << DescribeWaitStatus(run.status) << run.err;
+  const std::vector<std::vector<int>> groups = SplitCpus(AllowedCpus(), 2);
+  for (size_t w = 0; w < groups.size(); ++w) {
+    const std::string log =
+        ReadFile(absl::StrCat(dir.path(), "/run-0/worker-", w, ".log")).value_or("");
+    EXPECT_TRUE(absl::StrContains(log, "running on CPUs " + FormatCpuList(groups[w]) + "\n"))
+        << "worker-" << w << ":\n"
+        << log;
+  }
   EXPECT_TRUE(absl::StrContains(run.out, "2 server(s) in the workers' processes")) << run.out;
   auto fields = ResultFields(run.out);
   EXPECT_EQ(fields.at("servers"), "2");

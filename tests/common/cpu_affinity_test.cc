@@ -1,0 +1,82 @@
+#include "common/cpu_affinity.h"
+
+#include <sched.h>
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+TEST(CpuListTest, ParsesLinuxCpuLists) {
+  EXPECT_EQ(ParseCpuList("0").value(), (std::vector<int>{0}));
+  EXPECT_EQ(ParseCpuList("0-3,8").value(), (std::vector<int>{0, 1, 2, 3, 8}));
+  EXPECT_EQ(ParseCpuList("5,1-2,2").value(), (std::vector<int>{1, 2, 5}));
+  EXPECT_EQ(ParseCpuList("1023").value(), (std::vector<int>{1023}));
+  for (const char* bad :
+       {"", ",", "a", "1-", "-1", "3-1", "1024", "0-1024", "1,,2", "1-2-3", "0x1"}) {
+    absl::StatusOr<std::vector<int>> cpus = ParseCpuList(bad);
+    EXPECT_EQ(cpus.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+  EXPECT_NE(ParseCpuList("3-1").status().message().find("runs backwards"), std::string::npos);
+}
+
+TEST(CpuListTest, FormatsRangesAndRoundTrips) {
+  EXPECT_EQ(FormatCpuList({0}), "0");
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8}), "0-3,8");
+  EXPECT_EQ(FormatCpuList({1, 3, 4, 6}), "1,3-4,6");
+  EXPECT_EQ(FormatCpuList({}), "");
+  for (const char* list : {"0-3,8", "1,3-4,6", "7", "0-1023"}) {
+    EXPECT_EQ(FormatCpuList(ParseCpuList(list).value()), list);
+  }
+}
+
+TEST(CpuListTest, SplitsIntoConsecutiveGroupsAsEvenAsTheyCome) {
+  EXPECT_EQ(SplitCpus({0, 1}, 2), (std::vector<std::vector<int>>{{0}, {1}}));
+  EXPECT_EQ(SplitCpus({0, 1, 2, 3, 4}, 2), (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}}));
+  EXPECT_EQ(SplitCpus({2, 5, 6, 9}, 3), (std::vector<std::vector<int>>{{2, 5}, {6}, {9}}));
+  EXPECT_TRUE(SplitCpus({0}, 2).empty());
+  EXPECT_TRUE(SplitCpus({0, 1}, 0).empty());
+}
+
+std::vector<int> ThisThreadsCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// On a thread of its own, so that the test process keeps its CPUs.
+TEST(CpuAffinityTest, KeepsTheThreadAndTheThreadsItStartsOnTheCpus) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  EXPECT_EQ(ThisThreadsCpus(), allowed);
+  const std::vector<int> one = {allowed.back()};
+  std::thread([&] {
+    ASSERT_TRUE(RunOnlyOn(one).ok());
+    EXPECT_EQ(ThisThreadsCpus(), one);
+    EXPECT_EQ(AllowedCpus(), one);
+    std::thread([&] { EXPECT_EQ(ThisThreadsCpus(), one); }).join();
+  }).join();
+  EXPECT_EQ(ThisThreadsCpus(), allowed);
+}
+
+TEST(CpuAffinityTest, CpusNotAllowedAreAnErrorNamingTheAllowedOnes) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.back() == CPU_SETSIZE - 1) GTEST_SKIP() << "every CPU number is allowed here";
+  std::thread([&] {
+    absl::Status s = RunOnlyOn({CPU_SETSIZE - 1});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("may use CPUs " + FormatCpuList(allowed)), std::string::npos)
+        << s.message();
+    EXPECT_EQ(ThisThreadsCpus(), allowed);  // unchanged
+  }).join();
+}
+
+}  // namespace
+}  // namespace pstrain
