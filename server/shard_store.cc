@@ -69,6 +69,14 @@ struct ShardStore::Chunk {
   std::shared_ptr<std::vector<uint16_t>> wire_values ABSL_GUARDED_BY(mu);
   std::shared_ptr<std::vector<uint16_t>> wire_spare ABSL_GUARDED_BY(mu);
   std::vector<float> optimizer_state ABSL_GUARDED_BY(mu);
+  // Sync: the update of step `version`, computed as soon as every worker's
+  // push of it is in, ahead of their step ends — version+1's values and
+  // optimizer state (staged_values null: none). The step ends publish it,
+  // or drop it when the step is skipped: the update is the one they would
+  // compute, from the same pushes, so results do not change.
+  std::shared_ptr<std::vector<float>> staged_values ABSL_GUARDED_BY(mu);
+  std::vector<float> staged_state ABSL_GUARDED_BY(mu);
+  double staged_seconds ABSL_GUARDED_BY(mu) = 0;  // the staging's apply time
   // The received pushes not applied yet, by worker (their received slices,
   // not copies). Sync: those of step `version`. Async: each worker's push
   // of a step whose step end has not arrived.
@@ -278,24 +286,28 @@ std::string SyncSkipReason(const ShardStore::Job& job, const ShardStore::Chunk& 
   return "";
 }
 
-// Applies the sum of `grads`, the gradient of `step`, as update version+1
-// at the rate the job's schedule gives `step`, and publishes it: in place
-// when no reply holds the current values, else into the spare buffer.
-absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
-                    absl::Span<const Frame* const> grads, int64_t step, ApplyPool* pool)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
-  std::shared_ptr<std::vector<float>> next =
-      Unshared(chunk.values) ? chunk.values : TakeSpare(chunk.spare, chunk.size);
+// Writes the update of `step` (version+1) from the chunk's values to
+// `new_params`, with the optimizer state at `state`: the sum of `grads` at
+// the rate the job's schedule gives `step`.
+absl::Status ApplySum(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+                      absl::Span<const Frame* const> grads, int64_t step, float* new_params,
+                      float* state, ApplyPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   kernels::OptimizerSpan span;
   span.params = chunk.values->data();
-  span.new_params = next->data();
-  span.state = chunk.optimizer_state.data();
+  span.new_params = new_params;
+  span.state = state;
   span.state_stride = chunk.size;
   span.n = chunk.size;
   span.learning_rate =
       static_cast<float>(LearningRateAt(job.optimizer_spec, step, job.total_steps));
   if (chunk.metrics != nullptr) chunk.metrics->learning_rate->Set(span.learning_rate);
-  PSTRAIN_RETURN_IF_ERROR(SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool));
+  return SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool);
+}
+
+// Makes `next` the values of version+1 (the current ones become the
+// spare, unless `next` is them) and casts them for a 16-bit wire.
+void Publish(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+             std::shared_ptr<std::vector<float>> next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   if (next != chunk.values) {
     chunk.spare = std::move(chunk.values);
     chunk.values = std::move(next);
@@ -309,7 +321,54 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
     CastForTheWire(chunk, job.wire_dtype);
   }
   ++chunk.version;
+}
+
+// Applies the sum of `grads`, the gradient of `step`, as update version+1
+// and publishes it: in place when no reply holds the current values, else
+// into the spare buffer.
+absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+                    absl::Span<const Frame* const> grads, int64_t step, ApplyPool* pool)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  std::shared_ptr<std::vector<float>> next =
+      Unshared(chunk.values) ? chunk.values : TakeSpare(chunk.spare, chunk.size);
+  PSTRAIN_RETURN_IF_ERROR(
+      ApplySum(job, chunk, grads, step, next->data(), chunk.optimizer_state.data(), pool));
+  Publish(job, chunk, std::move(next));
   return absl::OkStatus();
+}
+
+// Sync: computes the update of step `version` from `grads` into the staged
+// buffers, leaving the published values and state as they are (a pull may
+// still read them, and a skipped step keeps them).
+absl::Status StageUpdate(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+                         absl::Span<const Frame* const> grads, ApplyPool* pool)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  const absl::Time start = MonotonicNow();
+  std::shared_ptr<std::vector<float>> next = TakeSpare(chunk.spare, chunk.size);
+  chunk.staged_state = chunk.optimizer_state;
+  absl::Status s = ApplySum(job, chunk, grads, chunk.version, next->data(),
+                            chunk.staged_state.data(), pool);
+  if (!s.ok()) {
+    chunk.spare = std::move(next);
+    return s;
+  }
+  chunk.staged_values = std::move(next);
+  chunk.staged_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
+  return absl::OkStatus();
+}
+
+// Publishes the staged update as version+1.
+void CommitStaged(const ShardStore::Job& job, ShardStore::Chunk& chunk)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  chunk.optimizer_state.swap(chunk.staged_state);
+  Publish(job, chunk, std::move(chunk.staged_values));
+  chunk.staged_values = nullptr;
+}
+
+// Forgets a staged update (its buffer becomes the spare).
+void DropStaged(ShardStore::Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (chunk.staged_values != nullptr) chunk.spare = std::move(chunk.staged_values);
+  chunk.staged_values = nullptr;
 }
 
 // Adds a wait (if any) and answers every wait the chunk now satisfies.
@@ -377,12 +436,14 @@ int64_t ShardStore::BytesNeeded(const v1::JobSpec& spec, const v1::PartitionPlan
       kernels::CreateCpuOptimizer(OptimizerConfigOf(spec.optimizer()));
   const int64_t state = optimizer.ok() ? (*optimizer)->StateFloatsPerParam() : 2;
   // fp32 values (two buffers for an fp32 wire; one, and two 16-bit casts,
-  // for a 16-bit one), the optimizer state, and a push of each worker as
-  // received (sync: of the open step; async: waiting for its step end).
+  // for a 16-bit one), the optimizer state (sync: twice, with the staged
+  // update's), and a push of each worker as received (sync: of the open
+  // step; async: waiting for its step end).
   const bool wire16 = DTypeBytes(spec.wire_dtype()) == 2;  // unspecified: fp32
   const int64_t value_bytes = wire16 ? 2 : 4;
-  const int64_t bytes_per_param =
-      4 * ((wire16 ? 1 : 2) + state) + (wire16 ? 2 * 2 : 0) + spec.num_workers() * value_bytes;
+  const int64_t states = spec.mode() == v1::MODE_SYNC ? 2 : 1;
+  const int64_t bytes_per_param = 4 * ((wire16 ? 1 : 2) + states * state) +
+                                  (wire16 ? 2 * 2 : 0) + spec.num_workers() * value_bytes;
   int64_t floats = 0;
   for (const v1::ChunkInfo& c : plan.chunks()) {
     if (c.server() == server) floats += c.size();
@@ -620,6 +681,7 @@ absl::Status ShardStore::KeepAtGeneration(const std::string& job_id, int64_t gen
     // it resumes at. (Sync keeps its clocks: they are the version.)
     if (job->mode != v1::MODE_SYNC) std::fill(chunk->clock.begin(), chunk->clock.end(), 0);
     for (std::optional<Frame>& held : chunk->pushed) held.reset();
+    DropStaged(*chunk);
   }
   absl::MutexLock lock(&job->step_end_mu);
   std::fill(job->ended_step.begin(), job->ended_step.end(), -1);
@@ -989,28 +1051,42 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
 absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk) {
   chunk.mu.AssertHeld();
   if (chunk.received_count < static_cast<int>(job->num_workers)) return absl::OkStatus();
+  // Summed in worker order, so that every run adds the same floats the
+  // same way.
+  absl::InlinedVector<const Frame*, 16> grads;
+  for (uint32_t w = 0; w < job->num_workers; ++w) {
+    if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
+    grads.push_back(&*chunk.pushed[w]);
+  }
   std::string skip_reason;
+  bool ended = true;
   {
     absl::MutexLock lock(&job->step_end_mu);
-    for (int64_t ended : job->ended_step) {
-      if (ended < chunk.version) return absl::OkStatus();  // a step end still to come
+    for (int64_t e : job->ended_step) ended &= e >= chunk.version;
+    if (ended) skip_reason = SyncSkipReason(*job, chunk);
+  }
+  if (!ended) {
+    // A step end still to come: the update is computed now, off the step's
+    // tail (unless a push already shows the step will be skipped).
+    if (chunk.staged_values != nullptr || !(chunk.gradient_bound < kMaxGradientBound)) {
+      return absl::OkStatus();
     }
-    skip_reason = SyncSkipReason(*job, chunk);
+    return StageUpdate(*job, chunk, grads, apply_pool_.get());
   }
   const ServerMetrics::Job* metrics = chunk.metrics;
   if (chunk.id == job->first_chunk) WatchStragglers(*job, chunk);
   const absl::Time apply_start = MonotonicNow();
+  double staged_seconds = 0;
   if (!skip_reason.empty()) {
+    DropStaged(chunk);
     SkipUpdate(*job, chunk, skip_reason);
   } else {
-    // Summed in worker order, so that every run adds the same floats the
-    // same way.
-    absl::InlinedVector<const Frame*, 16> grads;
-    for (uint32_t w = 0; w < job->num_workers; ++w) {
-      if (static_cast<int>(w) == options_.ignore_worker_for_testing) continue;
-      grads.push_back(&*chunk.pushed[w]);
+    if (chunk.staged_values != nullptr) {
+      staged_seconds = chunk.staged_seconds;
+      CommitStaged(*job, chunk);
+    } else {
+      PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, grads, chunk.version, apply_pool_.get()));
     }
-    PSTRAIN_RETURN_IF_ERROR(Update(*job, chunk, grads, chunk.version, apply_pool_.get()));
     chunk.skipped_in_a_row = 0;
     if (metrics != nullptr) metrics->updates->Increment();
   }
@@ -1023,7 +1099,7 @@ absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk
   chunk.opened = applied;
   if (metrics != nullptr) {
     metrics->barrier_wait->Observe(absl::ToDoubleSeconds(apply_start - chunk.step_started));
-    metrics->apply->Observe(absl::ToDoubleSeconds(applied - apply_start));
+    metrics->apply->Observe(staged_seconds + absl::ToDoubleSeconds(applied - apply_start));
   }
   Snapshot(job, chunk);
   return absl::OkStatus();
@@ -1147,7 +1223,7 @@ absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::strin
   h.set_chunk(chunk_id);
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
   absl::MutexLock lock(&chunk->mu);
-  return ChunkSnapshot{chunk->version, *chunk->values};
+  return ChunkSnapshot{chunk->version, *chunk->values, chunk->staged_values != nullptr};
 }
 
 }  // namespace pstrain::server

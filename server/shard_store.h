@@ -172,6 +172,8 @@ class ShardStore {
   struct ChunkSnapshot {
     int64_t version = 0;
     std::vector<float> values;
+    // Sync: the update to version+1 is computed and waits for the step ends.
+    bool update_staged = false;
   };
   absl::StatusOr<ChunkSnapshot> ReadChunk(const std::string& job_id, uint32_t chunk) const;
 

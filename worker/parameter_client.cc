@@ -169,17 +169,6 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
   auto chunk_bytes = [base, base_offset, value_bytes](const v1::ChunkInfo& info) {
     return base + (info.offset() - base_offset) * static_cast<int64_t>(value_bytes);
   };
-  float max_abs = 0;
-  for (uint32_t c : chunks) {
-    const v1::ChunkInfo& info = options_.plan.chunks(c);
-    max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, chunk_bytes(info), info.size()));
-  }
-  {
-    absl::MutexLock lock(&pushed_mu_);
-    if (pushed_step_ != step) pushed_max_abs_ = 0;
-    pushed_step_ = step;
-    pushed_max_abs_ = std::max(pushed_max_abs_, max_abs);
-  }
   auto make_request = [this, step, payload, chunk_bytes, sync](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
@@ -189,8 +178,20 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     return EncodeFrameShared(h, chunk_bytes(info), payload);
   };
   // Sync: exactly version step+1. Async: whatever the server has now.
-  return Start(ParameterMethod::kPushPull, std::move(chunks), make_request, sync ? step + 1 : 0,
-               params);
+  std::unique_ptr<Pending> pending = Start(ParameterMethod::kPushPull, chunks, make_request,
+                                           sync ? step + 1 : 0, params);
+  // The largest magnitude pushed, for the step end, while the pushes are
+  // on their way (the payload is not written until they are finished).
+  float max_abs = 0;
+  for (uint32_t c : chunks) {
+    const v1::ChunkInfo& info = options_.plan.chunks(c);
+    max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, chunk_bytes(info), info.size()));
+  }
+  absl::MutexLock lock(&pushed_mu_);
+  if (pushed_step_ != step) pushed_max_abs_ = 0;
+  pushed_step_ = step;
+  pushed_max_abs_ = std::max(pushed_max_abs_, max_abs);
+  return pending;
 }
 
 std::unique_ptr<ParameterClient::Pending> ParameterClient::StartEndStep(int64_t step,

@@ -380,6 +380,67 @@ TEST_P(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
   }
 }
 
+// Sync: a chunk whose pushes are all in computes its update before the
+// step ends arrive (off the step's tail), but only they publish it — or
+// drop it, values and optimizer state untouched, when the step is skipped.
+// The same steps with the step ends first (nothing computed ahead) give
+// bitwise the same parameters (Adam: its state carries over).
+TEST_P(ParameterServiceTest, AnUpdateComputedAheadIsPublishedOnlyByTheStepEnds) {
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 0.01f, 2, 8, 2, 10);
+  ASSERT_EQ(PlanFor(spec).SerializeAsString(), plan_.SerializeAsString());
+  for (const char* job : {"ahead", "after"}) ASSERT_TRUE(servers_->AddJob(job, spec, plan_).ok());
+  const auto read = [&](const std::string& job) {
+    return *servers_->server(0).store().ReadChunk(job, own_chunk_);
+  };
+  // Both workers' pushes of `step` to every chunk of server 0.
+  const auto push = [&](const std::string& job, int64_t step) {
+    for (const v1::ChunkInfo& c : plan_.chunks()) {
+      for (int w = 0; w < 2 && c.server() == 0; ++w) {
+        v1::ChunkHeader h = Push(c.id(), step, w);
+        h.set_job_id(job);
+        std::vector<float> payload(h.num_elements());
+        for (size_t i = 0; i < payload.size(); ++i) {
+          payload[i] = 0.01f * static_cast<float>((i + w + step) % 7) - 0.03f;
+        }
+        PSTRAIN_ASSERT_OK(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
+                                   {EncodeFrame(h, payload.data())})
+                              .status);
+      }
+    }
+  };
+  const auto end_step = [&](const std::string& job, int64_t step, float max_abs_1) {
+    std::vector<grpc::ByteBuffer> ends;
+    for (int w = 0; w < 2; ++w) {
+      v1::ChunkHeader h = StepEnd(own_chunk_, step, w, w == 1 ? max_abs_1 : 1.0f);
+      h.set_job_id(job);
+      ends.push_back(Frame(h));
+    }
+    PSTRAIN_ASSERT_OK(Exchange(*transport_, 0, worker::ParameterMethod::kPush, ends).status);
+  };
+  const auto initial = read("ahead");
+  for (int64_t step = 0; step < 3; ++step) {
+    // Step 1 is skipped: worker 1's step end reports an infinity.
+    const float max_abs_1 = step == 1 ? INFINITY : 1.0f;
+    push("ahead", step);
+    const auto staged = read("ahead");
+    EXPECT_EQ(staged.version, step) << "step " << step;
+    EXPECT_TRUE(staged.update_staged) << "step " << step;
+    end_step("ahead", step, max_abs_1);
+    end_step("after", step, max_abs_1);
+    push("after", step);
+    const auto ahead = read("ahead"), after = read("after");
+    EXPECT_EQ(ahead.version, step + 1);
+    EXPECT_FALSE(ahead.update_staged);
+    EXPECT_FALSE(after.update_staged);
+    EXPECT_EQ(ahead.values, after.values) << "step " << step;
+    if (step == 0) {
+      EXPECT_NE(ahead.values, initial.values);
+    } else if (step == 1) {
+      EXPECT_EQ(ahead.values, staged.values);  // skipped
+    }
+  }
+}
+
 // A push whose values exceed what its worker's step end said is not
 // applied either: no value that is not finite reaches a parameter.
 TEST_P(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
