@@ -203,6 +203,17 @@ class DirectConnection::Pipe {
     const size_t first = std::min<size_t>(n, capacity_ - at);
     std::memcpy(dst, data_ + at, first);
     std::memcpy(dst + first, data_, n - first);
+    Skip(n, ring);
+    return n;
+  }
+  // Reader: the next n bytes where they lie, if they are all written and
+  // do not wrap around the pipe's end; else null. Skip(n) releases them.
+  const unsigned char* Peek(size_t n) {
+    const size_t at = static_cast<size_t>(tail_ & (capacity_ - 1));
+    if (Readable() < n || n > capacity_ - at) return nullptr;
+    return data_ + at;
+  }
+  void Skip(size_t n, bool* ring) {
     tail_ += n;
     control_->tail.store(tail_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -210,8 +221,8 @@ class DirectConnection::Pipe {
         control_->writer_waiting.exchange(0) != 0) {
       *ring = true;
     }
-    return n;
   }
+
   size_t Readable() {
     const uint64_t ready = control_->head.load(std::memory_order_acquire) - tail_;
     if (ready > capacity_) {
@@ -396,10 +407,11 @@ absl::StatusOr<std::unique_ptr<DirectConnection>> DirectConnection::ConnectTcp(
 }
 
 void DirectConnection::Start(MessageFn on_message, ClosedFn on_closed,
-                             std::function<void()> on_tick) {
+                             std::function<void()> on_tick, BorrowsFn borrows) {
   on_message_ = std::move(on_message);
   on_closed_ = std::move(on_closed);
   on_tick_ = std::move(on_tick);
+  borrows_ = std::move(borrows);
   {
     absl::MutexLock lock(&send_mu_);
     started_ = true;
@@ -623,6 +635,17 @@ absl::StatusOr<bool> DirectConnection::Drain() {
             absl::StrCat(over_tcp() ? "message" : "shared-memory message", " of ", length,
                          " bytes, more than the ", options_.max_message_bytes, " allowed"));
       }
+      if (!over_tcp() && borrows_ && borrows_(header_[8])) {
+        if (const unsigned char* at = in_->Peek(length)) {
+          DirectMessage message = HeaderMessage();
+          message.body = grpc::Slice(at, length, grpc::Slice::STATIC_SLICE);
+          message.borrowed = true;
+          header_got_ = 0;
+          on_message_(std::move(message));
+          in_->Skip(length, &ring);
+          continue;
+        }
+      }
       body_ = grpc::Slice(static_cast<size_t>(length));
       body_got_ = 0;
     }
@@ -633,10 +656,7 @@ absl::StatusOr<bool> DirectConnection::Drain() {
       any |= n > 0;
       if (body_got_ < body_.size()) break;
     }
-    DirectMessage message;
-    message.type = header_[8];
-    message.flags = header_[9];
-    for (int i = 0; i < 4; ++i) message.stream |= static_cast<uint32_t>(header_[4 + i]) << (8 * i);
+    DirectMessage message = HeaderMessage();
     message.body = std::move(body_);
     body_ = grpc::Slice();
     header_got_ = 0;
@@ -650,6 +670,14 @@ absl::StatusOr<bool> DirectConnection::Drain() {
     return absl::DataLossError("shared-memory pipe: the peer's index is out of range");
   }
   return any;
+}
+
+DirectMessage DirectConnection::HeaderMessage() const {
+  DirectMessage message;
+  message.type = header_[8];
+  message.flags = header_[9];
+  for (int i = 0; i < 4; ++i) message.stream |= static_cast<uint32_t>(header_[4 + i]) << (8 * i);
+  return message;
 }
 
 size_t DirectConnection::ReadIn(unsigned char* dst, size_t n, bool* ring) {

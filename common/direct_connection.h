@@ -16,7 +16,9 @@
 //
 // Nothing the peer writes is trusted: a length over the limit ends the
 // connection; in shared memory, indices are checked against the pipe's
-// size, each message is copied out of the pipe before it is handed on, and
+// size, each message is copied out of the pipe before it is handed on
+// (unless the receiver takes it borrowed: a body it reads once, as the
+// worker's replies, whose frame header is copied before it is parsed), and
 // the region is sealed against shrinking (a peer cannot make this process
 // fault on its mapping).
 #ifndef PSTRAIN_COMMON_DIRECT_CONNECTION_H_
@@ -43,7 +45,11 @@ struct DirectMessage {
   uint8_t type = 0;
   uint8_t flags = 0;
   uint32_t stream = 0;
-  grpc::Slice body;  // this process's own memory
+  // This process's own memory; or, when `borrowed`, the pipe's: valid only
+  // until the callback that gets it returns, and written by the peer
+  // (read each value once).
+  grpc::Slice body;
+  bool borrowed = false;
 };
 
 struct ShmOptions {
@@ -82,10 +88,17 @@ class DirectConnection {
                                                                       absl::Duration timeout);
   ~DirectConnection();  // Close()
 
+  // Whether messages of a type may be handed borrowed.
+  using BorrowsFn = std::function<bool(uint8_t type)>;
+
   // Starts the connection's thread: messages from the peer go to
   // on_message from now on; on_tick (if set) runs about once a second,
-  // busy or not (deadlines). Once.
-  void Start(MessageFn on_message, ClosedFn on_closed, std::function<void()> on_tick = nullptr);
+  // busy or not (deadlines). Once. Through shared memory, a message of a
+  // type `borrows` names whose body lies whole in the pipe is handed
+  // borrowed (no copy; see DirectMessage), for a callback that reads its
+  // body and keeps none of it.
+  void Start(MessageFn on_message, ClosedFn on_closed, std::function<void()> on_tick = nullptr,
+             BorrowsFn borrows = nullptr);
 
   // Sends a message whose body is `body` (may be null: none). Written into
   // the pipe (or the socket) at once, on this thread, as far as it has
@@ -147,6 +160,8 @@ class DirectConnection {
   // Reads what the peer wrote and hands on whole messages. Returns true if
   // anything was read; an error ends the connection.
   absl::StatusOr<bool> Drain();
+  // The message whose header was just read, without its body.
+  DirectMessage HeaderMessage() const;
   // Copies up to n bytes the peer sent into dst; returns how many.
   size_t ReadIn(unsigned char* dst, size_t n, bool* ring);
   size_t ReadSocket(unsigned char* dst, size_t n);
@@ -170,6 +185,7 @@ class DirectConnection {
   MessageFn on_message_;
   ClosedFn on_closed_;
   std::function<void()> on_tick_;
+  BorrowsFn borrows_;
   std::thread thread_;
 
   absl::Mutex send_mu_;

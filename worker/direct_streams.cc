@@ -25,9 +25,11 @@ absl::Status DoneStatus(const grpc::Slice& body) {
 
 DirectStreams::DirectStreams(std::unique_ptr<DirectConnection> connection)
     : connection_(std::move(connection)) {
+  // Replies are read (into the parameters) and let go during on_reply:
+  // through shared memory they are read where they lie in the pipe.
   connection_->Start([this](DirectMessage m) { OnMessage(std::move(m)); },
                      [this](const absl::Status& status) { OnClosed(status); },
-                     [this] { EndExpired(); });
+                     [this] { EndExpired(); }, [](uint8_t type) { return type == kDirectReply; });
 }
 
 DirectStreams::~DirectStreams() { connection_->Close(); }

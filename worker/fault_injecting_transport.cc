@@ -51,6 +51,15 @@ absl::StatusOr<FaultInjection> ParseFaultInjection(absl::string_view spec) {
   return f;
 }
 
+// A reply with bytes of its own, to hand on after on_reply has returned
+// (a reply's memory may be the transport's only until then).
+grpc::ByteBuffer OwnCopy(const grpc::ByteBuffer& reply) {
+  std::vector<grpc::Slice> slices;
+  if (!reply.Dump(&slices).ok()) return grpc::ByteBuffer();
+  for (grpc::Slice& slice : slices) slice = grpc::Slice(slice.begin(), slice.size());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 // What is still owed to one stream's callbacks: on_done waits until every
 // reply that was held back or delayed has been delivered.
 struct ExchangeState {
@@ -158,7 +167,7 @@ class FaultInjectingTransport::Impl {
         {
           absl::MutexLock lock(&state->mu);
           previous.swap(state->held);
-          state->held = reply;  // a copy shares the slices
+          state->held = OwnCopy(reply);
         }
         if (previous.has_value()) Deliver(state, *previous);
         continue;
@@ -187,7 +196,7 @@ class FaultInjectingTransport::Impl {
       absl::MutexLock lock(&state->mu);
       ++state->replies_in_flight;
     }
-    Schedule(*delay, [this, state, reply] {
+    Schedule(*delay, [this, state, reply = OwnCopy(reply)] {
       state->on_reply(reply);
       bool finish = false;
       {

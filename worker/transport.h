@@ -26,8 +26,10 @@ using pstrain::ParameterMethod;
 
 // One stream to one server over one of its channels: requests go out in
 // order, then the stream is half-closed; on_sent runs once the last request
-// is written; every reply is handed to on_reply; on_done runs last, once,
-// with the stream's final status. Callbacks run on transport threads.
+// is written; every reply is handed to on_reply, whose bytes are valid only
+// until it returns (through shared memory they are the pipe's: a caller
+// that keeps a reply copies it); on_done runs last, once, with the
+// stream's final status. Callbacks run on transport threads.
 class ParameterTransport {
  public:
   using SentFn = std::function<void()>;

@@ -28,16 +28,19 @@ struct Inbox {
   std::vector<DirectMessage> messages ABSL_GUARDED_BY(mu);
   std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
 
-  void Start(DirectConnection& c) {
+  // Borrowed bodies are copied here (and stay marked borrowed).
+  void Start(DirectConnection& c, DirectConnection::BorrowsFn borrows = nullptr) {
     c.Start(
         [this](DirectMessage m) {
+          if (m.borrowed) m.body = grpc::Slice(m.body.begin(), m.body.size());
           absl::MutexLock lock(&mu);
           messages.push_back(std::move(m));
         },
         [this](const absl::Status& s) {
           absl::MutexLock lock(&mu);
           closed = s;
-        });
+        },
+        nullptr, std::move(borrows));
   }
   // Waits (generously) until n messages are in.
   bool AwaitMessages(size_t n) {
@@ -184,6 +187,44 @@ TEST_P(DirectConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
     EXPECT_EQ(Text(back.body), sent[i]) << "message " << i;
   }
   EXPECT_EQ(written, static_cast<int>(sent.size()));
+}
+
+// Through shared memory, a receiver may take the messages of some types
+// borrowed: read where they lie in the pipe, when all of one is there and
+// does not wrap around the pipe's end (else copied, as over TCP, and as
+// every other type).
+TEST_P(DirectConnectionTest, BorrowedBodiesAreReadWhereTheyLie) {
+  ShmOptions options;
+  options.pipe_bytes = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(Listen(options));
+  Inbox client_inbox;
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  DirectConnection* server = AwaitServer();
+  ASSERT_NE(server, nullptr);
+  // Written before the client reads: all of each is in the pipe, none wraps.
+  const std::vector<std::pair<uint8_t, size_t>> first = {
+      {4, 0}, {4, 100}, {5, 100}, {4, 30000}, {5, 20}, {4, 4096}};
+  std::vector<std::string> sent;
+  for (const auto& [type, size] : first) {
+    sent.push_back(std::string(size, static_cast<char>('a' + sent.size())));
+    const grpc::ByteBuffer body = Bytes(sent.back());
+    ASSERT_TRUE(server->Send(type, 0, static_cast<uint32_t>(sent.size()), &body));
+  }
+  client_inbox.Start(**client, [](uint8_t type) { return type == 4; });
+  // Larger than the pipe: it streams through, copied.
+  sent.push_back(std::string(200000, 'z'));
+  const grpc::ByteBuffer large = Bytes(sent.back());
+  ASSERT_TRUE(server->Send(4, 0, static_cast<uint32_t>(sent.size()), &large));
+  ASSERT_TRUE(client_inbox.AwaitMessages(sent.size()));
+  absl::MutexLock lock(&client_inbox.mu);
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const DirectMessage& m = client_inbox.messages[i];
+    EXPECT_EQ(m.stream, i + 1);
+    EXPECT_EQ(Text(m.body), sent[i]) << "message " << i;
+    const bool borrowable = i < first.size() && first[i].first == 4;
+    EXPECT_EQ(m.borrowed, borrowable && !tcp()) << "message " << i;
+  }
 }
 
 TEST_P(DirectConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
