@@ -1,6 +1,8 @@
 #include "common/cpu_affinity.h"
 
+#include <dirent.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/init.h"
+#include "common/status.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(std::string, cpus, "",
@@ -89,12 +92,21 @@ std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int groups
   return out;
 }
 
-absl::Status RunOnlyOn(const std::vector<int>& cpus) {
+namespace {
+
+cpu_set_t CpuSetOf(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int cpu : cpus) {
     if (cpu >= 0 && cpu < kMaxCpus) CPU_SET(cpu, &set);
   }
+  return set;
+}
+
+}  // namespace
+
+absl::Status RunOnlyOn(const std::vector<int>& cpus) {
+  const cpu_set_t set = CpuSetOf(cpus);
   if (sched_setaffinity(0, sizeof(set), &set) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot run on CPUs ", FormatCpuList(cpus), " (", std::strerror(errno),
@@ -103,12 +115,34 @@ absl::Status RunOnlyOn(const std::vector<int>& cpus) {
   return absl::OkStatus();
 }
 
+absl::Status RunProcessOnlyOn(const std::vector<int>& cpus) {
+  PSTRAIN_RETURN_IF_ERROR(RunOnlyOn(cpus));
+  const cpu_set_t set = CpuSetOf(cpus);
+  const pid_t self = gettid();
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) {
+    return absl::InternalError(absl::StrCat("/proc/self/task: ", std::strerror(errno)));
+  }
+  absl::Status status;
+  while (const dirent* entry = readdir(tasks)) {
+    pid_t tid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &tid) || tid == self) continue;
+    // A thread that has just ended (ESRCH) needs no CPUs.
+    if (sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH && status.ok()) {
+      status = absl::InternalError(absl::StrCat("cannot move thread ", tid, " to CPUs ",
+                                                FormatCpuList(cpus), ": ", std::strerror(errno)));
+    }
+  }
+  closedir(tasks);
+  return status;
+}
+
 void RunOnlyOnFlagCpus(absl::string_view program) {
   const std::string list = absl::GetFlag(FLAGS_cpus);
   if (list.empty()) return;
   absl::StatusOr<std::vector<int>> cpus = ParseCpuList(list);
   absl::Status status = cpus.ok() ? absl::OkStatus() : cpus.status();
-  if (status.ok() && !OnlyCheckingFlags()) status = RunOnlyOn(*cpus);
+  if (status.ok() && !OnlyCheckingFlags()) status = RunProcessOnlyOn(*cpus);
   if (!status.ok()) {
     std::cerr << program << ": --cpus: " << status.message() << "\n";
     std::exit(2);

@@ -35,13 +35,17 @@ std::vector<int> AllowedCpus();
 std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int groups);
 
 // Keeps the calling thread, and every thread it starts from now on, on
-// `cpus`. Call before the process starts threads: the ones already running
-// keep theirs. INVALID_ARGUMENT, naming the CPUs allowed, when none of
-// `cpus` is.
+// `cpus`. INVALID_ARGUMENT, naming the CPUs allowed, when none of `cpus`
+// is.
 absl::Status RunOnlyOn(const std::vector<int>& cpus);
 
-// --cpus: when given, the process's threads run only on its CPUs (before
-// any of them starts). Exits 2 with a line naming `program` on a bad list
+// RunOnlyOn, and the same for every other thread of the process running
+// now (a library may start threads before main: OpenBLAS does when it
+// loads). Call before the process starts threads of its own.
+absl::Status RunProcessOnlyOn(const std::vector<int>& cpus);
+
+// --cpus: when given, every thread of the process runs only on its CPUs
+// (RunProcessOnlyOn). Exits 2 with a line naming `program` on a bad list
 // (with --check_flags too) or CPUs the process may not use.
 void RunOnlyOnFlagCpus(absl::string_view program);
 

@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -64,6 +66,28 @@ TEST(CpuAffinityTest, KeepsTheThreadAndTheThreadsItStartsOnTheCpus) {
     std::thread([&] { EXPECT_EQ(ThisThreadsCpus(), one); }).join();
   }).join();
   EXPECT_EQ(ThisThreadsCpus(), allowed);
+}
+
+// The threads a process runs before it pins itself (OpenBLAS starts some
+// when it loads) move too. In a child process (a death test), so that the
+// test process keeps its CPUs.
+TEST(CpuAffinityDeathTest, TheProcessesThreadsAlreadyRunningMoveToo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<int> one = {AllowedCpus().back()};
+  EXPECT_EXIT(
+      {
+        std::atomic<bool> moved{false};
+        std::vector<int> seen;
+        std::thread earlier([&] {
+          while (!moved) std::this_thread::yield();
+          seen = ThisThreadsCpus();
+        });
+        const bool ok = RunProcessOnlyOn(one).ok();
+        moved = true;
+        earlier.join();
+        std::exit(ok && seen == one && ThisThreadsCpus() == one ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(CpuAffinityTest, CpusNotAllowedAreAnErrorNamingTheAllowedOnes) {
