@@ -26,7 +26,8 @@ absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view list);
 // ascending, without repeats.
 std::string FormatCpuList(const std::vector<int>& cpus);
 
-// The CPUs this process may run on, ascending.
+// The CPUs the calling thread may run on (at start-up: the process's),
+// ascending.
 std::vector<int> AllowedCpus();
 
 // `cpus` cut into `groups` runs of consecutive entries, as even as they
