@@ -220,6 +220,27 @@ void Frame::AddValues(int64_t first, int64_t count, float* dst) const {
 void Frame::CopyPayloadTo(void* dst) const {
   g_copied_payload_bytes.fetch_add(static_cast<int64_t>(payload_bytes_),
                                    std::memory_order_relaxed);
+  CopyPayload(dst);
+}
+
+Frame Frame::OwnedCopy() const {
+  Frame copy;
+  copy.header_ = header_;
+  copy.payload_bytes_ = payload_bytes_;
+  grpc::Slice payload(payload_bytes_);
+  CopyPayload(const_cast<uint8_t*>(payload.begin()));
+  copy.slices_.push_back(std::move(payload));
+  copy.slice_start_.push_back(0);
+  return copy;
+}
+
+void Frame::DropPayload() {
+  slices_.clear();
+  slice_start_.clear();
+  payload_bytes_ = 0;
+}
+
+void Frame::CopyPayload(void* dst) const {
   char* out = static_cast<char*>(dst);
   for (size_t i = 0; i < slices_.size(); ++i) {
     const int64_t begin = std::max<int64_t>(0, -slice_start_[i]);

@@ -89,7 +89,16 @@ class Frame {
   // CopiedPayloadBytes: tools and tests only.
   void CopyPayloadTo(void* dst) const;
 
+  // The same frame with its payload copied to memory of its own: for a
+  // frame parsed from memory it may not keep (a borrowed message).
+  Frame OwnedCopy() const;
+  // Forgets the payload and keeps the header: for a borrowed frame whose
+  // values have been used. ReadValues, AddValues and MaxAbs must not be
+  // called after.
+  void DropPayload();
+
  private:
+  void CopyPayload(void* dst) const;
   template <typename Sink>
   void ForEachRun(int64_t first, int64_t count, Sink&& sink) const;
 

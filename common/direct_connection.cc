@@ -206,13 +206,18 @@ class DirectConnection::Pipe {
     Skip(n, ring);
     return n;
   }
-  // Reader: the next n bytes where they lie, if they are all written and
-  // do not wrap around the pipe's end; else null. Skip(n) releases them.
-  const unsigned char* Peek(size_t n) {
+  // Reader: the next n bytes where they lie, if they are all written (else
+  // false): *first up to the pipe's end, *rest (empty unless they wrap
+  // around it) from its start. Skip(n) releases them.
+  bool Peek(size_t n, grpc::Slice* first, grpc::Slice* rest) {
+    if (Readable() < n) return false;
     const size_t at = static_cast<size_t>(tail_ & (capacity_ - 1));
-    if (Readable() < n || n > capacity_ - at) return nullptr;
-    return data_ + at;
+    const size_t first_bytes = std::min<size_t>(n, capacity_ - at);
+    *first = grpc::Slice(data_ + at, first_bytes, grpc::Slice::STATIC_SLICE);
+    *rest = grpc::Slice(data_, n - first_bytes, grpc::Slice::STATIC_SLICE);
+    return true;
   }
+  uint64_t capacity() const { return capacity_; }
   void Skip(size_t n, bool* ring) {
     tail_ += n;
     control_->tail.store(tail_, std::memory_order_release);
@@ -635,19 +640,26 @@ absl::StatusOr<bool> DirectConnection::Drain() {
             absl::StrCat(over_tcp() ? "message" : "shared-memory message", " of ", length,
                          " bytes, more than the ", options_.max_message_bytes, " allowed"));
       }
+      body_length_ = length;
+      body_started_ = false;
+    }
+    if (!body_started_) {
       if (!over_tcp() && borrows_ && borrows_(header_[8])) {
-        if (const unsigned char* at = in_->Peek(length)) {
-          DirectMessage message = HeaderMessage();
-          message.body = grpc::Slice(at, length, grpc::Slice::STATIC_SLICE);
+        DirectMessage message = HeaderMessage();
+        if (in_->Peek(body_length_, &message.body, &message.wrapped)) {
           message.borrowed = true;
           header_got_ = 0;
           on_message_(std::move(message));
-          in_->Skip(length, &ring);
+          in_->Skip(body_length_, &ring);
           continue;
         }
+        // Still being written, and the pipe holds all of it: wait for it
+        // rather than copy it as it comes.
+        if (body_length_ <= in_->capacity()) break;
       }
-      body_ = grpc::Slice(static_cast<size_t>(length));
+      body_ = grpc::Slice(body_length_);
       body_got_ = 0;
+      body_started_ = true;
     }
     if (body_got_ < body_.size()) {
       const size_t n =
@@ -764,7 +776,9 @@ void DirectConnection::Loop() {
     in_->SetReaderSleeping(true);
     out_->SetWriterWaiting(waiting_to_write);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    const bool ready = in_->Readable() > 0 || (waiting_to_write && out_->Writable() > 0) ||
+    // A body awaited whole is ready once all of it is in.
+    const size_t wanted = header_got_ == kMessageHeaderBytes && !body_started_ ? body_length_ : 1;
+    const bool ready = in_->Readable() >= wanted || (waiting_to_write && out_->Writable() > 0) ||
                        in_->broken() || out_->broken();
     if (!ready) {
       fds[0].revents = fds[1].revents = 0;

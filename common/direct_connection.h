@@ -49,7 +49,16 @@ struct DirectMessage {
   // until the callback that gets it returns, and written by the peer
   // (read each value once).
   grpc::Slice body;
+  // A borrowed body that wraps around the pipe's end: its part from the
+  // pipe's start (body holds the part before); else empty.
+  grpc::Slice wrapped;
   bool borrowed = false;
+
+  // The whole body, as one buffer (over the same memory).
+  grpc::ByteBuffer Body() const {
+    const grpc::Slice parts[] = {body, wrapped};
+    return grpc::ByteBuffer(parts, wrapped.size() == 0 ? 1 : 2);
+  }
 };
 
 struct ShmOptions {
@@ -197,9 +206,13 @@ class DirectConnection {
   // TCP: a send failed (the peer is gone).
   bool send_failed_ ABSL_GUARDED_BY(send_mu_) = false;
 
-  // The message being read (connection thread only).
+  // The message being read (connection thread only): its header, and
+  // once that is in, its body's length and (unless it is awaited whole, to
+  // be borrowed) the body copied so far.
   unsigned char header_[12];
   size_t header_got_ = 0;
+  size_t body_length_ = 0;
+  bool body_started_ = false;
   grpc::Slice body_;
   size_t body_got_ = 0;
   // TCP: bytes received ahead of the message being read, and how the

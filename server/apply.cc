@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::server {
 namespace {
@@ -12,10 +14,13 @@ namespace {
 // cache between the sum and the update.
 constexpr int64_t kTileFloats = 4096;
 
+// The bits of a float's magnitude from which on it is an infinity or a NaN.
+constexpr uint32_t kFloatInfinityBits = 0x7f800000u;
+
 // Values [begin, end) of the chunk.
 absl::Status ApplyRange(const kernels::Optimizer& optimizer, absl::Span<const Frame* const> grads,
-                        const kernels::OptimizerSpan& span, int64_t update_count, int64_t begin,
-                        int64_t end) {
+                        const kernels::OptimizerSpan& span, int64_t update_count, bool check_sum,
+                        int64_t begin, int64_t end) {
   // Each thread's tile, allocated once.
   thread_local std::unique_ptr<float[]> tile(new float[kTileFloats]);
   for (int64_t at = begin; at < end; at += kTileFloats) {
@@ -25,6 +30,10 @@ absl::Status ApplyRange(const kernels::Optimizer& optimizer, absl::Span<const Fr
     } else {
       grads[0]->ReadValues(at, n, tile.get());
       for (size_t w = 1; w < grads.size(); ++w) grads[w]->AddValues(at, n, tile.get());
+    }
+    if (check_sum && kernels::MaxMagnitudeBits(tile.get(), 4, n) >= kFloatInfinityBits) {
+      return absl::OutOfRangeError(absl::StrCat("the sum of the gradients of values [", at, ", ",
+                                                at + n, ") has a NaN or an infinity"));
     }
     kernels::OptimizerSpan part = span;
     part.params += at;
@@ -90,20 +99,20 @@ void ApplyPool::Run(int parts, const std::function<void(int)>& fn) {
 
 absl::Status SumAndApply(const kernels::Optimizer& optimizer, absl::Span<const Frame* const> grads,
                          const kernels::OptimizerSpan& span, int64_t update_count,
-                         ApplyPool* pool) {
+                         ApplyPool* pool, bool check_sum) {
   int parts = 1;
   if (pool != nullptr) {
     parts = static_cast<int>(std::clamp<int64_t>(span.n / ApplyPool::kMinFloatsPerThread, 1,
                                                  pool->threads()));
   }
-  if (parts == 1) return ApplyRange(optimizer, grads, span, update_count, 0, span.n);
+  if (parts == 1) return ApplyRange(optimizer, grads, span, update_count, check_sum, 0, span.n);
   // Whole tiles per part.
   const int64_t tiles = (span.n + kTileFloats - 1) / kTileFloats;
   std::vector<absl::Status> status(parts);
   pool->Run(parts, [&](int p) {
     const int64_t begin = std::min(span.n, tiles * p / parts * kTileFloats);
     const int64_t end = std::min(span.n, tiles * (p + 1) / parts * kTileFloats);
-    status[p] = ApplyRange(optimizer, grads, span, update_count, begin, end);
+    status[p] = ApplyRange(optimizer, grads, span, update_count, check_sum, begin, end);
   });
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;

@@ -47,9 +47,14 @@ class ApplyPool {
 // given, of values [0, span.n) of each frame (none: zero); span.grad is
 // ignored. Per element the same floats are added in the same order however
 // the work is split, so the result does not depend on `pool` (may be null).
+// With `check_sum`, each tile of the sum is checked, in this process's own
+// memory, before the optimizer reads it: OUT_OF_RANGE if it holds a NaN or
+// an infinity (span.new_params then partly written; for updates out of
+// place, from frames whose memory a peer could change after a check of
+// its own).
 absl::Status SumAndApply(const kernels::Optimizer& optimizer, absl::Span<const Frame* const> grads,
                          const kernels::OptimizerSpan& span, int64_t update_count,
-                         ApplyPool* pool);
+                         ApplyPool* pool, bool check_sum = false);
 
 }  // namespace pstrain::server
 

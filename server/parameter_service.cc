@@ -63,8 +63,10 @@ class StreamRequests {
       : store_(store), method_(method), roster_(roster), caller_(std::move(caller)) {}
 
   // An error ends the stream (nothing was handed to the store).
+  // `borrowed`: the request lies in memory the peer may change and that is
+  // this process's only during the call (ShardStore::Push).
   absl::Status Handle(const grpc::ByteBuffer& request,
-                      const std::shared_ptr<ReplyingStream>& stream) {
+                      const std::shared_ptr<ReplyingStream>& stream, bool borrowed = false) {
     absl::StatusOr<Frame> frame = Frame::Parse(request);
     if (!frame.ok()) return frame.status();
     const v1::FrameKind kind = frame->header().kind();
@@ -83,8 +85,8 @@ class StreamRequests {
       case Method::kPush: {
         v1::ChunkHeader ack = frame->header();
         status = step_end ? store_->EndStep(ack)
-                 : init   ? store_->Init(*frame)
-                          : store_->Push(*std::move(frame), nullptr);
+                 : init   ? store_->Init(borrowed ? frame->OwnedCopy() : *frame)
+                          : store_->Push(*std::move(frame), nullptr, borrowed);
         if (status.ok()) {
           ack.set_kind(v1::FRAME_KIND_ACK);
           ack.set_num_elements(0);
@@ -94,7 +96,7 @@ class StreamRequests {
       }
       case Method::kPushPull:
         parked_.emplace(frame->header().job_id(), frame->header().chunk());
-        status = store_->Push(*std::move(frame), stream);
+        status = store_->Push(*std::move(frame), stream, borrowed);
         break;
       case Method::kPull:
         parked_.emplace(frame->header().job_id(), frame->header().chunk());
@@ -605,8 +607,11 @@ class ParameterService::DirectPeer {
         connection_(std::move(connection)),
         sender_(std::make_shared<DirectSender>(connection_.get())),
         client_(connection_->peer()) {
+    // Requests through shared memory are read where they lie: a push is
+    // summed from the pipe by the update it completes, or copied.
     connection_->Start([this](DirectMessage m) { OnMessage(std::move(m)); },
-                       [this](const absl::Status& status) { OnClosed(status); });
+                       [this](const absl::Status& status) { OnClosed(status); },
+                       /*on_tick=*/nullptr, [](uint8_t type) { return type == kDirectRequest; });
   }
   // Ends the connection: its streams are dropped as the client's would be.
   ~DirectPeer() { connection_->Close(); }
@@ -630,8 +635,8 @@ class ParameterService::DirectPeer {
       case kDirectRequest: {
         auto it = streams_.find(m.stream);
         if (it == streams_.end()) return;  // ended already: its requests go nowhere
-        const grpc::ByteBuffer request(&m.body, 1);
-        if (absl::Status s = it->second.requests->Handle(request, it->second.state); !s.ok()) {
+        if (absl::Status s = it->second.requests->Handle(m.Body(), it->second.state, m.borrowed);
+            !s.ok()) {
           it->second.state->Fail(s);
           return;
         }

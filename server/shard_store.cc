@@ -291,7 +291,8 @@ std::string SyncSkipReason(const ShardStore::Job& job, const ShardStore::Chunk& 
 // the rate the job's schedule gives `step`.
 absl::Status ApplySum(const ShardStore::Job& job, ShardStore::Chunk& chunk,
                       absl::Span<const Frame* const> grads, int64_t step, float* new_params,
-                      float* state, ApplyPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+                      float* state, ApplyPool* pool, bool check_sum = false)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   kernels::OptimizerSpan span;
   span.params = chunk.values->data();
   span.new_params = new_params;
@@ -301,7 +302,7 @@ absl::Status ApplySum(const ShardStore::Job& job, ShardStore::Chunk& chunk,
   span.learning_rate =
       static_cast<float>(LearningRateAt(job.optimizer_spec, step, job.total_steps));
   if (chunk.metrics != nullptr) chunk.metrics->learning_rate->Set(span.learning_rate);
-  return SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool);
+  return SumAndApply(*job.optimizer, grads, span, chunk.version + 1, pool, check_sum);
 }
 
 // Makes `next` the values of version+1 (the current ones become the
@@ -339,21 +340,39 @@ absl::Status Update(const ShardStore::Job& job, ShardStore::Chunk& chunk,
 
 // Sync: computes the update of step `version` from `grads` into the staged
 // buffers, leaving the published values and state as they are (a pull may
-// still read them, and a skipped step keeps them).
+// still read them, and a skipped step keeps them). With `check_sum` the
+// sum is checked as it is applied (OUT_OF_RANGE if it is not finite): for
+// frames borrowed from a peer's memory, read once, into the server's own
+// tiles, and checked there.
 absl::Status StageUpdate(const ShardStore::Job& job, ShardStore::Chunk& chunk,
-                         absl::Span<const Frame* const> grads, ApplyPool* pool)
+                         absl::Span<const Frame* const> grads, ApplyPool* pool, bool check_sum)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
   const absl::Time start = MonotonicNow();
   std::shared_ptr<std::vector<float>> next = TakeSpare(chunk.spare, chunk.size);
   chunk.staged_state = chunk.optimizer_state;
   absl::Status s = ApplySum(job, chunk, grads, chunk.version, next->data(),
-                            chunk.staged_state.data(), pool);
+                            chunk.staged_state.data(), pool, check_sum);
   if (!s.ok()) {
     chunk.spare = std::move(next);
     return s;
   }
   chunk.staged_values = std::move(next);
   chunk.staged_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
+  return absl::OkStatus();
+}
+
+// StageUpdate; when a push's payload is borrowed (used now or never), the
+// sum is checked, and a failure (a sum that is not finite, or any other)
+// marks the step to be skipped (*skip_reason says why) instead.
+absl::Status StageOrSkip(const ShardStore::Job& job, ShardStore::Chunk& chunk,
+                         absl::Span<const Frame* const> grads, ApplyPool* pool,
+                         bool payload_borrowed, std::string* skip_reason)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  absl::Status s = StageUpdate(job, chunk, grads, pool, /*check_sum=*/payload_borrowed);
+  if (s.ok() || !payload_borrowed) return s;
+  chunk.gradient_bound = std::numeric_limits<double>::infinity();
+  *skip_reason = absl::StrCat("the update of chunk ", chunk.id, " at step ", chunk.version,
+                              " failed: ", s.message());
   return absl::OkStatus();
 }
 
@@ -977,7 +996,8 @@ absl::Status CheckInitialized(const ShardStore::Job& job) {
 
 }  // namespace
 
-absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) {
+absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
+                              bool payload_borrowed) {
   const v1::ChunkHeader& h = frame.header();
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
@@ -1013,12 +1033,24 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
     }
     const v1::ChunkHeader request = h;
     if (request.step() == chunk->version && !chunk->pushed[request.worker()].has_value()) {
-      chunk->gradient_bound += frame.MaxAbs();
+      // A borrowed payload is read in place by the update this push
+      // completes (checked there, in the server's own memory); one that
+      // must wait for other pushes is copied.
+      const bool read_in_place = payload_borrowed &&
+                                 chunk->received_count + 1 == static_cast<int>(job->num_workers) &&
+                                 chunk->staged_values == nullptr;
+      if (payload_borrowed && !read_in_place) frame = frame.OwnedCopy();
+      if (!read_in_place) chunk->gradient_bound += frame.MaxAbs();
       chunk->pushed[request.worker()] = std::move(frame);
       const absl::Time now = MonotonicNow();
       chunk->arrived[request.worker()] = now;
       if (chunk->received_count++ == 0) chunk->step_started = now;
-      PSTRAIN_RETURN_IF_ERROR(CompleteSyncStep(job, *chunk));
+      const absl::Status completed = CompleteSyncStep(job, *chunk, read_in_place);
+      // Its memory goes back to the peer: the push counts as in, its
+      // values are used (or the step is skipped).
+      std::optional<Frame>& pushed = chunk->pushed[request.worker()];
+      if (read_in_place && pushed.has_value()) pushed->DropPayload();
+      PSTRAIN_RETURN_IF_ERROR(completed);
     }
     // Older steps are retries of pushes already applied: answered, not summed.
     WaitAndAnswer(*chunk, job->wire_dtype, PushWait(*job, request, std::move(waiter)));
@@ -1034,6 +1066,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
   }
   const v1::ChunkHeader request = h;
   if (request.step() >= chunk->clock[request.worker()]) {
+    if (payload_borrowed) frame = frame.OwnedCopy();
     std::optional<Frame>& held = chunk->pushed[request.worker()];
     if (held.has_value() && held->header().step() != request.step()) {
       return absl::InvalidArgumentError(
@@ -1048,7 +1081,8 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter) 
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk) {
+absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk,
+                                          bool payload_borrowed) {
   chunk.mu.AssertHeld();
   if (chunk.received_count < static_cast<int>(job->num_workers)) return absl::OkStatus();
   // Summed in worker order, so that every run adds the same floats the
@@ -1071,7 +1105,12 @@ absl::Status ShardStore::CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk
     if (chunk.staged_values != nullptr || !(chunk.gradient_bound < kMaxGradientBound)) {
       return absl::OkStatus();
     }
-    return StageUpdate(*job, chunk, grads, apply_pool_.get());
+    return StageOrSkip(*job, chunk, grads, apply_pool_.get(), payload_borrowed, &skip_reason);
+  }
+  if (payload_borrowed && skip_reason.empty() && chunk.staged_values == nullptr) {
+    // Read once, checked, then published below.
+    PSTRAIN_RETURN_IF_ERROR(
+        StageOrSkip(*job, chunk, grads, apply_pool_.get(), payload_borrowed, &skip_reason));
   }
   const ServerMetrics::Job* metrics = chunk.metrics;
   if (chunk.id == job->first_chunk) WatchStragglers(*job, chunk);

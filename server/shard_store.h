@@ -139,7 +139,11 @@ class ShardStore {
   // INVALID_ARGUMENT for a chunk not held, a wrong size or dtype, a worker
   // out of range, a step (version) ahead of the chunk, or (async) a step
   // other than the one the worker's held push waits with.
-  absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter);
+  // `payload_borrowed`: the frame's payload is memory this process may
+  // read only during the call (a peer's, which it may change meanwhile):
+  // it is either read once, by the update this push completes, or copied.
+  absl::Status Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
+                    bool payload_borrowed = false);
 
   // An INIT frame (external models): the chunk's initial values, if it
   // still waits for them (a repeat is acknowledged and changes nothing).
@@ -195,8 +199,10 @@ class ShardStore {
   void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk);
   // Sync: applies (or skips) the chunk's open step if every worker has
   // pushed it and ended it. Async: the worker's held push, if its step end
-  // is in. Called with chunk.mu held.
-  absl::Status CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk);
+  // is in. Called with chunk.mu held. `payload_borrowed`: the push just
+  // added is borrowed (Push): read now, by a checked update, or never.
+  absl::Status CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk,
+                                bool payload_borrowed = false);
   absl::Status ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& chunk, uint32_t worker);
 
   const Options options_;

@@ -34,6 +34,11 @@ DirectStreams::DirectStreams(std::unique_ptr<DirectConnection> connection)
 
 DirectStreams::~DirectStreams() { connection_->Close(); }
 
+int DirectStreams::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(streams_.size());
+}
+
 bool DirectStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
                                   absl::Time deadline, ParameterTransport::SentFn on_sent,
                                   ParameterTransport::ReplyFn on_reply,
@@ -127,8 +132,7 @@ void DirectStreams::OnMessage(DirectMessage m) {
     if (m.type == kDirectDone) streams_.erase(it);
   }
   if (m.type == kDirectReply) {
-    const grpc::ByteBuffer reply(&m.body, 1);
-    stream->on_reply(reply);
+    stream->on_reply(m.Body());
   } else if (m.type == kDirectDone) {
     stream->on_done(DoneStatus(m.body));
   }

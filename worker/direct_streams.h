@@ -33,6 +33,9 @@ class DirectStreams {
                      absl::Time deadline, ParameterTransport::SentFn on_sent,
                      ParameterTransport::ReplyFn on_reply, ParameterTransport::DoneFn on_done);
 
+  // Streams started and not ended yet.
+  int open_streams() const;
+
   // Ends every stream open now, and every one started later, with
   // CANCELLED (on the connection's thread, soon).
   void CancelAll();
@@ -53,7 +56,7 @@ class DirectStreams {
   std::shared_ptr<Stream> Abandon(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<DirectConnection> connection_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<uint32_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   uint32_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

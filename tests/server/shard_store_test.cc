@@ -1,0 +1,181 @@
+// The store's pushes whose payload is borrowed (a shared-memory pipe's,
+// which the peer may rewrite once the call returns): each is either summed
+// during the call or copied, so that what the peer writes afterwards
+// changes nothing, and the result is the bits of pushes held as received.
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/chunk_codec.h"
+#include "gtest/gtest.h"
+#include "server/shard_store.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace pstrain::server {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+v1::ChunkHeader PushHeader(uint32_t chunk, int64_t step, uint32_t worker, uint32_t size) {
+  v1::ChunkHeader h;
+  h.set_kind(v1::FRAME_KIND_PUSH);
+  h.set_job_id("job");
+  h.set_generation(1);  // fuzz::SmallJobAssignment's
+  h.set_worker(worker);
+  h.set_step(step);
+  h.set_version(step);
+  h.set_chunk(chunk);
+  h.set_dtype(v1::DTYPE_FP32);
+  h.set_num_elements(size);
+  return h;
+}
+
+v1::ChunkHeader StepEnd(uint32_t chunk, int64_t step, uint32_t worker) {
+  v1::ChunkHeader h = PushHeader(chunk, step, worker, 0);
+  h.set_kind(v1::FRAME_KIND_STEP_END);
+  h.set_gradient_max_abs(1.0f);
+  return h;
+}
+
+// A frame's bytes in memory the test owns and rewrites, as a peer rewrites
+// its pipe.
+class PeerMemory {
+ public:
+  // The frame of `header` and `values`, parsed where it lies.
+  Frame Write(const v1::ChunkHeader& header, const std::vector<float>& values) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(EncodeFrame(header, values.data()).Dump(&slices).ok());
+    bytes_.clear();
+    for (const grpc::Slice& s : slices) bytes_.insert(bytes_.end(), s.begin(), s.end());
+    payload_bytes_ = values.size() * sizeof(float);
+    grpc::Slice borrowed(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
+    return *Frame::Parse(grpc::ByteBuffer(&borrowed, 1));
+  }
+  // The peer reuses the memory: every value becomes a NaN.
+  void Scribble() {
+    std::memset(bytes_.data() + bytes_.size() - payload_bytes_, 0xff, payload_bytes_);
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  size_t payload_bytes_ = 0;
+};
+
+// Two stores of one job (server 0 of fuzz::SmallJobAssignment, sync, Adam)
+// given the same pushes and step ends: one holds each push as received,
+// the other gets it borrowed.
+class BorrowedPushTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const v1::ServerAssignment a = fuzz::SmallJobAssignment("job", "sync");
+    ASSERT_TRUE(owned_.AddJob(a).ok());
+    ASSERT_TRUE(borrowed_.AddJob(a).ok());
+    for (const v1::ChunkInfo& c : a.plan().chunks()) {
+      if (c.server() == 0) chunks_.push_back(c);
+    }
+    ASSERT_FALSE(chunks_.empty());
+  }
+
+  static std::vector<float> Gradient(const v1::ChunkInfo& c, int64_t step, uint32_t worker) {
+    std::vector<float> g(c.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = 0.001f * static_cast<float>((i * 7 + worker * 3 + step) % 11) - 0.005f;
+    }
+    return g;
+  }
+
+  // Worker `worker`'s pushes of `step` (every chunk; `poison` in the middle
+  // of the first if set) to both stores; the borrowed one's memory is
+  // scribbled over as each call returns.
+  void PushBoth(int64_t step, uint32_t worker, float poison = 0) {
+    for (const v1::ChunkInfo& c : chunks_) {
+      const v1::ChunkHeader h = PushHeader(c.id(), step, worker, static_cast<uint32_t>(c.size()));
+      std::vector<float> g = Gradient(c, step, worker);
+      if (poison != 0 && c.id() == chunks_[0].id()) g[g.size() / 2] = poison;
+      const absl::Status owned = owned_.Push(*Frame::Parse(EncodeFrame(h, g.data())), nullptr);
+      ASSERT_TRUE(owned.ok()) << owned;
+      const absl::Status borrowed =
+          borrowed_.Push(peer_.Write(h, g), nullptr, /*payload_borrowed=*/true);
+      ASSERT_TRUE(borrowed.ok()) << borrowed;
+      peer_.Scribble();
+    }
+  }
+  void EndBoth(int64_t step, uint32_t worker) {
+    for (ShardStore* store : {&owned_, &borrowed_}) {
+      const absl::Status s = store->EndStep(StepEnd(chunks_[0].id(), step, worker));
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+  std::vector<std::vector<float>> Values(const ShardStore& store, int64_t version) const {
+    std::vector<std::vector<float>> values;
+    for (const v1::ChunkInfo& c : chunks_) {
+      const auto chunk = store.ReadChunk("job", c.id());
+      EXPECT_TRUE(chunk.ok());
+      if (!chunk.ok()) return {};
+      EXPECT_EQ(chunk->version, version) << "chunk " << c.id();
+      values.push_back(chunk->values);
+    }
+    return values;
+  }
+  // Both stores at `version`, with bitwise the same values.
+  void ExpectTheSame(int64_t version) {
+    const auto owned = Values(owned_, version), borrowed = Values(borrowed_, version);
+    ASSERT_EQ(owned.size(), borrowed.size());
+    for (size_t i = 0; i < owned.size(); ++i) {
+      ASSERT_EQ(owned[i].size(), borrowed[i].size());
+      EXPECT_EQ(std::memcmp(owned[i].data(), borrowed[i].data(), owned[i].size() * sizeof(float)),
+                0)
+          << "chunk " << chunks_[i].id();
+    }
+  }
+
+  ShardStore owned_{{}};
+  ShardStore borrowed_{{}};
+  PeerMemory peer_;
+  std::vector<v1::ChunkInfo> chunks_;
+};
+
+TEST_F(BorrowedPushTest, APushIsSummedDuringTheCallOrCopied) {
+  const auto initial = Values(borrowed_, 0);
+  // Step 0: worker 0's pushes wait for worker 1's (copied); worker 1's
+  // complete them before any step end (each summed from where it lies into
+  // the staged update).
+  PushBoth(0, 0);
+  PushBoth(0, 1);
+  EndBoth(0, 0);
+  EndBoth(0, 1);
+  ExpectTheSame(1);
+  // Step 1: the step ends come first; the last pushes complete the step
+  // (summed, checked and published during the call).
+  EndBoth(1, 0);
+  EndBoth(1, 1);
+  PushBoth(1, 1);
+  PushBoth(1, 0);
+  ExpectTheSame(2);
+  EXPECT_NE(Values(borrowed_, 2), initial);  // the steps were applied
+}
+
+TEST_F(BorrowedPushTest, ANonFiniteBorrowedPushSkipsTheStep) {
+  const auto initial = Values(borrowed_, 0);
+  // Summed where they lie, never scanned on their own: the check of the
+  // sum finds the NaN before the step end, and the infinity after it.
+  PushBoth(0, 0);
+  PushBoth(0, 1, kNaN);
+  EndBoth(0, 0);
+  EndBoth(0, 1);
+  EndBoth(1, 0);
+  EndBoth(1, 1);
+  PushBoth(1, 0);
+  PushBoth(1, 1, std::numeric_limits<float>::infinity());
+  ExpectTheSame(2);
+  const auto after = Values(borrowed_, 2);
+  // Only the first chunk had a poisoned push: it kept its values; the
+  // others were updated.
+  EXPECT_EQ(after[0], initial[0]);
+  if (after.size() > 1) EXPECT_NE(after[1], initial[1]);
+}
+
+}  // namespace
+}  // namespace pstrain::server
