@@ -24,6 +24,8 @@ struct TransportBenchOptions {
   worker::GrpcTransportOptions grpc;
   // How long each configuration is timed, pstrain and the plain sockets.
   absl::Duration duration = absl::Seconds(4);
+  // Which carriers run: any of "tcp", "grpc-tcp", "unix", "shm".
+  std::vector<std::string> transports = {"tcp", "grpc-tcp", "unix", "shm"};
 };
 int RunTransportBench(const TransportBenchOptions& options);
 

@@ -19,11 +19,15 @@ ABSL_FLAG(bool, tiny, false,
           "a configuration of seconds (CI runs it so that the benchmarks cannot rot)");
 ABSL_FLAG(std::string, model_mib, "1,4,16,64", "transport: model sizes, MiB");
 ABSL_FLAG(std::string, shapes, "1x1,2x2,4x4", "transport: WORKERSxSERVERS, comma-separated");
+ABSL_FLAG(std::string, transports, "tcp,grpc-tcp,unix,shm",
+          "transport: which carriers run (tcp, grpc-tcp, unix, shm), comma-separated");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "transport, apply: the job's chunk_bytes");
 ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().channels_per_server,
           "transport: gRPC channels per server");
 ABSL_FLAG(int, window, pstrain::worker::GrpcTransportOptions().window,
           "transport: chunks a stream sends ahead of their replies");
+ABSL_FLAG(int, shm_connections, pstrain::worker::GrpcTransportOptions().shm_connections,
+          "transport: shared-memory connections per server");
 ABSL_FLAG(double, transport_seconds, 4,
           "transport: seconds each configuration is timed (pstrain and the plain sockets)");
 ABSL_FLAG(int64_t, serve_floats, 0, "transport_servers (the transport bench's own): model floats");
@@ -110,11 +114,21 @@ int Main(const std::vector<char*>& args) {
       }
       o.shapes.emplace_back(workers, servers);
     }
+    o.transports = absl::StrSplit(absl::GetFlag(FLAGS_transports), ',');
+    for (const std::string& t : o.transports) {
+      if (t != "tcp" && t != "grpc-tcp" && t != "unix" && t != "shm") {
+        std::cerr << "pstrain-bench: --transports: '" << t
+                  << "' is none of tcp, grpc-tcp, unix, shm\n";
+        return 2;
+      }
+    }
     o.chunk_bytes = chunk_bytes;
     o.grpc.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
     o.grpc.window = absl::GetFlag(FLAGS_window);
+    o.grpc.shm_connections = absl::GetFlag(FLAGS_shm_connections);
     if (absl::Status s = worker::ValidateGrpcTransportOptions(o.grpc); !s.ok()) {
-      std::cerr << "pstrain-bench: --channels_per_server / --window: " << s.message() << "\n";
+      std::cerr << "pstrain-bench: --channels_per_server / --window / --shm_connections: "
+                << s.message() << "\n";
       return 2;
     }
     o.duration = absl::Seconds(absl::GetFlag(FLAGS_transport_seconds));

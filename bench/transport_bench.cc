@@ -24,6 +24,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -315,6 +316,25 @@ class ServerProcess {
   std::vector<std::string> addresses_;
 };
 
+// How a configuration's workers reach its servers: over TCP (pstrain's
+// direct connections, or gRPC's streams), over the servers' same-machine
+// sockets, or through shared memory.
+enum class Way { kDirectTcp, kGrpcTcp, kUnix, kShm };
+
+const char* NameOf(Way way) {
+  switch (way) {
+    case Way::kDirectTcp:
+      return "tcp";
+    case Way::kGrpcTcp:
+      return "grpc-tcp";
+    case Way::kUnix:
+      return "unix";
+    case Way::kShm:
+      return "shm";
+  }
+  return "?";
+}
+
 // iperf3's loopback figure in bytes/s, or 0 when iperf3 is not installed.
 double Iperf3Rate() {
   if (std::system("command -v iperf3 > /dev/null 2>&1") != 0) return 0;
@@ -357,8 +377,8 @@ int RunTransportBench(const TransportBenchOptions& options) {
       // pstrain over TCP (its direct connections, and gRPC's) against a
       // plain TCP socket pair; over its same-machine socket against a plain
       // Unix socket pair; through shared memory against memcpy.
-      enum class Way { kDirectTcp, kGrpcTcp, kUnix, kShm };
       for (const Way way : {Way::kDirectTcp, Way::kGrpcTcp, Way::kUnix, Way::kShm}) {
+        if (!absl::c_linear_search(options.transports, NameOf(way))) continue;
         absl::StatusOr<std::unique_ptr<ServerProcess>> server_process =
             ServerProcess::Start(spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes);
         if (!server_process.ok()) {
@@ -410,10 +430,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
                       .Number(4.0 * plan.total_floats() / kMiB, 1)
                       .Int(workers)
                       .Int(servers)
-                      .Text(way == Way::kDirectTcp  ? "tcp"
-                            : way == Way::kGrpcTcp ? "grpc-tcp"
-                            : way == Way::kUnix    ? "unix"
-                                                   : "shm")
+                      .Text(NameOf(way))
                       .Int(steps)
                       .Number(*ours / kMiB, 0)
                       .Number(*plain / kMiB, 0)

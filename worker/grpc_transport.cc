@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -139,12 +140,36 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   ParameterTransport::DoneFn on_done_;
 };
 
+// Which of a server's direct connections carries a stream of `requests`
+// (null: none): a small one (a step end, a small model's chunks) the first,
+// so that a step's messages meet the same threads on both ends; a larger
+// one the connection with the fewest streams open, the first of those.
+DirectStreams* DirectFor(const std::vector<std::unique_ptr<DirectStreams>>& direct,
+                         const std::vector<grpc::ByteBuffer>& requests) {
+  constexpr size_t kSmallStreamBytes = 256 << 10;
+  if (direct.empty()) return nullptr;
+  size_t bytes = 0;
+  for (const grpc::ByteBuffer& r : requests) bytes += r.Length();
+  if (bytes <= kSmallStreamBytes) return direct.front().get();
+  DirectStreams* best = nullptr;
+  int best_open = 0;
+  for (const auto& d : direct) {
+    const int open = d->open_streams();
+    if (best == nullptr || open < best_open) {
+      best = d.get();
+      best_open = open;
+    }
+  }
+  return best;
+}
+
 // How a transport reaches one server: the address its channels dial, and
 // a direct connection if the server takes them: through shared memory if
 // it is a process of this machine, else over TCP.
 struct ServerRoute {
   std::string dial;
-  std::unique_ptr<DirectConnection> direct;
+  // options.direct_connections of them, or none.
+  std::vector<std::unique_ptr<DirectConnection>> direct;
   bool in_process = false;  // the server of this process (options.in_process)
 };
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
@@ -164,9 +189,10 @@ class GrpcTransport final : public ParameterTransport {
       const std::string& address = route.dial;
       in_process_.push_back(route.in_process);
       if (route.in_process && session_ == nullptr) session_ = options.in_process->OpenSession();
-      direct_.push_back(route.direct == nullptr
-                            ? nullptr
-                            : std::make_unique<DirectStreams>(std::move(route.direct)));
+      std::vector<std::unique_ptr<DirectStreams>>& direct = direct_.emplace_back();
+      for (std::unique_ptr<DirectConnection>& c : route.direct) {
+        direct.push_back(std::make_unique<DirectStreams>(std::move(c)));
+      }
       for (int c = 0; c < channels_per_server_; ++c) {
         stubs_.push_back(std::make_unique<grpc::GenericStub>(
             MakeChannel(address, {.security = options.security,
@@ -205,8 +231,8 @@ class GrpcTransport final : public ParameterTransport {
                          std::move(on_done));
       return;
     }
-    // The direct connection while it lasts; gRPC after.
-    if (DirectStreams* direct = direct_[server].get();
+    // A direct connection while it lasts; gRPC after.
+    if (DirectStreams* direct = DirectFor(direct_[server], requests);
         direct != nullptr &&
         direct->StartExchange(method, std::move(requests), deadline, on_sent, on_reply, on_done)) {
       return;
@@ -226,8 +252,8 @@ class GrpcTransport final : public ParameterTransport {
 
   void CancelAll() override {
     if (session_ != nullptr) session_->CancelAll();
-    for (const auto& direct : direct_) {
-      if (direct != nullptr) direct->CancelAll();
+    for (const auto& server : direct_) {
+      for (const auto& direct : server) direct->CancelAll();
     }
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
@@ -280,8 +306,8 @@ class GrpcTransport final : public ParameterTransport {
   const int64_t window_bytes_;
   // Server s, channel c: stubs_[s * channels_per_server_ + c].
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
-  // By server: its direct streams; null: none.
-  std::vector<std::unique_ptr<DirectStreams>> direct_;
+  // By server: its direct connections' streams; none: gRPC only.
+  std::vector<std::vector<std::unique_ptr<DirectStreams>>> direct_;
   // By server: whether it is the server of this process, and the session
   // the transport reaches it through (if any is).
   std::vector<bool> in_process_;
@@ -352,9 +378,28 @@ std::string LocalSocketOf(const std::string& address, const v1::HelloReply& remo
   return remote.local_address();
 }
 
+// `count` direct connections to one server that `connect` makes, or none
+// if one fails.
+std::vector<std::unique_ptr<DirectConnection>> DirectConnections(
+    const std::string& address, absl::string_view how, int count,
+    absl::FunctionRef<absl::StatusOr<std::unique_ptr<DirectConnection>>()> connect) {
+  std::vector<std::unique_ptr<DirectConnection>> connections;
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<std::unique_ptr<DirectConnection>> c = connect();
+    if (!c.ok()) {
+      VLOG(1) << "server " << address << ": not reached " << how << ": " << c.status();
+      return {};
+    }
+    connections.push_back(*std::move(c));
+  }
+  LOG(INFO) << "server " << address << " reached " << how << " (" << count << ")";
+  return connections;
+}
+
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options) {
   constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
-  ServerRoute route{address, nullptr};
+  ServerRoute route;
+  route.dial = address;
   if (options.security != nullptr ||
       (!options.same_machine_sockets && !options.shared_memory && !options.direct_tcp &&
        options.in_process == nullptr)) {
@@ -371,25 +416,17 @@ ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& opti
   if (options.shared_memory && !remote->shm_address().empty()) {
     // The handshake checks that the process behind the name is the one
     // that answered at `address`.
-    absl::StatusOr<std::unique_ptr<DirectConnection>> shm = DirectConnection::Connect(
-        remote->shm_address(), remote->instance(), options.shm, kHelloTimeout);
-    if (shm.ok()) {
-      LOG(INFO) << "server " << address << " reached through shared memory";
-      route.direct = *std::move(shm);
-    } else {
-      VLOG(1) << "server " << address << ": no shared memory: " << shm.status();
-    }
+    route.direct = DirectConnections(address, "through shared memory", options.shm_connections,
+                                     [&] {
+      return DirectConnection::Connect(remote->shm_address(), remote->instance(), options.shm,
+                                       kHelloTimeout);
+    });
   }
-  if (route.direct == nullptr && options.direct_tcp && remote->direct_tcp_port() > 0) {
-    absl::StatusOr<std::unique_ptr<DirectConnection>> tcp =
-        DirectConnection::ConnectTcp(SocketHost(address), remote->direct_tcp_port(),
-                                     remote->instance(), options.shm, kHelloTimeout);
-    if (tcp.ok()) {
-      LOG(INFO) << "server " << address << " reached over a direct TCP connection";
-      route.direct = *std::move(tcp);
-    } else {
-      VLOG(1) << "server " << address << ": no direct TCP connection: " << tcp.status();
-    }
+  if (route.direct.empty() && options.direct_tcp && remote->direct_tcp_port() > 0) {
+    route.direct = DirectConnections(address, "over a direct TCP connection", 1, [&] {
+      return DirectConnection::ConnectTcp(SocketHost(address), remote->direct_tcp_port(),
+                                          remote->instance(), options.shm, kHelloTimeout);
+    });
   }
   return route;
 }
@@ -402,6 +439,11 @@ std::string SameMachineAddress(const std::string& address, absl::Duration timeou
 }
 
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options) {
+  if (options.shm_connections < 1 || options.shm_connections > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory connections per server must be in [1, 16], not ",
+        options.shm_connections));
+  }
   if (options.channels_per_server < 1 || options.channels_per_server > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "channels per server must be in [1, 16], not ", options.channels_per_server));

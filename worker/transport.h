@@ -90,6 +90,12 @@ struct GrpcTransportOptions {
   // shared memory reaches it: the same messages as shared memory's, on a
   // socket with no HTTP/2 framing; if the connection ends, gRPC.
   bool direct_tcp = true;
+  // Shared-memory connections per server, each with a thread on both
+  // ends: a large exchange's streams are spread over them, so that the
+  // server receives, applies and answers its chunks on as many threads
+  // (over TCP one: the kernel's copies bound it, and more threads only
+  // share the cores).
+  int shm_connections = 2;
   ShmOptions shm{};
   // The parameter service of a server in this process (a colocated one):
   // a server whose Hello names its instance is called directly, in
@@ -97,8 +103,9 @@ struct GrpcTransportOptions {
   InProcessService* in_process = nullptr;
 };
 
-// INVALID_ARGUMENT, naming the option, unless channels_per_server is in
-// [1, 16], window in [1, 1024], window_bytes in [0, 1 GiB] and shm valid.
+// INVALID_ARGUMENT, naming the option, unless channels_per_server and
+// shm_connections are in [1, 16], window in [1, 1024], window_bytes in
+// [0, 1 GiB] and shm valid.
 absl::Status ValidateGrpcTransportOptions(const GrpcTransportOptions& options);
 
 // The gRPC transport: options.channels_per_server channels per server

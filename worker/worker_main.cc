@@ -49,6 +49,9 @@ ABSL_FLAG(bool, direct_tcp, pstrain::worker::GrpcTransportOptions().direct_tcp,
 ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
           "bytes of each shared-memory pipe (one each way per server), a power of two in "
           "[64 KiB, 1 GiB]");
+ABSL_FLAG(int, shm_connections, pstrain::worker::GrpcTransportOptions().shm_connections,
+          "shared-memory connections per server, in [1, 16]: a large exchange's streams are "
+          "spread over them");
 ABSL_FLAG(int, report_interval_ms, 500, "interval of progress reports to the coordinator");
 ABSL_FLAG(bool, colocated_server, false,
           "also run a parameter server in this process (node id NODE_ID-server), which holds "
@@ -118,10 +121,11 @@ int main(int argc, char** argv) {
   transport.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   transport.direct_tcp = absl::GetFlag(FLAGS_direct_tcp);
   transport.shm.pipe_bytes = absl::GetFlag(FLAGS_shm_pipe_bytes);
+  transport.shm_connections = absl::GetFlag(FLAGS_shm_connections);
   if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
-    std::cerr << "pstrain-worker: --channels_per_server / --stream_window / --shm_pipe_bytes: "
-              << s.message()
-              << "\n";
+    std::cerr << "pstrain-worker: --channels_per_server / --stream_window / --shm_pipe_bytes / "
+                 "--shm_connections: "
+              << s.message() << "\n";
     return 2;
   }
   absl::StatusOr<pstrain::worker::FaultInjection> faults =

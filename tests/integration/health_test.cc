@@ -158,6 +158,7 @@ TEST(CheckFlagsTest, EveryDaemonTriesItsCommandLineWithoutStarting) {
         "--check_flags"},
        0},
       {{bin + "/pstrain-worker", "--coordinator=c:1", "--cpus=0-1,4", "--check_flags"}, 0},
+      {{bin + "/pstrain-worker", "--coordinator=c:1", "--shm_connections=4", "--check_flags"}, 0},
       {{bin + "/psctl", "--check_flags", "submit", "/etc/pstrain/job.yaml"}, 0},
       {{bin + "/psctl", "--check_flags", "health", "127.0.0.1:1"}, 0},
       // What --check_flags must catch.
@@ -167,6 +168,7 @@ TEST(CheckFlagsTest, EveryDaemonTriesItsCommandLineWithoutStarting) {
        2},
       {{bin + "/pstrain-worker", "--coordinator=c:1", "--devices=tpu:0", "--check_flags"}, 2},
       {{bin + "/pstrain-worker", "--coordinator=c:1", "--cpus=3-1", "--check_flags"}, 2},
+      {{bin + "/pstrain-worker", "--coordinator=c:1", "--shm_connections=0", "--check_flags"}, 2},
       {{bin + "/pstrain-server", "--coordinator=c:1", "--cpus=all", "--check_flags"}, 2},
       // Not only checked: CPUs that no process here may use end the start.
       {{bin + "/pstrain-server", "--coordinator=c:1", "--cpus=1023"}, 2},

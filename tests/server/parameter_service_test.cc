@@ -109,10 +109,12 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     const int mapped_before = SharedMemoryMappings();
     transport_ = NewTransport();
     // Shared memory is really used, not a silent fall back to a socket:
-    // each connection maps its region twice here (server and worker are
-    // in this process).
+    // each connection (shm_connections to each server) maps its region
+    // twice here (server and worker are in this process).
     EXPECT_EQ(SharedMemoryMappings() - mapped_before,
-              GetParam() == Transport::kSharedMemory ? 2 * 2 : 0);
+              GetParam() == Transport::kSharedMemory
+                  ? 2 * 2 * worker::GrpcTransportOptions().shm_connections
+                  : 0);
     // So are direct TCP connections: one to each server, both of its ends
     // in this process.
     for (int s = 0; s < 2; ++s) {
