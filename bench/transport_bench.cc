@@ -38,6 +38,7 @@
 #include "common/process.h"
 #include "common/status.h"
 #include "glog/logging.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "worker/parameter_client.h"
 #include "worker/transport.h"
 
@@ -121,17 +122,43 @@ bool SendAndReceive(int fd, const char* out, char* in, size_t bytes) {
   return true;
 }
 
-// The echo side: writes back what it reads, as it reads it.
-void Echo(int fd) {
+// The echo side: writes back what it reads, as it reads it. With
+// share_bytes > 0 a plain parameter server instead, doing the arithmetic a
+// server must do and nothing else: the bytes of each step are the
+// gradient of a share of that many bytes, and each whole float read is
+// applied to the share's values (value -= rate * gradient) and the new
+// value written back in its place, as it is read. (Less than pstrain's
+// server does: no sum of the workers' gradients, no wait for them, no
+// check.)
+void Echo(int fd, int64_t share_bytes = 0) {
   std::vector<char> buffer(1 << 20);
+  std::vector<float> values(share_bytes / 4, 0.5f);
+  int64_t at = 0;      // the float of the share the buffer starts at
+  size_t carried = 0;  // bytes of a float split between two reads
   while (true) {
-    const ssize_t got = recv(fd, buffer.data(), buffer.size(), 0);
+    const ssize_t got = recv(fd, buffer.data() + carried, buffer.size() - carried, 0);
     if (got <= 0) return;
-    for (ssize_t done = 0; done < got;) {
-      const ssize_t n = send(fd, buffer.data() + done, got - done, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      done += n;
+    const size_t have = carried + static_cast<size_t>(got);
+    const size_t ready = share_bytes > 0 ? have / 4 * 4 : have;
+    if (share_bytes > 0) {
+      auto* g = reinterpret_cast<float*>(buffer.data());
+      for (int64_t i = 0, n = static_cast<int64_t>(ready / 4); i < n;) {
+        // Up to the share's end, then from its start (the next step).
+        const int64_t run = std::min<int64_t>(n - i, static_cast<int64_t>(values.size()) - at);
+        float* __restrict v = values.data() + at;
+        float* __restrict grad = g + i;
+        for (int64_t k = 0; k < run; ++k) grad[k] = v[k] -= 0.01f * grad[k];
+        i += run;
+        at = (at + run) % static_cast<int64_t>(values.size());
+      }
     }
+    for (size_t done = 0; done < ready;) {
+      const ssize_t n = send(fd, buffer.data() + done, ready - done, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      done += static_cast<size_t>(n);
+    }
+    carried = have - ready;
+    std::memmove(buffer.data(), buffer.data() + ready, carried);
   }
 }
 
@@ -170,9 +197,14 @@ Listener Listen(int family, int backlog, int index) {
 // The same pattern over plain sockets of `family`: every worker connects to
 // every server; per step each connection sends the server's share of the
 // model while it reads as many bytes back, which the server echoes as they
-// come; for `duration`. Returns bytes moved per second.
+// come; for `duration`. With `plain_server`, a plain parameter server
+// instead: the server applies what it reads before it echoes it (Echo)
+// and the worker scans its gradient's largest magnitude each step, as
+// pstrain's sync step needs (the values arrive straight in its
+// parameters). Returns bytes moved per second.
 absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& share_bytes,
-                                     int workers, absl::Duration duration) {
+                                     int workers, absl::Duration duration,
+                                     bool plain_server = false) {
   const int servers = static_cast<int>(share_bytes.size());
   std::vector<Listener> listeners;
   for (int s = 0; s < servers; ++s) {
@@ -188,10 +220,10 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
   std::vector<std::thread> echoes;
   for (int s = 0; s < servers; ++s) {
     for (int w = 0; w < workers; ++w) {
-      echoes.emplace_back([fd = listeners[s].fd] {
+      echoes.emplace_back([fd = listeners[s].fd, share = plain_server ? share_bytes[s] : 0] {
         const int conn = accept(fd, nullptr, nullptr);
         if (conn < 0) return;
-        Echo(conn);
+        Echo(conn, share);
         close(conn);
       });
     }
@@ -199,6 +231,7 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
   absl::Time start;  // when the last client is warm: the timed part begins
   std::atomic<bool> failed{false};
   std::atomic<int64_t> echoed_bytes{0};
+  std::atomic<uint32_t> scanned{0};  // the scans' results, so that they are made
   std::barrier warm(servers * workers + 1, [&start]() noexcept { start = absl::Now(); });
   std::vector<std::thread> clients;
   for (int w = 0; w < workers; ++w) {
@@ -211,10 +244,15 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
         ok = ok && SendAndReceive(fd, out.data(), in.data(), bytes);
         warm.arrive_and_wait();
         int64_t done = 0;
+        uint32_t max_bits = 0;
         while (ok && absl::Now() - start < duration) {
+          if (plain_server) {
+            max_bits = std::max(max_bits, kernels::MaxMagnitudeBits(out.data(), 4, bytes / 4));
+          }
           ok = SendAndReceive(fd, out.data(), in.data(), bytes);
           done += ok;
         }
+        scanned.fetch_or(max_bits, std::memory_order_relaxed);
         echoed_bytes += done * bytes;
         if (!ok) failed = true;
         if (fd >= 0) close(fd);
@@ -397,6 +435,26 @@ int RunTransportBench(const TransportBenchOptions& options) {
             way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
                              : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
                                              workers, options.duration);
+        if (way == Way::kDirectTcp && ours.ok()) {
+          // And against a plain parameter server making the same exchanges
+          // with the arithmetic they need.
+          absl::StatusOr<double> plain_server =
+              RawSocketRate(AF_INET, shares, workers, options.duration, /*plain_server=*/true);
+          if (!plain_server.ok()) {
+            LOG(ERROR) << "transport: plain parameter server: " << plain_server.status();
+            return 1;
+          }
+          table.Add(Table::Row()
+                        .Number(4.0 * plan.total_floats() / kMiB, 1)
+                        .Int(workers)
+                        .Int(servers)
+                        .Text("tcp")
+                        .Int(steps)
+                        .Number(*ours / kMiB, 0)
+                        .Number(*plain_server / kMiB, 0)
+                        .Text("tcp+sgd")
+                        .Number(*ours / *plain_server, 3));
+        }
         if (way == Way::kGrpcTcp && ours.ok()) {
           // And against gRPC alone making the same exchanges.
           absl::StatusOr<std::unique_ptr<ServerProcess>> echo = ServerProcess::Start(
