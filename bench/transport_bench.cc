@@ -435,6 +435,19 @@ int RunTransportBench(const TransportBenchOptions& options) {
             way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
                              : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
                                              workers, options.duration);
+        // A row of this configuration: pstrain against `baseline` bytes/s.
+        auto add_row = [&](double baseline, const char* baseline_name) {
+          table.Add(Table::Row()
+                        .Number(4.0 * plan.total_floats() / kMiB, 1)
+                        .Int(workers)
+                        .Int(servers)
+                        .Text(NameOf(way))
+                        .Int(steps)
+                        .Number(*ours / kMiB, 0)
+                        .Number(baseline / kMiB, 0)
+                        .Text(baseline_name)
+                        .Number(*ours / baseline, 3));
+        };
         if (way == Way::kDirectTcp && ours.ok()) {
           // And against a plain parameter server making the same exchanges
           // with the arithmetic they need.
@@ -444,16 +457,7 @@ int RunTransportBench(const TransportBenchOptions& options) {
             LOG(ERROR) << "transport: plain parameter server: " << plain_server.status();
             return 1;
           }
-          table.Add(Table::Row()
-                        .Number(4.0 * plan.total_floats() / kMiB, 1)
-                        .Int(workers)
-                        .Int(servers)
-                        .Text("tcp")
-                        .Int(steps)
-                        .Number(*ours / kMiB, 0)
-                        .Number(*plain_server / kMiB, 0)
-                        .Text("tcp+sgd")
-                        .Number(*ours / *plain_server, 3));
+          add_row(*plain_server, "tcp+sgd");
         }
         if (way == Way::kGrpcTcp && ours.ok()) {
           // And against gRPC alone making the same exchanges.
@@ -468,32 +472,14 @@ int RunTransportBench(const TransportBenchOptions& options) {
             LOG(ERROR) << "transport: plain gRPC: " << grpc_only.status();
             return 1;
           }
-          table.Add(Table::Row()
-                        .Number(4.0 * plan.total_floats() / kMiB, 1)
-                        .Int(workers)
-                        .Int(servers)
-                        .Text("grpc-tcp")
-                        .Int(steps)
-                        .Number(*ours / kMiB, 0)
-                        .Number(*grpc_only / kMiB, 0)
-                        .Text("grpc")
-                        .Number(*ours / *grpc_only, 3));
+          add_row(*grpc_only, "grpc");
         }
         if (!ours.ok() || !plain.ok()) {
           LOG(ERROR) << "transport " << mib << " MiB, " << workers << " workers, " << servers
                      << " servers: " << (ours.ok() ? plain.status() : ours.status());
           return 1;
         }
-        table.Add(Table::Row()
-                      .Number(4.0 * plan.total_floats() / kMiB, 1)
-                      .Int(workers)
-                      .Int(servers)
-                      .Text(NameOf(way))
-                      .Int(steps)
-                      .Number(*ours / kMiB, 0)
-                      .Number(*plain / kMiB, 0)
-                      .Text(way == Way::kShm ? "memcpy" : way == Way::kUnix ? "unix" : "tcp")
-                      .Number(*ours / *plain, 3));
+        add_row(*plain, way == Way::kShm ? "memcpy" : way == Way::kUnix ? "unix" : "tcp");
       }
     }
   }

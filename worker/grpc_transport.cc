@@ -164,12 +164,12 @@ DirectStreams* DirectFor(const std::vector<std::unique_ptr<DirectStreams>>& dire
 }
 
 // How a transport reaches one server: the address its channels dial, and
-// a direct connection if the server takes them: through shared memory if
-// it is a process of this machine, else over TCP.
+// direct connections if the server takes them: options.shm_connections
+// through shared memory if it is a process of this machine, else one over
+// TCP.
 struct ServerRoute {
   std::string dial;
-  // options.direct_connections of them, or none.
-  std::vector<std::unique_ptr<DirectConnection>> direct;
+  std::vector<std::unique_ptr<DirectConnection>> direct;  // none: gRPC only
   bool in_process = false;  // the server of this process (options.in_process)
 };
 ServerRoute RouteTo(const std::string& address, const GrpcTransportOptions& options);
