@@ -1066,7 +1066,6 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
   }
   const v1::ChunkHeader request = h;
   if (request.step() >= chunk->clock[request.worker()]) {
-    if (payload_borrowed) frame = frame.OwnedCopy();
     std::optional<Frame>& held = chunk->pushed[request.worker()];
     if (held.has_value() && held->header().step() != request.step()) {
       return absl::InvalidArgumentError(
@@ -1074,7 +1073,9 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
                        " while worker ", request.worker(), "'s push of step ",
                        held->header().step(), " waits for its step end"));
     }
-    if (!held.has_value()) held = std::move(frame);  // else a retry of the held push
+    // Held until its step end: a borrowed payload is copied. Else a retry
+    // of the held push.
+    if (!held.has_value()) held = payload_borrowed ? frame.OwnedCopy() : std::move(frame);
     PSTRAIN_RETURN_IF_ERROR(ApplyHeldAsync(job, *chunk, request.worker()));
   }
   WaitAndAnswer(*chunk, job->wire_dtype, PushWait(*job, request, std::move(waiter)));
