@@ -994,6 +994,14 @@ absl::Status CheckInitialized(const ShardStore::Job& job) {
                                              " chunks from worker 0"));
 }
 
+// INVALID_ARGUMENT unless the frame's worker is one of the job's: every
+// kind of frame indexes the job's and the chunk's per-worker state by it.
+absl::Status CheckWorker(const ShardStore::Job& job, const v1::ChunkHeader& h) {
+  if (h.worker() < job.num_workers) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker ", h.worker(), " outside [0, ", job.num_workers, ")"));
+}
+
 }  // namespace
 
 absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
@@ -1011,10 +1019,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
                                                    " values, push has ", h.num_elements()));
   }
-  if (h.worker() >= job->num_workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", h.worker(), " outside [0, ", job->num_workers, ")"));
-  }
+  PSTRAIN_RETURN_IF_ERROR(CheckWorker(*job, h));
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
 
   absl::MutexLock lock(&chunk->mu);
@@ -1187,10 +1192,7 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
   PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
   PSTRAIN_RETURN_IF_ERROR(FindChunk(*job, h).status());
-  if (h.worker() >= job->num_workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", h.worker(), " outside [0, ", job->num_workers, ")"));
-  }
+  PSTRAIN_RETURN_IF_ERROR(CheckWorker(*job, h));
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
   if (h.num_elements() != 0) return absl::InvalidArgumentError("a step end carries no values");
   const bool sync = job->mode == v1::MODE_SYNC;
@@ -1234,6 +1236,7 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
   PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
   PSTRAIN_ASSIGN_OR_RETURN(Chunk * chunk, FindChunk(*job, h));
+  PSTRAIN_RETURN_IF_ERROR(CheckWorker(*job, h));
   if (h.version() < 0) return absl::InvalidArgumentError("negative version");
   if (h.pushed_steps() < 0) return absl::InvalidArgumentError("negative pushed_steps");
   absl::MutexLock lock(&chunk->mu);

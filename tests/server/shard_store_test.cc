@@ -2,6 +2,7 @@
 // which the peer may rewrite once the call returns): each is either summed
 // during the call or copied, so that what the peer writes afterwards
 // changes nothing, and the result is the bits of pushes held as received.
+// And frames that name a worker outside the job, of every kind, refused.
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -174,7 +175,56 @@ TEST_F(BorrowedPushTest, ANonFiniteBorrowedPushSkipsTheStep) {
   // Only the first chunk had a poisoned push: it kept its values; the
   // others were updated.
   EXPECT_EQ(after[0], initial[0]);
-  if (after.size() > 1) EXPECT_NE(after[1], initial[1]);
+  if (after.size() > 1) {
+    EXPECT_NE(after[1], initial[1]);
+  }
+}
+
+class CountingWaiter final : public ChunkWaiter {
+ public:
+  void OnValues(const v1::ChunkHeader&, const ChunkValues&) override { ++answered; }
+  void OnAbort(const absl::Status&) override {}
+  bool Abandoned() const override { return false; }
+  int answered = 0;
+};
+
+// A peer's frame indexes per-worker state by its worker: one outside the
+// job is refused whatever its kind (a pull of worker 2^32 - 1 once parked a
+// wait that the next step end read out of bounds), and changes nothing.
+TEST(ShardStoreTest, FramesOfAWorkerOutsideTheJobAreRefused) {
+  const v1::ServerAssignment a = fuzz::SmallJobAssignment("job", "sync");
+  ASSERT_EQ(a.num_workers(), 2u);
+  ShardStore store({});
+  ASSERT_TRUE(store.AddJob(a).ok());
+  const v1::ChunkInfo* chunk = nullptr;
+  for (const v1::ChunkInfo& c : a.plan().chunks()) {
+    if (c.server() == 0 && chunk == nullptr) chunk = &c;
+  }
+  ASSERT_NE(chunk, nullptr);
+  const auto waiter = std::make_shared<CountingWaiter>();
+  const std::vector<float> g(chunk->size(), 0.5f);
+  for (const uint32_t worker : {2u, 0xffffffffu}) {
+    v1::ChunkHeader pull = PushHeader(chunk->id(), 0, worker, 0);
+    pull.set_kind(v1::FRAME_KIND_PULL);
+    pull.set_version(1);
+    const v1::ChunkHeader push =
+        PushHeader(chunk->id(), 0, worker, static_cast<uint32_t>(chunk->size()));
+    for (const absl::Status& s :
+         {store.Pull(pull, waiter), store.Push(*Frame::Parse(EncodeFrame(push, g.data())), waiter),
+          store.EndStep(StepEnd(chunk->id(), 0, worker))}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("outside [0, 2)"), std::string::npos) << s;
+    }
+  }
+  // Nothing was parked or counted: the job's own workers' step goes on.
+  for (const uint32_t worker : {0u, 1u}) {
+    const v1::ChunkHeader push =
+        PushHeader(chunk->id(), 0, worker, static_cast<uint32_t>(chunk->size()));
+    ASSERT_TRUE(store.Push(*Frame::Parse(EncodeFrame(push, g.data())), waiter).ok());
+    ASSERT_TRUE(store.EndStep(StepEnd(chunk->id(), 0, worker)).ok());
+  }
+  EXPECT_EQ(waiter->answered, 2);
+  EXPECT_EQ(store.ReadChunk("job", chunk->id())->version, 1);
 }
 
 }  // namespace
