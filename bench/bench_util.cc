@@ -86,6 +86,28 @@ void Table::Finish() {
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
+MachineBusy::Ticks MachineBusy::Read() {
+  // "cpu  user nice system idle iowait irq softirq steal ...": idle and
+  // iowait are the idle time, the rest busy.
+  Ticks ticks;
+  FILE* stat = std::fopen("/proc/stat", "r");
+  if (stat == nullptr) return ticks;
+  unsigned long long v[8] = {};
+  const int got = std::fscanf(stat, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1],
+                              &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+  std::fclose(stat);
+  if (got != 8) return ticks;
+  for (unsigned long long t : v) ticks.total += t;
+  ticks.busy = ticks.total - v[3] - v[4];
+  return ticks;
+}
+
+double MachineBusy::Share() const {
+  const Ticks now = Read();
+  if (now.total <= start_.total) return 0;
+  return static_cast<double>(now.busy - start_.busy) / static_cast<double>(now.total - start_.total);
+}
+
 v1::JobSpec JobOfSize(int64_t floats, int servers, int workers, int64_t chunk_bytes) {
   v1::JobSpec spec;
   spec.set_name("bench");

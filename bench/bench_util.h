@@ -50,6 +50,23 @@ class Table {
 // Seconds since `start`.
 double SecondsSince(absl::Time start);
 
+// The share of the machine's CPU time (every CPU, from /proc/stat) spent
+// busy since construction, in [0, 1]: 1 is every core busy all along. A
+// run that keeps the machine busy is bound by the work it does per byte.
+// 0 where /proc/stat cannot be read.
+class MachineBusy {
+ public:
+  MachineBusy() : start_(Read()) {}
+  double Share() const;
+
+ private:
+  struct Ticks {
+    uint64_t busy = 0, total = 0;
+  };
+  static Ticks Read();
+  Ticks start_;
+};
+
 // A sync MLP job on Fashion-MNIST's shape whose parameters are about
 // `floats` floats (hidden layers sized to fit), with these servers,
 // workers and chunk size, trained with plain SGD.

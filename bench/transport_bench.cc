@@ -404,7 +404,8 @@ int RunTransportBench(const TransportBenchOptions& options) {
               static_cast<long long>(options.chunk_bytes),
               absl::FormatDuration(options.duration).c_str());
   Table table("transport", {"model_MiB", "workers", "servers", "transport", "steps",
-                            "pstrain_MiB/s", "baseline_MiB/s", "baseline", "ratio"});
+                            "pstrain_MiB/s", "baseline_MiB/s", "baseline", "ratio", "busy",
+                            "baseline_busy"});
   for (int mib : options.model_mib) {
     for (const auto& [workers, servers] : options.shapes) {
       const v1::JobSpec spec = JobOfSize(static_cast<int64_t>(mib * kMiB / 4), servers, workers,
@@ -428,15 +429,20 @@ int RunTransportBench(const TransportBenchOptions& options) {
         transport.shared_memory = way == Way::kShm;
         transport.direct_tcp = way == Way::kDirectTcp;
         int64_t steps = 0;
+        const MachineBusy ours_meter;
         absl::StatusOr<double> ours = PstrainRate(
             spec, plan, (*server_process)->addresses(), transport, options.duration, &steps);
+        const double ours_busy = ours_meter.Share();
         server_process->reset();
+        const MachineBusy plain_meter;
         absl::StatusOr<double> plain =
             way == Way::kShm ? MemcpyRate(shares, workers, options.duration)
                              : RawSocketRate(way == Way::kUnix ? AF_UNIX : AF_INET, shares,
                                              workers, options.duration);
-        // A row of this configuration: pstrain against `baseline` bytes/s.
-        auto add_row = [&](double baseline, const char* baseline_name) {
+        const double plain_busy = plain_meter.Share();
+        // A row of this configuration: pstrain against `baseline` bytes/s,
+        // with the share of the machine each kept busy.
+        auto add_row = [&](double baseline, const char* baseline_name, double baseline_busy) {
           table.Add(Table::Row()
                         .Number(4.0 * plan.total_floats() / kMiB, 1)
                         .Int(workers)
@@ -446,24 +452,29 @@ int RunTransportBench(const TransportBenchOptions& options) {
                         .Number(*ours / kMiB, 0)
                         .Number(baseline / kMiB, 0)
                         .Text(baseline_name)
-                        .Number(*ours / baseline, 3));
+                        .Number(*ours / baseline, 3)
+                        .Number(ours_busy, 2)
+                        .Number(baseline_busy, 2));
         };
         if (way == Way::kDirectTcp && ours.ok()) {
           // And against a plain parameter server making the same exchanges
           // with the arithmetic they need.
+          const MachineBusy meter;
           absl::StatusOr<double> plain_server =
               RawSocketRate(AF_INET, shares, workers, options.duration, /*plain_server=*/true);
+          const double plain_server_busy = meter.Share();
           if (!plain_server.ok()) {
             LOG(ERROR) << "transport: plain parameter server: " << plain_server.status();
             return 1;
           }
-          add_row(*plain_server, "tcp+sgd");
+          add_row(*plain_server, "tcp+sgd", plain_server_busy);
         }
         if (way == Way::kGrpcTcp && ours.ok()) {
           // And against gRPC alone making the same exchanges.
           absl::StatusOr<std::unique_ptr<ServerProcess>> echo = ServerProcess::Start(
               spec, static_cast<int64_t>(mib * kMiB / 4), options.chunk_bytes, /*echo=*/true);
           int64_t echo_steps = 0;
+          const MachineBusy meter;
           absl::StatusOr<double> grpc_only =
               echo.ok() ? GrpcEchoRate((*echo)->addresses(), shares, workers,
                                        options.chunk_bytes, options.duration, &echo_steps)
@@ -472,14 +483,15 @@ int RunTransportBench(const TransportBenchOptions& options) {
             LOG(ERROR) << "transport: plain gRPC: " << grpc_only.status();
             return 1;
           }
-          add_row(*grpc_only, "grpc");
+          add_row(*grpc_only, "grpc", meter.Share());
         }
         if (!ours.ok() || !plain.ok()) {
           LOG(ERROR) << "transport " << mib << " MiB, " << workers << " workers, " << servers
                      << " servers: " << (ours.ok() ? plain.status() : ours.status());
           return 1;
         }
-        add_row(*plain, way == Way::kShm ? "memcpy" : way == Way::kUnix ? "unix" : "tcp");
+        add_row(*plain, way == Way::kShm ? "memcpy" : way == Way::kUnix ? "unix" : "tcp",
+                plain_busy);
       }
     }
   }
