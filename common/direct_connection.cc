@@ -260,6 +260,7 @@ struct DirectConnection::Outgoing {
   size_t slice = 0;   // the body slice being written
   size_t offset = 0;  // bytes of it written
   std::function<void()> on_written;
+  bool ahead = false;  // sent ahead of the queue (SendAll)
 };
 
 DirectConnection::DirectConnection(int socket_fd, void* region, size_t region_bytes, bool is_client,
@@ -438,7 +439,7 @@ bool DirectConnection::Send(uint8_t type, uint8_t flags, uint32_t stream,
   return SendQueued(std::move(one));
 }
 
-bool DirectConnection::SendAll(std::vector<Message> messages) {
+bool DirectConnection::SendAll(std::vector<Message> messages, bool ahead) {
   std::vector<std::unique_ptr<Outgoing>> all;
   for (Message& m : messages) {
     std::vector<grpc::Slice> slices;
@@ -446,7 +447,7 @@ bool DirectConnection::SendAll(std::vector<Message> messages) {
     all.push_back(MakeOutgoing(m.type, m.flags, m.stream, std::move(slices),
                                std::move(m.on_written)));
   }
-  return SendQueued(std::move(all));
+  return SendQueued(std::move(all), ahead);
 }
 
 std::unique_ptr<DirectConnection::Outgoing> DirectConnection::MakeOutgoing(
@@ -468,16 +469,27 @@ std::unique_ptr<DirectConnection::Outgoing> DirectConnection::MakeOutgoing(
   return message;
 }
 
-bool DirectConnection::SendQueued(std::vector<std::unique_ptr<Outgoing>> messages) {
+bool DirectConnection::SendQueued(std::vector<std::unique_ptr<Outgoing>> messages,
+                                  bool ahead) {
   bool wake;
   {
     absl::MutexLock lock(&send_mu_);
     if (ended_) return false;
-    const bool idle = queue_.empty();
-    for (auto& m : messages) queue_.push_back(std::move(m));
+    // Where they go: the queue's end; ahead, before the first message that
+    // is neither begun nor sent ahead itself.
+    auto at = queue_.end();
+    if (ahead) {
+      at = std::find_if(queue_.begin(), queue_.end(), [](const std::unique_ptr<Outgoing>& m) {
+        return m->header_sent == 0 && !m->ahead;
+      });
+      for (auto& m : messages) m->ahead = true;
+    }
+    const bool first = at == queue_.begin();
+    queue_.insert(at, std::make_move_iterator(messages.begin()),
+                  std::make_move_iterator(messages.end()));
     // Nothing ahead of them: straight into the pipe or socket, on this
     // thread.
-    if (idle) FlushLocked();
+    if (first) FlushLocked();
     // What did not fit is the connection's thread's to write.
     wake = !queue_.empty();
   }

@@ -130,8 +130,11 @@ class DirectConnection {
   };
   // Sends `messages` in order, as a Send of each would, written together
   // (over TCP one system call where they fit). False (nothing sent) once
-  // the connection has ended.
-  bool SendAll(std::vector<Message> messages);
+  // the connection has ended. `ahead`: they go before every queued message
+  // not begun yet (after those sent ahead before them): a short exchange
+  // that need not wait behind long ones (the receiver must not rely on
+  // their order).
+  bool SendAll(std::vector<Message> messages, bool ahead = false);
 
   // Runs `fn` on the connection's thread soon (after the messages it is
   // handing on now). False if the connection has ended.
@@ -181,7 +184,7 @@ class DirectConnection {
   static std::unique_ptr<Outgoing> MakeOutgoing(uint8_t type, uint8_t flags, uint32_t stream,
                                                 std::vector<grpc::Slice> body,
                                                 std::function<void()> on_written);
-  bool SendQueued(std::vector<std::unique_ptr<Outgoing>> messages);
+  bool SendQueued(std::vector<std::unique_ptr<Outgoing>> messages, bool ahead = false);
 
   const int socket_fd_;
   const int wake_fd_;  // eventfd: Send, Post and Close wake the thread

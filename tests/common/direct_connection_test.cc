@@ -241,6 +241,41 @@ TEST_P(DirectConnectionTest, BorrowedBodiesAreReadWhereTheyLie) {
   EXPECT_EQ(client_inbox.wrapped_bodies, tcp() ? 0 : 1);
 }
 
+// Messages sent ahead pass the queued ones not begun yet, in their own
+// order, but never cut into the one being written.
+TEST_P(DirectConnectionTest, MessagesSentAheadPassQueuedOnesNotBegun) {
+  ShmOptions options;
+  options.pipe_bytes = 64 << 10;
+  ASSERT_NO_FATAL_FAILURE(Listen(options));
+  absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  DirectConnection* server = AwaitServer();
+  ASSERT_NE(server, nullptr);
+  // Nothing reads yet: the first (larger than the pipe, or than loopback's
+  // socket buffers) is begun and stalls, the next two wait in the queue.
+  const std::string large(48 << 20, 'L');
+  const grpc::ByteBuffer large_body = Bytes(large);
+  for (uint32_t stream : {1, 2, 3}) ASSERT_TRUE(server->Send(1, 0, stream, &large_body));
+  const grpc::ByteBuffer small_body = Bytes("small");
+  auto small = [&](uint32_t stream) {
+    return DirectConnection::Message{
+        .type = 2, .flags = 0, .stream = stream, .body = &small_body, .on_written = nullptr};
+  };
+  ASSERT_TRUE(server->SendAll({small(10), small(11)}, /*ahead=*/true));
+  ASSERT_TRUE(server->SendAll({small(12)}, /*ahead=*/true));
+  ASSERT_TRUE(server->SendAll({small(13)}));
+  Inbox client_inbox;
+  client_inbox.Start(**client);
+  ASSERT_TRUE(client_inbox.AwaitMessages(7));
+  absl::MutexLock lock(&client_inbox.mu);
+  std::vector<uint32_t> order;
+  for (const DirectMessage& m : client_inbox.messages) {
+    order.push_back(m.stream);
+    EXPECT_EQ(m.body.size(), m.type == 1 ? large.size() : 5) << "stream " << m.stream;
+  }
+  EXPECT_EQ(order, (std::vector<uint32_t>{1, 10, 11, 12, 2, 3, 13}));
+}
+
 TEST_P(DirectConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
