@@ -247,6 +247,7 @@ TEST_P(DirectConnectionTest, MessagesSentAheadPassQueuedOnesNotBegun) {
   ShmOptions options;
   options.pipe_bytes = 64 << 10;
   ASSERT_NO_FATAL_FAILURE(Listen(options));
+  Inbox client_inbox;  // outlives the connection, whose end it records
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
   ASSERT_TRUE(client.ok()) << client.status();
   DirectConnection* server = AwaitServer();
@@ -264,7 +265,6 @@ TEST_P(DirectConnectionTest, MessagesSentAheadPassQueuedOnesNotBegun) {
   ASSERT_TRUE(server->SendAll({small(10), small(11)}, /*ahead=*/true));
   ASSERT_TRUE(server->SendAll({small(12)}, /*ahead=*/true));
   ASSERT_TRUE(server->SendAll({small(13)}));
-  Inbox client_inbox;
   client_inbox.Start(**client);
   ASSERT_TRUE(client_inbox.AwaitMessages(7));
   absl::MutexLock lock(&client_inbox.mu);
