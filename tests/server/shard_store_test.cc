@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "common/chunk_codec.h"
 #include "gtest/gtest.h"
 #include "server/shard_store.h"
@@ -196,11 +197,9 @@ TEST(ShardStoreTest, FramesOfAWorkerOutsideTheJobAreRefused) {
   ASSERT_EQ(a.num_workers(), 2u);
   ShardStore store({});
   ASSERT_TRUE(store.AddJob(a).ok());
-  const v1::ChunkInfo* chunk = nullptr;
-  for (const v1::ChunkInfo& c : a.plan().chunks()) {
-    if (c.server() == 0 && chunk == nullptr) chunk = &c;
-  }
-  ASSERT_NE(chunk, nullptr);
+  const auto chunk = absl::c_find_if(a.plan().chunks(),
+                                     [](const v1::ChunkInfo& c) { return c.server() == 0; });
+  ASSERT_NE(chunk, a.plan().chunks().end());
   const auto waiter = std::make_shared<CountingWaiter>();
   const std::vector<float> g(chunk->size(), 0.5f);
   for (const uint32_t worker : {2u, 0xffffffffu}) {
