@@ -1,19 +1,26 @@
 // The coordinator: the control API (submit, get, list, watch, cancel jobs)
 // and membership (register, heartbeat, progress). It schedules jobs onto the
 // registered servers and workers, computes their partition plans, follows
-// their progress and fails the jobs of nodes that miss their lease.
+// their progress and recovers or fails the jobs of nodes that are lost.
 //
-// Its parts, each in a file of its own: the job store (job_store.h: the
-// durable log of job snapshots), the node registry (node_registry.h: ids,
-// incarnations, leases), the scheduler (scheduler.h: placing jobs), job
-// progress (job_progress.h: reports into progress and results), watch
-// queues (watch_queue.h), model files (model_store.h) and the Prometheus
-// targets file (targets_file.h). The coordinator holds them together under
-// one lock for the in-memory state; a change that must be durable is decided
-// on copies of the jobs it touches, written to the job store with that lock
-// released (writes are serialized by a second lock), and only then installed
-// and acknowledged: reads never wait on the disk, and nothing is
-// acknowledged, or shown to a node, before it is durable.
+// coordinator.cc only builds and drives its parts, each in files of its own:
+//   control_service.h     the control API (psctl's calls)
+//   membership_service.h  register, heartbeat and assignments, progress
+//                         reports, node sessions (node_session.h), model
+//                         uploads
+//   coordinator_state.h   what they share under one lock, and Commit: a
+//                         change is decided on copies (a Txn), written to
+//                         the job store (job_store.h) with the lock
+//                         released, then installed: reads never wait on
+//                         the disk, and nothing is acknowledged, or shown to
+//                         a node, before it is durable
+//   job_table.h           the jobs' records and the Txn
+//   control_loop.h        leases, recovery, scheduling, checkpoints, the
+//                         targets file (targets_file.h), clean-up, gauges
+// and the decisions, functions of the state without gRPC or a clock:
+// scheduler.h (placing jobs), recovery.h (generations, checkpoints, lost
+// nodes), job_progress.h (reports into progress and results), node_registry.h
+// (ids, incarnations, leases), model_store.h (model files and uploads).
 #ifndef PSTRAIN_SERVER_COORDINATOR_H_
 #define PSTRAIN_SERVER_COORDINATOR_H_
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/rpc.h"
 #include "glog/logging.h"
 
@@ -125,6 +126,54 @@ class ModelExport final : public grpc::ServerWriteReactor<v1::ModelFileChunk> {
 };
 
 }  // namespace
+
+absl::StatusOr<uint64_t> UploadTable::Open(const std::string& job_id, absl::Time now,
+                                           std::function<void()> cancel) {
+  const uint64_t id = ++last_id_;
+  if (!open_.emplace(job_id, Upload{id, now, std::move(cancel)}).second) {
+    return absl::AlreadyExistsError(absl::StrCat("a model of ", job_id, " is being uploaded"));
+  }
+  return id;
+}
+
+bool UploadTable::IsOpen(const std::string& job_id, uint64_t id) const {
+  auto it = open_.find(job_id);
+  return it != open_.end() && it->second.id == id;
+}
+
+void UploadTable::Close(const std::string& job_id, uint64_t id) {
+  if (IsOpen(job_id, id)) open_.erase(job_id);
+}
+
+void UploadTable::CancelStalled(absl::Time now, absl::Duration timeout) {
+  std::erase_if(open_, [&](auto& entry) {
+    const auto& [job_id, upload] = entry;
+    if (now - upload.began < timeout) return false;
+    LOG(WARNING) << "job " << job_id << ": the model upload did not end within "
+                 << absl::FormatDuration(timeout) << "; cancelled";
+    upload.cancel();  // the call ends; a new upload may begin at once
+    return true;
+  });
+}
+
+absl::StatusOr<int64_t> UploadLimit(const v1::Job& job, const std::string& node_id) {
+  if (job.state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(job.id(), " is not running"));
+  }
+  if (job.worker_nodes_size() == 0 || job.worker_nodes(0) != node_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("node '", node_id, "' is not worker 0 of ", job.id()));
+  }
+  return NumParamsOf(job.spec()) * 4 + 64 * 1024;
+}
+
+absl::Status CheckUploadedModel(const v1::ModelFileHeader& header, const std::string& job_id,
+                                const v1::JobSpec& spec) {
+  if (header.job_id() != job_id || header.total_floats() != NumParamsOf(spec)) {
+    return absl::InvalidArgumentError("the model file does not belong to this job");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ModelStore::Init() { return dir_.empty() ? absl::OkStatus() : fs_->MakeDirs(dir_); }
 

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/file_system.h"
 #include "grpcpp/grpcpp.h"
 #include "pstrain/v1/control.pb.h"
@@ -75,6 +76,41 @@ class ModelUploadHandler {
   // The upload ended (after FinishUpload, or cut short).
   virtual void EndUpload(const std::string& job_id, uint64_t upload) = 0;
 };
+
+// The model uploads in progress, one per job at a time. Not thread-safe
+// (the coordinator calls it under its lock).
+class UploadTable {
+ public:
+  // Opens an upload of the job, begun at `now`, that `cancel` cuts short;
+  // returns its id. ALREADY_EXISTS while another upload of the job is open.
+  absl::StatusOr<uint64_t> Open(const std::string& job_id, absl::Time now,
+                                std::function<void()> cancel);
+  // Whether upload `id` of the job is open (not ended, not cancelled).
+  bool IsOpen(const std::string& job_id, uint64_t id) const;
+  // Closes upload `id` of the job, if it is open.
+  void Close(const std::string& job_id, uint64_t id);
+  // Cancels and closes the uploads open for `timeout` or longer at `now`.
+  void CancelStalled(absl::Time now, absl::Duration timeout);
+
+ private:
+  struct Upload {
+    uint64_t id = 0;
+    absl::Time began;
+    std::function<void()> cancel;
+  };
+  std::map<std::string, Upload> open_;  // by job
+  uint64_t last_id_ = 0;
+};
+
+// Whether node `node_id` may upload the model of `job`: the job runs (else
+// FAILED_PRECONDITION) and the node is its worker 0 (else
+// PERMISSION_DENIED). Returns the largest file accepted.
+absl::StatusOr<int64_t> UploadLimit(const v1::Job& job, const std::string& node_id);
+
+// Whether an uploaded model file is of the job: its id, and as many
+// parameters as the job's model. INVALID_ARGUMENT if not.
+absl::Status CheckUploadedModel(const v1::ModelFileHeader& header, const std::string& job_id,
+                                const v1::JobSpec& spec);
 
 // Reactors for the two streams; they delete themselves when done.
 // `certified_node_id`: the id the caller's certificate carries, which the

@@ -1,7 +1,8 @@
 // How a running job goes on after the loss of a node: generations, and the
-// checkpoints they start from. Pure functions on the job's record, so that
-// each rule is tested on its own; the coordinator decides when to call them
-// (coordinator.cc, RecoverJobs).
+// checkpoints they start from. Functions of the job's record and the nodes'
+// state, without gRPC or a clock, so that each rule is tested on its own:
+// the rules first, then RecoverJobs, the decision the coordinator's control
+// loop takes for every running job.
 //
 // A generation is a run of the job by one set of nodes from one step: every
 // server starts from the same checkpoint (sync), every worker from the same
@@ -19,9 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "pstrain/v1/control.pb.h"
+#include "server/node_registry.h"
 
 namespace pstrain::server {
+
+class Txn;  // job_table.h
 
 // The checkpoint a new generation of the job starts from: sync, the
 // newest complete one; none (step 0, the initial values) without one, and
@@ -68,6 +74,35 @@ void RecordCheckpoint(v1::Job* job, v1::CheckpointRecord record, const Checkpoin
 // empty at step 0, and when the workers are not those of the generation
 // that wrote the checkpoint (elastic: the batch was cut otherwise).
 v1::WorkerResumeState ResumeStateOf(const v1::Job& job, int worker);
+
+// The step of a checkpoint asked for now (psctl checkpoint): one that no
+// chunk has reached when the nodes hear of it, the furthest worker's step
+// plus what the job does in a few seconds. FAILED_PRECONDITION, naming the
+// job, if it is not running, has no checkpoint.dir, is not sync (the others
+// checkpoint every checkpoint.every_steps steps only) or ends before.
+absl::StatusOr<int64_t> RequestedCheckpointStep(const v1::Job& job);
+
+// The live server in worker `worker_id`'s process; null if none.
+const NodeRegistry::Node* ColocatedServerOf(const NodeRegistry& registry,
+                                            const std::string& worker_id);
+
+// A live server of its own that holds no part of `job` and has `need`
+// bytes of room, the one with the most; null if none, and for a colocated
+// job (its servers are its workers').
+const NodeRegistry::Node* SpareServer(const Txn& txn, const NodeRegistry& registry,
+                                      const v1::Job& job, int64_t need);
+
+// Looks at every running job's nodes, as `registry` knows them at `now` (by
+// the registry's clock), and acts by the job's policy, in `txn`: a node
+// whose id a new process took, or a lost node that is replaced (by a spare
+// server, an idle worker), starts a new generation (from the latest
+// complete checkpoint); a lost worker of an elastic job is left out of the
+// next one, and an idle worker joins it; a server that could not load its
+// checkpoint drops that checkpoint for an older one; a lost node that is
+// not replaced in time, a lost worker under on_worker_loss: fail, or a
+// server's error fails the job. Returns the jobs that start a new
+// generation (the load failures reported of the old one are answered).
+std::vector<std::string> RecoverJobs(Txn& txn, const NodeRegistry& registry, absl::Time now);
 
 }  // namespace pstrain::server
 

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_spec.h"
+#include "server/shard_store.h"
 
 namespace pstrain::server {
 
@@ -80,6 +82,90 @@ absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<in
   }
   placement.workers.assign(workers.begin(), workers.begin() + spec.num_workers());
   return placement;
+}
+
+bool WorksOn(const v1::Node& worker, const std::string& job_id, const v1::JobSpec& spec) {
+  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return worker.join_job() == job_id;
+  return worker.join_job().empty();
+}
+
+std::map<std::string, int64_t> ReservedBytes(const Txn& txn) {
+  std::map<std::string, int64_t> reserved;
+  for (const std::string& id : txn.Ids()) {
+    const v1::Job& job = txn.Get(id);
+    if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    for (int s = 0; s < job.server_nodes_size(); ++s) {
+      reserved[job.server_nodes(s)] += ShardStore::BytesNeeded(job.spec(), txn.Plan(id), s);
+    }
+  }
+  return reserved;
+}
+
+void ScheduleJobs(Txn& txn, const NodeRegistry& registry) {
+  std::set<std::string> busy;
+  std::vector<std::string> pending;
+  for (const std::string& id : txn.Ids()) {
+    const v1::Job& job = txn.Get(id);
+    if (job.state() == v1::JOB_STATE_PENDING) pending.push_back(id);
+    if (job.state() == v1::JOB_STATE_RUNNING) {
+      busy.insert(job.worker_nodes().begin(), job.worker_nodes().end());
+    }
+  }
+  std::map<std::string, int64_t> reserved = ReservedBytes(txn);
+  for (const std::string& id : pending) {
+    const v1::JobSpec& spec = txn.Get(id).spec();
+    const v1::PartitionPlan& plan = txn.Plan(id);
+    ClusterState cluster;
+    cluster.reserved = reserved;
+    for (const auto& [node_id, node] : registry.nodes()) {
+      if (node.info.state() != v1::NODE_STATE_ALIVE) continue;
+      if (node.info.role() == v1::NODE_ROLE_SERVER) {
+        if (node.info.colocated_with().empty()) {
+          cluster.servers.push_back(&node.info);
+        } else {
+          cluster.colocated_servers[node.info.colocated_with()] = &node.info;
+        }
+      }
+      if (node.info.role() == v1::NODE_ROLE_WORKER && !busy.contains(node_id) &&
+          WorksOn(node.info, id, spec)) {
+        cluster.free_workers.push_back(&node.info);
+      }
+    }
+    std::vector<int64_t> need(spec.num_servers());
+    for (int s = 0; s < spec.num_servers(); ++s) need[s] = ShardStore::BytesNeeded(spec, plan, s);
+    absl::StatusOr<Placement> placement = PlaceJob(spec, need, cluster, WorkerBytesNeeded(spec));
+    if (!placement.ok()) {
+      if (txn.Get(id).reason() != placement.status().message()) {
+        txn.MutableVolatile(id)->set_reason(std::string(placement.status().message()));
+      }
+      continue;
+    }
+    v1::Job& job = *txn.Mutable(id);
+    job.clear_server_nodes();
+    job.clear_server_addresses();
+    job.clear_server_incarnations();
+    job.clear_worker_nodes();
+    job.clear_worker_incarnations();
+    job.clear_workers();
+    for (int s = 0; s < spec.num_servers(); ++s) {
+      const v1::Node& node = *placement->servers[s];
+      job.add_server_nodes(node.id());
+      job.add_server_addresses(node.address());
+      job.add_server_incarnations(node.incarnation());
+      reserved[node.id()] += need[s];
+    }
+    for (int w = 0; w < spec.num_workers(); ++w) {
+      const v1::Node& node = *placement->workers[w];
+      job.add_worker_nodes(node.id());
+      job.add_worker_incarnations(node.incarnation());
+      busy.insert(node.id());
+      v1::WorkerStatus* status = job.add_workers();
+      status->set_worker(w);
+      status->set_node_id(node.id());
+    }
+    StartGeneration(&job, "placed", txn.now_ms());
+    txn.SetState(id, v1::JOB_STATE_RUNNING, "");
+  }
 }
 
 }  // namespace pstrain::server

@@ -1,5 +1,6 @@
-// Where jobs run: choosing the nodes of a pending job. Pure functions of
-// the cluster's state, so that the policy is tested on its own.
+// Where jobs run: choosing the nodes of a pending job. Functions of the
+// cluster's state and the jobs, without gRPC or a clock, so that the policy
+// is tested on its own.
 //
 // A worker runs one job at a time, if the job fits in its max_memory_bytes;
 // a server holds several jobs as long as their state fits in its
@@ -20,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "pstrain/v1/job.pb.h"
 #include "pstrain/v1/membership.pb.h"
+#include "server/job_table.h"
+#include "server/node_registry.h"
 
 namespace pstrain::server {
 
@@ -46,6 +49,19 @@ int64_t RoomOn(const v1::Node& node, const std::map<std::string, int64_t>& reser
 // ("waiting for 2 free workers (1 free)") when it cannot run yet.
 absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<int64_t>& need,
                                    const ClusterState& cluster, int64_t worker_need = 0);
+
+// Whether a worker may be given job `job_id`: a pool worker takes any job
+// of a built-in model; a worker that joined a job (the client library) that
+// job alone, whose model is external.
+bool WorksOn(const v1::Node& worker, const std::string& job_id, const v1::JobSpec& spec);
+
+// The bytes the running jobs, as `txn` sees them, need on each server node.
+std::map<std::string, int64_t> ReservedBytes(const Txn& txn);
+
+// Starts every pending job, oldest first, that the live nodes of `registry`
+// can take: places it (PlaceJob) and starts its first generation. A job
+// that cannot start yet keeps the reason in its record.
+void ScheduleJobs(Txn& txn, const NodeRegistry& registry);
 
 }  // namespace pstrain::server
 
