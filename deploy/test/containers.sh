@@ -185,10 +185,10 @@ EOS
     skip "podman cannot run a container here: $(tail -1 "$tmp/run.err")"
 }
 
-# The CUDA bases, made from this machine's toolkit (README, "Deploy", names
-# the upstream images that stand for them elsewhere): the runtime one has
-# the libraries the worker loads, the development one what nvcc and the
-# link need.
+# The CUDA bases, made from this machine's toolkit (docs/deploy.md, "The
+# image", names the upstream images that stand for them elsewhere): the
+# runtime one has the libraries the worker loads, the development one what
+# nvcc and the link need.
 make_cuda_base() {  # IMAGE devel|runtime
   podman image exists "$1" && return 0
   local cuda=$CUDA ctx=$tmp/cuda-$2

@@ -15,7 +15,7 @@
 #        make-dev-certs.sh DIR --names NAME...        (nodes of these names instead,
 #                                                      e.g. pstrain-server-0 for a pod)
 # A certificate's common name is the node's id and carries its role (see
-# the README's Security section). Files that exist are kept, so running it
+# docs/security.md). Files that exist are kept, so running it
 # again with more nodes adds only theirs. PSTRAIN_CERT_DAYS sets how long
 # new node certificates are valid (default 365; negative: already expired).
 # These are development certificates: the CA key lies beside them.

@@ -29,7 +29,7 @@ struct Expected {
   std::set<std::string> labels;
 };
 
-// The table of the README, "Metrics".
+// The table of docs/metrics.md, "Metrics and dashboards".
 const std::map<std::string, Expected>& Documented() {
   using T = prometheus::MetricType;
   static const auto* table = new std::map<std::string, Expected>{

@@ -65,7 +65,8 @@ absl::StatusOr<std::vector<std::string>> CheckFlagsCommand(const std::vector<std
 std::vector<std::string> ReviewProblems(const std::vector<YAML::Node>& docs);
 
 // The rendered manifests as podman 4.3's `kube play` can run them, one
-// rewrite for each of its limits (each listed in the README, "Deploy"):
+// rewrite for each of its limits (each listed in docs/deploy.md, "Tested
+// with podman"):
 //  - a StatefulSet of N replicas becomes N Pods NAME-0 .. NAME-(N-1) (kube
 //    play skips StatefulSets), each with the template's labels and spec;
 //  - a Job becomes a Pod of its template (kube play has no Jobs);

@@ -102,9 +102,9 @@ class PrometheusServer {
   pid_t pid_ = -1;
 };
 
-// (name, type) of every metric in the README's table.
+// (name, type) of every metric in the table of docs/metrics.md.
 std::vector<std::pair<std::string, std::string>> DocumentedMetrics() {
-  std::ifstream in(std::string(PSTRAIN_SOURCE_DIR) + "/README.md");
+  std::ifstream in(std::string(PSTRAIN_SOURCE_DIR) + "/docs/metrics.md");
   std::stringstream text;
   text << in.rdbuf();
   std::vector<std::pair<std::string, std::string>> metrics;

@@ -1,5 +1,5 @@
 """pip install . into a venv that sees Debian's packages, without the
-network, as the README says."""
+network, as docs/client-library.md says."""
 import os
 import subprocess
 import sys
