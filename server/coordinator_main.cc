@@ -55,7 +55,7 @@ ABSL_FLAG(int, upload_timeout_s,
 ABSL_FLAG(std::string, auth_tokens_file, "",
           "users of the control API, one per line: ROLE NAME SHA256 (ROLE viewer or operator, "
           "SHA256 the token's in hex); then every control call needs a bearer token. Default: "
-          "no tokens (see the README's Security section)");
+          "no tokens (see docs/security.md)");
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-coordinator [--listen=host:port] [flags]");
