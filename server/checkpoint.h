@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,13 @@ struct ServerCheckpoint {
   int64_t generation = 0;
   int64_t total_floats = 0;
   std::vector<ChunkCheckpoint> chunks;  // in id order
+};
+
+// A checkpoint being gathered: a copy of each chunk as it passes the step.
+struct GatheredCheckpoint {
+  ServerCheckpoint checkpoint;
+  std::map<uint32_t, ChunkCheckpoint> chunks;
+  double copy_seconds = 0;  // the copies' time, which the step waited for
 };
 
 // DIR/JOB_ID/server-I, and the file of one checkpoint in it.

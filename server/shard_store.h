@@ -1,6 +1,9 @@
 // The state of one parameter server: for every job it holds, the chunks it
 // owns, their optimizer state, and the pushes of the open step. No gRPC here:
-// the parameter service (parameter_service.h) feeds it frames.
+// the parameter service (parameter_service.h) feeds it frames. Its parts:
+// shard_job.h (what is held of a job), dense_chunk.h (a chunk's update),
+// chunk_waits.h (the waits for values: sync, SSP and async as one
+// predicate), shard_checkpoints.h (copies and restores), straggler_watch.h.
 #ifndef PSTRAIN_SERVER_SHARD_STORE_H_
 #define PSTRAIN_SERVER_SHARD_STORE_H_
 
@@ -18,36 +21,15 @@
 #include "kernels/model.h"
 #include "pstrain/v1/membership.pb.h"
 #include "pstrain/v1/parameters.pb.h"
+#include "server/chunk_waits.h"
 #include "server/server_metrics.h"
 
 namespace pstrain::server {
 
-// One version of a chunk's values as replies carry them: in the job's wire
-// dtype, immutable, kept alive by `owner` for as long as any reply holds it.
-struct ChunkValues {
-  int64_t version = 0;
-  v1::DType dtype = v1::DTYPE_FP32;
-  const void* data = nullptr;
-  int64_t num_values = 0;
-  std::shared_ptr<const void> owner;
-};
-
-// Receives the values a push or pull asked for. Implemented by each stream.
-class ChunkWaiter {
- public:
-  virtual ~ChunkWaiter() = default;
-  // The values of chunk `request.chunk()`. Called with the chunk's lock
-  // held, from whichever thread completed the step: reference the values
-  // (they do not change), do not block, do not call back into the store.
-  virtual void OnValues(const v1::ChunkHeader& request, const ChunkValues& values) = 0;
-  // The wait can never be answered (job removed, server shutting down).
-  virtual void OnAbort(const absl::Status& status) = 0;
-  // True once the stream is gone; lets the store drop its waits early.
-  virtual bool Abandoned() const = 0;
-};
-
 class ApplyPool;
 class CheckpointWriter;
+struct DenseChunk;  // shard_job.h
+struct ShardJob;
 
 class ShardStore {
  public:
@@ -55,9 +37,6 @@ class ShardStore {
     // Bytes of job state this server may hold; 0 = unlimited. AddJob
     // refuses a job that would exceed it.
     int64_t max_memory_bytes = 0;
-    // Mutation testing only: leave this worker's gradient out of every sum
-    // (sync) or update (async, ssp). -1 (the default) applies every worker's.
-    int ignore_worker_for_testing = -1;
     // Where to count pushes, bytes, barrier waits...; null: nowhere. Must
     // outlive the store.
     ServerMetrics* metrics = nullptr;
@@ -181,36 +160,27 @@ class ShardStore {
   };
   absl::StatusOr<ChunkSnapshot> ReadChunk(const std::string& job_id, uint32_t chunk) const;
 
-  // Defined in the .cc file.
-  struct Chunk;
-  struct Job;
-
  private:
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<ShardJob>> FindJob(const std::string& job_id) const;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Chunk*> FindChunk(const Job& job, const v1::ChunkHeader& header) const;
 
-  // Loads the chunks of a restoring assignment from its checkpoint.
-  absl::Status Restore(const v1::ServerAssignment& a, Job& job) const;
-  // At a checkpoint step: copies the chunk, and hands the checkpoint to the
-  // writer once every chunk of the server has its copy. Called with
-  // chunk.mu held (asserted: Chunk is incomplete here, so the lock cannot be
-  // named in an annotation).
-  void Snapshot(const std::shared_ptr<Job>& job, Chunk& chunk);
   // Sync: applies (or skips) the chunk's open step if every worker has
   // pushed it and ended it. Async: the worker's held push, if its step end
-  // is in. Called with chunk.mu held. `payload_borrowed`: the push just
-  // added is borrowed (Push): read now, by a checked update, or never.
-  absl::Status CompleteSyncStep(const std::shared_ptr<Job>& job, Chunk& chunk,
+  // is in. Called with chunk.mu held (asserted: DenseChunk is incomplete
+  // here, so the lock cannot be named in an annotation).
+  // `payload_borrowed`: the push just added is borrowed (Push): read now,
+  // by a checked update, or never.
+  absl::Status CompleteSyncStep(const std::shared_ptr<ShardJob>& job, DenseChunk& chunk,
                                 bool payload_borrowed = false);
-  absl::Status ApplyHeldAsync(const std::shared_ptr<Job>& job, Chunk& chunk, uint32_t worker);
+  absl::Status ApplyHeldAsync(const std::shared_ptr<ShardJob>& job, DenseChunk& chunk,
+                              uint32_t worker);
 
   const Options options_;
   FileSystem* const fs_;
   std::unique_ptr<ApplyPool> apply_pool_;
   std::unique_ptr<CheckpointWriter> writer_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<ShardJob>> jobs_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

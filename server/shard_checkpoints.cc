@@ -1,0 +1,173 @@
+#include "server/shard_checkpoints.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "glog/logging.h"
+
+namespace pstrain::server {
+
+int64_t CheckpointStepOf(const ShardJob& job, int64_t version) {
+  if (job.checkpoint_dir.empty() || version <= 0) return -1;
+  if (job.mode == v1::MODE_SYNC) {
+    return version % job.checkpoint_every == 0 || version == job.requested_step ? version : -1;
+  }
+  const int64_t per_checkpoint = job.checkpoint_every * job.num_workers;
+  return version % per_checkpoint == 0 ? version / job.num_workers : -1;
+}
+
+absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJob& job) {
+  if (job.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.id, " has no checkpoint.dir to restore step ", a.restore_step(),
+                     " from"));
+  }
+  // The checkpoint to load: the one named, or (-1) this server's newest
+  // that reads back whole, if any.
+  absl::StatusOr<ServerCheckpoint> loaded;
+  if (a.restore_step() > 0) {
+    loaded = ReadCheckpoint(fs, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
+                                                a.restore_step(), a.restore_generation()));
+  } else {
+    std::vector<v1::CheckpointRecord> found;
+    {
+      absl::MutexLock lock(&job.checkpoint_mu);
+      found = job.written;
+    }
+    loaded = absl::NotFoundError("no checkpoint");
+    for (auto it = found.rbegin(); it != found.rend() && !loaded.ok(); ++it) {
+      loaded = ReadCheckpoint(fs, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
+                                                  it->step(), it->generation()));
+      if (!loaded.ok()) LOG(ERROR) << loaded.status() << "; trying an older one";
+    }
+    if (!loaded.ok()) {
+      LOG(WARNING) << "job " << job.id << ": no good checkpoint of server " << job.server_index
+                   << "; starting from the initial values";
+      return absl::OkStatus();
+    }
+  }
+  if (!loaded.ok()) {
+    LOG(ERROR) << "job " << job.id << " cannot be restored at step " << a.restore_step() << ": "
+               << loaded.status();
+    return loaded.status();
+  }
+  const ServerCheckpoint& c = *loaded;
+  auto mismatch = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", CheckpointPath(job.checkpoint_dir, job.id, job.server_index, c.step,
+                                      c.generation),
+        " does not belong to this job and server: ", what));
+  };
+  if (c.job_id != job.id || c.server_index != job.server_index ||
+      c.num_servers != job.num_servers || c.total_floats != job.total_floats) {
+    return mismatch("its job, server or model differs");
+  }
+  if (static_cast<int>(c.chunks.size()) != job.owned_chunks) return mismatch("other chunks");
+  const int state_floats = job.optimizer->StateFloatsPerParam();
+  for (const ChunkCheckpoint& saved : c.chunks) {
+    DenseChunk* chunk = saved.id < job.chunks.size() ? job.chunks[saved.id].get() : nullptr;
+    if (chunk == nullptr) return mismatch(absl::StrCat("chunk ", saved.id, " is not this server's"));
+    absl::MutexLock lock(&chunk->mu);
+    if (static_cast<int64_t>(saved.values.size()) != chunk->size ||
+        saved.state.size() != static_cast<size_t>(state_floats) * chunk->size) {
+      return mismatch(absl::StrCat("chunk ", saved.id, " has another size"));
+    }
+    if (job.mode == v1::MODE_SYNC && saved.version != a.restore_step()) {
+      return mismatch(absl::StrCat("chunk ", saved.id, " is at version ", saved.version));
+    }
+    std::copy(saved.values.begin(), saved.values.end(), chunk->values->begin());
+    chunk->optimizer_state = saved.state;
+    chunk->version = saved.version;
+    if (job.mode == v1::MODE_SYNC) {
+      std::fill(chunk->clock.begin(), chunk->clock.end(), saved.version);
+    }
+  }
+  job.restored = true;
+  LOG(INFO) << "job " << job.id << " restored from the checkpoint of step " << c.step
+            << " (generation " << c.generation << ") as server " << job.server_index;
+  return absl::OkStatus();
+}
+
+void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
+                   DenseChunk& chunk) {
+  const int64_t step = CheckpointStepOf(*job, chunk.version);
+  if (step < 0) return;
+  const absl::Time start = MonotonicNow();
+  ChunkCheckpoint copy;
+  copy.id = chunk.id;
+  copy.version = chunk.version;
+  copy.values = *chunk.values;
+  copy.state = chunk.optimizer_state;
+  const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
+  if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
+  std::optional<ServerCheckpoint> complete;
+  double copies = 0;
+  {
+    absl::MutexLock lock(&job->checkpoint_mu);
+    auto it = job->gathering.find(step);
+    if (it == job->gathering.end()) {
+      // Memory for at most a few checkpoints at once: a disk that falls
+      // behind loses checkpoints, never training speed.
+      if (job->gathering.size() >= 2 || writer->backlog() >= 2) {
+        LOG_EVERY_N(WARNING, 10) << "job " << job->id << ": checkpoint of step " << step
+                                 << " skipped, the disk is behind";
+        return;
+      }
+      it = job->gathering.emplace(step, GatheredCheckpoint{}).first;
+      ServerCheckpoint& c = it->second.checkpoint;
+      c.job_id = job->id;
+      c.server_index = job->server_index;
+      c.num_servers = job->num_servers;
+      c.step = step;
+      c.generation = job->generation;
+      c.total_floats = job->total_floats;
+    }
+    it->second.chunks.emplace(chunk.id, std::move(copy));
+    it->second.copy_seconds += copy_seconds;
+    if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
+    copies = it->second.copy_seconds;
+    complete = std::move(it->second.checkpoint);
+    for (auto& [id, c] : it->second.chunks) complete->chunks.push_back(std::move(c));
+    job->gathering.erase(it);
+  }
+  const v1::CheckpointRecord record = [&] {
+    v1::CheckpointRecord r;
+    r.set_step(complete->step);
+    r.set_generation(complete->generation);
+    return r;
+  }();
+  writer->Enqueue(job->checkpoint_dir, *std::move(complete),
+                  [fs, job, record, copies](const absl::StatusOr<int64_t>& bytes,
+                                              double seconds) {
+                    if (!bytes.ok()) {
+                      LOG(ERROR) << "job " << job->id << ": checkpoint of step "
+                                 << record.step() << " not written: " << bytes.status();
+                      return;
+                    }
+                    LOG(INFO) << absl::StrFormat(
+                        "job %s: checkpoint of step %d written: %d bytes in %.2f ms; the "
+                        "copies took %.3f ms",
+                        job->id, record.step(), *bytes, seconds * 1e3, copies * 1e3);
+                    if (const ServerMetrics::Job& m = job->metrics; m.checkpoint != nullptr) {
+                      m.checkpoint->Observe(seconds);
+                      m.checkpoint_bytes->Increment(static_cast<double>(*bytes));
+                      m.last_checkpoint->Set(static_cast<double>(record.step()));
+                    }
+                    std::vector<v1::CheckpointRecord> retained;
+                    {
+                      absl::MutexLock lock(&job->checkpoint_mu);
+                      job->written.push_back(record);
+                      retained = job->retained;
+                    }
+                    PruneCheckpoints(fs, job->checkpoint_dir, job->id, job->server_index,
+                                     job->keep, retained);
+                    absl::MutexLock lock(&job->checkpoint_mu);
+                    job->written = ListCheckpoints(fs, job->checkpoint_dir, job->id,
+                                                   job->server_index, false);
+                  });
+}
+
+}  // namespace pstrain::server

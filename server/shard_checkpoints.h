@@ -1,0 +1,42 @@
+// A shard's checkpoints (checkpoint.h has the files): at the job's
+// checkpoint steps every chunk's values and optimizer state are copied as
+// the chunk passes the step, and once every chunk of the server has its
+// copy the checkpoint is written in the background; a generation that
+// starts from a checkpoint loads it back.
+#ifndef PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
+#define PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "common/file_system.h"
+#include "pstrain/v1/membership.pb.h"
+#include "server/checkpoint.h"
+#include "server/shard_job.h"
+
+namespace pstrain::server {
+
+// The step a checkpoint taken at the chunk's current version belongs to,
+// if the version is a checkpoint step of the job; else -1. Sync: versions
+// are steps. Async: every worker's push is a version; a checkpoint every
+// every_steps steps of all workers.
+int64_t CheckpointStepOf(const ShardJob& job, int64_t version);
+
+// Loads the chunks of a restoring assignment (restore_step: a step, or -1
+// for this server's newest checkpoint that reads back whole, or the
+// initial values if none does) into a job not yet shared. NOT_FOUND or
+// DATA_LOSS, naming the file and the reason, for a checkpoint that cannot
+// be loaded or is not this job's and server's; FAILED_PRECONDITION for a
+// job without a checkpoint.dir.
+absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJob& job);
+
+// At a checkpoint step: copies the chunk, and hands the checkpoint to
+// `writer` once every chunk of the server has its copy (a disk that falls
+// behind loses checkpoints, never training speed).
+void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
+                   DenseChunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
