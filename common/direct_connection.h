@@ -21,6 +21,11 @@
 // worker's replies, whose frame header is copied before it is parsed), and
 // the region is sealed against shrinking (a peer cannot make this process
 // fault on its mapping).
+//
+// Its parts: direct_connection.cc (the messages, the send queue, the
+// connection's thread), shm_pipe.h (the shared region and its pipes),
+// direct_tcp.cc (the TCP side), direct_listener.cc (the handshake, both
+// sides, and the listener); direct_wire.h is what they share.
 #ifndef PSTRAIN_COMMON_DIRECT_CONNECTION_H_
 #define PSTRAIN_COMMON_DIRECT_CONNECTION_H_
 
@@ -40,6 +45,8 @@
 #include "grpcpp/support/slice.h"
 
 namespace pstrain {
+
+class ShmPipe;  // shm_pipe.h
 
 struct DirectMessage {
   uint8_t type = 0;
@@ -153,8 +160,6 @@ class DirectConnection {
   const std::string& peer() const { return peer_; }
   bool over_tcp() const { return region_ == nullptr; }
 
-  class Pipe;
-
  private:
   friend class DirectListener;
   struct Outgoing;
@@ -168,7 +173,7 @@ class DirectConnection {
   // anything was written.
   bool FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   bool FlushToPipeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
-  bool FlushToSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  bool FlushToSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);  // direct_tcp.cc
   // Reads what the peer wrote and hands on whole messages. Returns true if
   // anything was read; an error ends the connection.
   absl::StatusOr<bool> Drain();
@@ -176,8 +181,8 @@ class DirectConnection {
   DirectMessage HeaderMessage() const;
   // Copies up to n bytes the peer sent into dst; returns how many.
   size_t ReadIn(unsigned char* dst, size_t n, bool* ring);
-  size_t ReadSocket(unsigned char* dst, size_t n);
-  // Waits (up to `timeout`) for something to do.
+  size_t ReadSocket(unsigned char* dst, size_t n);  // direct_tcp.cc
+  // TCP: waits (up to `timeout`) for something to do.
   void Sleep(absl::Duration timeout);
   void RingPeer();
   void Wake();
@@ -193,7 +198,7 @@ class DirectConnection {
   const ShmOptions options_;
   const int peer_pid_;
   std::string peer_;
-  std::unique_ptr<Pipe> in_, out_;  // shared memory only
+  std::unique_ptr<ShmPipe> in_, out_;  // shared memory only
   MessageFn on_message_;
   ClosedFn on_closed_;
   std::function<void()> on_tick_;
