@@ -42,10 +42,11 @@ int DirectStreams::open_streams() const {
   return static_cast<int>(streams_.size());
 }
 
-bool DirectStreams::StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
-                                  absl::Time deadline, ParameterTransport::SentFn on_sent,
-                                  ParameterTransport::ReplyFn on_reply,
-                                  ParameterTransport::DoneFn on_done) {
+bool DirectStreams::StartExchange(ParameterMethod method,
+                                  const std::vector<grpc::ByteBuffer>& requests,
+                                  absl::Time deadline, ParameterTransport::SentFn& on_sent,
+                                  ParameterTransport::ReplyFn& on_reply,
+                                  ParameterTransport::DoneFn& on_done) {
   uint32_t id;
   {
     absl::MutexLock lock(&mu_);

@@ -26,12 +26,13 @@ class DirectStreams {
   // when it returns.
   ~DirectStreams();
 
-  // Starts one stream as ParameterTransport::StartExchange does. False, and
-  // nothing started, once the connection has ended (the server went away):
-  // the caller takes another way.
-  bool StartExchange(ParameterMethod method, std::vector<grpc::ByteBuffer> requests,
-                     absl::Time deadline, ParameterTransport::SentFn on_sent,
-                     ParameterTransport::ReplyFn on_reply, ParameterTransport::DoneFn on_done);
+  // Starts one stream as ParameterTransport::StartExchange does, moving
+  // from the callbacks (the requests are read, not kept). False, with
+  // nothing started and the arguments as they were, once the connection
+  // has ended (the server went away): the caller takes another way.
+  bool StartExchange(ParameterMethod method, const std::vector<grpc::ByteBuffer>& requests,
+                     absl::Time deadline, ParameterTransport::SentFn& on_sent,
+                     ParameterTransport::ReplyFn& on_reply, ParameterTransport::DoneFn& on_done);
 
   // Streams started and not ended yet.
   int open_streams() const;

@@ -1,5 +1,7 @@
-// How a worker reaches the parameter servers. The real transport is gRPC;
-// tests wrap it to drop, duplicate or delay frames.
+// How a worker reaches the parameter servers. The real transport routes
+// each exchange to one of its carriers (carrier.h, routing_transport.h):
+// the server of this process, a direct connection, or gRPC; tests wrap it
+// to drop, duplicate or delay frames.
 #ifndef PSTRAIN_WORKER_TRANSPORT_H_
 #define PSTRAIN_WORKER_TRANSPORT_H_
 
