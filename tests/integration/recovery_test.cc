@@ -30,8 +30,19 @@ class RecoveryTest : public ClusterFixture {
  protected:
   // A cluster whose children are restarted when they die, with a lease
   // short enough for a lost node to be noticed within a test (and long
-  // enough that a loaded 2-core machine does not lose healthy ones).
-  void StartSupervised(int servers, int workers, cli::LocalCluster::Options options = {}) {
+  // enough that a loaded 2-core machine does not lose healthy ones). Every
+  // exchange of its workers starts `exchange_delay` late, so a step takes
+  // at least twice that, whatever the speed of the machine, and they report
+  // their progress every 50 ms: a fault made once the reports show a step
+  // in a job's first half finds the job still running.
+  void StartSupervised(int servers, int workers, cli::LocalCluster::Options options = {},
+                       absl::Duration exchange_delay = absl::Milliseconds(2)) {
+    const int64_t delay_ms = absl::ToInt64Milliseconds(exchange_delay);
+    for (int w = 0; w < workers; ++w) {
+      options.worker_flags[w].push_back(absl::StrCat(
+          "--fault_injection=delay=1,min_delay_ms=", delay_ms, ",max_delay_ms=", delay_ms));
+      options.worker_flags[w].push_back("--report_interval_ms=50");
+    }
     options.restart_exited_children = true;
     options.state_dir = dir_.path() + "/state";
     options.lease = absl::Seconds(4);
@@ -40,7 +51,7 @@ class RecoveryTest : public ClusterFixture {
 
   // A sync job of 2 workers and 2 servers, checkpointing every 50 steps.
   v1::JobSpec Job(v1::OptimizerType optimizer = v1::OPTIMIZER_TYPE_ADAM, float momentum = 0,
-                  int64_t steps = 400) {
+                  int64_t steps = 200) {
     v1::JobSpec spec = MlpSpec(optimizer, optimizer == v1::OPTIMIZER_TYPE_ADAM ? 1e-3f : 0.05f,
                                2, 32, 2, steps);
     spec.mutable_optimizer()->set_momentum(momentum);
@@ -167,15 +178,11 @@ class DamagedCheckpointTest : public RecoveryTest,
 // the job would resume from and any newer); it comes back: the damage is found and named, and the job
 // goes back to an older checkpoint, with the same result.
 TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
-  // Every exchange starts 5 ms late (a step takes at least 10 ms): the job
-  // is still running when the coordinator has recorded two checkpoints and
-  // the server is killed, whatever the speed of the machine.
-  cli::LocalCluster::Options options;
-  for (int w = 0; w < 2; ++w) {
-    options.worker_flags[w] = {"--fault_injection=delay=1,min_delay_ms=5,max_delay_ms=5"};
-  }
-  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2, options));
-  const v1::JobSpec spec = Job();
+  // A step takes at least 10 ms: the job of 400 steps is still running when
+  // the coordinator has recorded two checkpoints and the server is killed,
+  // whatever the speed of the machine.
+  ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2, {}, absl::Milliseconds(5)));
+  const v1::JobSpec spec = Job(v1::OPTIMIZER_TYPE_ADAM, 0, 400);
   const std::vector<float> clean = FinalParams(Submit(spec));
   const std::string id = Submit(spec);
   const v1::Job running = WaitFor(id, [](const v1::Job& job) { return job.checkpoints_size() >= 2; });
