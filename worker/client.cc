@@ -23,8 +23,11 @@
 #include "common/tls.h"
 #include "glog/logging.h"
 #include "pstrain/v1/control.grpc.pb.h"
+#include "worker/client_control.h"
+#include "worker/generation.h"
 #include "worker/parameter_client.h"
 #include "worker/progress_reporter.h"
+#include "worker/step_log.h"
 #include "worker/transport.h"
 
 namespace pstrain {
@@ -39,83 +42,12 @@ namespace {
 
 using worker::ParameterClient;
 
-absl::StatusOr<std::unique_ptr<TransportSecurity>> LoadSecurity(const ConnectOptions& c) {
-  const TlsFiles files{.cert = c.cert_file, .key = c.key_file, .ca = c.ca_file};
-  if (files.empty()) return std::unique_ptr<TransportSecurity>();
-  return TransportSecurity::Load(files);
-}
-
-std::unique_ptr<v1::Control::Stub> ControlStub(const ConnectOptions& c,
-                                               const TransportSecurity* security) {
-  return v1::Control::NewStub(MakeChannel(
-      c.coordinator, {.security = security, .peer_roles = {PeerRole::kCoordinator}}));
-}
-
-// Calls `call` with a fresh context until it succeeds, fails other than
-// UNAVAILABLE, or connect.timeout runs out.
-absl::Status CallControl(const ConnectOptions& c,
-                         const std::function<grpc::Status(grpc::ClientContext&)>& call) {
-  const absl::Time give_up = MonotonicNow() + c.timeout;
-  while (true) {
-    grpc::ClientContext context;
-    SetTimeout(context, std::max(give_up - MonotonicNow(), absl::Milliseconds(1)));
-    AddBearerToken(context, c.token);
-    const grpc::Status status = call(context);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || MonotonicNow() >= give_up) {
-      return FromGrpcStatus(status);
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-}
-
-absl::Status CheckConnect(const ConnectOptions& c) {
-  if (c.coordinator.empty()) return absl::InvalidArgumentError("coordinator: required (host:port)");
-  if (c.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("timeout: must be > 0");
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 int64_t DataPlaneCopiedBytes() { return CopiedPayloadBytes(); }
 
 std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n) {
   return EpochOrder(seed, epoch, n);
-}
-
-absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
-                                      const std::vector<TensorSpec>& tensors,
-                                      const std::string& request_id) {
-  PSTRAIN_RETURN_IF_ERROR(CheckConnect(connect));
-  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobSpecYaml(job_yaml));
-  v1::ModelSpec& model = *spec.mutable_model();
-  if (model.type() != v1::MODEL_TYPE_UNSPECIFIED && model.type() != v1::MODEL_TYPE_EXTERNAL) {
-    return absl::InvalidArgumentError(
-        "model.type: a job submitted with its tensors has an external model");
-  }
-  if (model.tensors_size() != 0) {
-    return absl::InvalidArgumentError("model.tensors: given by the tensors argument");
-  }
-  model.set_type(v1::MODEL_TYPE_EXTERNAL);
-  for (const TensorSpec& t : tensors) {
-    v1::ExternalTensor* e = model.add_tensors();
-    e->set_name(t.name);
-    for (int64_t d : t.shape) e->add_shape(d);
-  }
-  // Checked here first: the error names the field either way.
-  PSTRAIN_RETURN_IF_ERROR(NormalizeJobSpec(spec).status());
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<TransportSecurity> security, LoadSecurity(connect));
-  const std::unique_ptr<v1::Control::Stub> stub = ControlStub(connect, security.get());
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = spec;
-  std::random_device random;
-  request.set_request_id(request_id.empty() ? absl::StrFormat("client-%08x%08x%08x", random(),
-                                                              random(), random())
-                                            : request_id);
-  v1::SubmitJobResponse response;
-  PSTRAIN_RETURN_IF_ERROR(CallControl(connect, [&](grpc::ClientContext& context) {
-    return stub->SubmitJob(&context, request, &response);
-  }));
-  return response.job_id();
 }
 
 class Client::Impl {
@@ -151,20 +83,7 @@ class Client::Impl {
     }
     // The job must exist and have an external model: else no coordinator
     // would ever place this worker.
-    {
-      const std::unique_ptr<v1::Control::Stub> stub = ControlStub(options_.connect, security_.get());
-      v1::GetJobRequest request;
-      request.set_job_id(options_.job_id);
-      v1::Job job;
-      PSTRAIN_RETURN_IF_ERROR(CallControl(options_.connect, [&](grpc::ClientContext& context) {
-        return stub->GetJob(&context, request, &job);
-      }));
-      if (job.spec().model().type() != v1::MODEL_TYPE_EXTERNAL) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job_id: job ", options_.job_id, " trains a built-in model (",
-            ModelTypeName(job.spec().model().type()), "): pool workers run it, not the client"));
-      }
-    }
+    PSTRAIN_RETURN_IF_ERROR(CheckJobIsExternal(options_.connect, security_.get(), options_.job_id));
 
     MembershipClient::Options m;
     m.coordinator_address = options_.connect.coordinator;
@@ -175,13 +94,7 @@ class Client::Impl {
     MembershipClient::Callbacks callbacks;
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);
-      std::vector<v1::HeldJob> held;
-      if (generation_ > 0) {
-        v1::HeldJob& h = held.emplace_back();
-        h.set_job_id(options_.job_id);
-        h.set_generation(generation_);
-      }
-      return held;
+      return worker::HeldJobs(options_.job_id, generation_);
     };
     callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { OnHeartbeat(r); };
     callbacks.on_fenced = [this](const absl::Status& status) {
@@ -203,8 +116,8 @@ class Client::Impl {
   const std::string& node_id() const { return node_id_; }
   const v1::JobSpec& spec() const { return spec_; }
   const v1::WorkerAssignment& assignment() const { return assignment_; }
-  int batch() const { return batch_; }
-  int num_workers() const { return num_workers_; }
+  int batch() const { return share_.batch; }
+  int num_workers() const { return share_.num_workers; }
   int64_t step() const { return step_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
 
@@ -252,8 +165,6 @@ class Client::Impl {
       }
     }
     started_ = true;
-    start_time_ = MonotonicNow();
-    window_start_ = start_time_;
     return GoOnWithGeneration();
   }
 
@@ -271,8 +182,8 @@ class Client::Impl {
       order_epoch_ = epoch;
       order_size_ = n;
     }
-    const int64_t first = (step % per_epoch) * global + batch_offset_;
-    return std::vector<int64_t>(order_.begin() + first, order_.begin() + first + batch_);
+    const int64_t first = (step % per_epoch) * global + share_.offset;
+    return std::vector<int64_t>(order_.begin() + first, order_.begin() + first + share_.batch);
   }
 
   absl::Status PushGradient(int tensor, const float* grad, int64_t size,
@@ -290,12 +201,12 @@ class Client::Impl {
           "tensor '", tensors_[tensor].name, "' was already pushed in step ", step_));
     }
     pushed_[tensor] = true;
-    exchange_of_tensor_[tensor] = static_cast<int>(pending_.size());
     const int64_t offset = descs_[tensor].offset;
     // The frames only read the gradient.
-    pending_.push_back(params_->StartPushPull(step_, {const_cast<float*>(grad), offset},
-                                              std::move(keep_alive), {bound_[tensor], offset},
-                                              chunks_of_tensor_[tensor]));
+    pending_->Add(params_->StartPushPull(step_, {const_cast<float*>(grad), offset},
+                                         std::move(keep_alive), {bound_[tensor], offset},
+                                         chunks_of_tensor_[tensor]),
+                  chunks_of_tensor_[tensor]);
     return absl::OkStatus();
   }
 
@@ -324,28 +235,24 @@ class Client::Impl {
       // A tensor that took no part in the loss has a zero gradient.
       if (!pushed) PSTRAIN_RETURN_IF_ERROR(PushGradient(t, zeros_->data(), descs_[t].size, zeros_));
     }
-    std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
+    std::optional<worker::StepExchanges> exchanges;
     {
       absl::MutexLock lock(&push_mu_);
-      pending.swap(pending_);
+      exchanges = std::exchange(pending_, worker::StepExchanges(params_.get()));
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
-    std::unique_ptr<ParameterClient::Pending> step_end =
-        params_->StartEndStep(step_, params_->PushedMaxAbs(step_));
+    // The step end first: the pushes' replies wait for it (a lost one is
+    // sent again before anything waits for them).
+    exchanges->AddFirst(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
     // The last step's values are awaited here: a recovery found after the
     // program's loop is over could not send it back.
     if (!await_values && step_ + 1 < TotalSteps(spec_)) {
-      // The next forward pass awaits each tensor's values (AwaitValues);
-      // the step end is finished first, as below (the pushes' replies wait
-      // for it: a lost one is sent again before anything waits for them).
-      deferred_.push_back(std::move(step_end));
-      for (auto& p : pending) deferred_.push_back(std::move(p));
+      // The next forward pass awaits each tensor's values (AwaitValues).
+      deferred_ = std::move(exchanges);
       RecordStep(loss, samples, wait_start);
       return step_;
     }
-    // The step end first: the pushes' replies wait for it.
-    const absl::Status ended = params_->Finish(std::move(step_end));
-    const absl::Status status = FinishAll(std::move(pending), ended);
+    const absl::Status status = exchanges->FinishAll();
     if (!status.ok()) {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
       return step_;
@@ -360,16 +267,11 @@ class Client::Impl {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " outside [0, ",
                                                      tensors_.size(), ")"));
     }
-    if (deferred_.empty()) return absl::OkStatus();
+    if (!deferred_.has_value() || deferred_->empty()) return absl::OkStatus();
     const absl::Time start = MonotonicNow();
-    size_t exchange;
-    {
-      absl::MutexLock lock(&push_mu_);
-      exchange = exchange_of_tensor_[tensor];
-    }
     bool landed = true;
     for (uint32_t chunk : chunks_of_tensor_[tensor]) {
-      landed = params_->AwaitReply(deferred_, kDeferredPushes + exchange, chunk);
+      landed = deferred_->Await(chunk);
       if (!landed) break;
     }
     awaited_seconds_ += absl::ToDoubleSeconds(MonotonicNow() - start);
@@ -394,19 +296,11 @@ class Client::Impl {
           absl::StrCat("step ", step_, " of ", total, ": the job's steps are not done"));
     }
     v1::ReportProgressRequest report = Report();
-    double recent = 0;
-    for (double l : recent_losses_) recent += l;
     report.set_step(total);
-    report.set_loss(static_cast<float>(recent / static_cast<double>(recent_losses_.size())));
+    report.set_loss(static_cast<float>(log_->FinalLoss()));
     report.set_finished(true);
-    report.set_train_seconds(seconds_before_ +
-                             absl::ToDoubleSeconds(last_step_end_ - start_time_));
-    const double n = static_cast<double>(std::max<int64_t>(total - first_step_, 1));
-    v1::StepTimes& times = *report.mutable_step_times();
-    times.set_compute_seconds(phase_seconds_[0] / n);
-    times.set_push_seconds(phase_seconds_[1] / n);
-    times.set_wait_seconds(phase_seconds_[2] / n);
-    times.set_pull_seconds(phase_seconds_[3] / n);
+    report.set_train_seconds(log_->TrainSeconds(last_step_end_));
+    *report.mutable_step_times() = log_->MeanStepTimes(total - first_step_);
     if (assignment_.worker_index() == 0) {
       // The final model: every worker's last push applied on every chunk.
       std::vector<float> model(NumParamsOf(spec_));
@@ -442,10 +336,7 @@ class Client::Impl {
   void OnHeartbeat(const v1::HeartbeatResponse& response) {
     absl::MutexLock lock(&mu_);
     assignment_changed_.NotifyAll();
-    const v1::WorkerAssignment* mine = nullptr;
-    for (const v1::WorkerAssignment& a : response.worker_jobs()) {
-      if (a.job_id() == options_.job_id) mine = &a;
-    }
+    const v1::WorkerAssignment* mine = worker::AssignmentOf(response, options_.job_id);
     if (mine == nullptr) {
       // Listed before, not any more: the job ended (or dropped this worker).
       if (generation_ > 0 && ended_.empty()) {
@@ -471,9 +362,9 @@ class Client::Impl {
   // pushes and its EndStep do nothing, and EndStep returns the step the
   // job goes on from.
   absl::Status FinishDeferred() {
-    if (deferred_.empty()) return absl::OkStatus();
+    if (!deferred_.has_value() || deferred_->empty()) return absl::OkStatus();
     const absl::Time start = MonotonicNow();
-    const absl::Status status = FinishAll(std::exchange(deferred_, {}));
+    const absl::Status status = deferred_->FinishAll();
     awaited_seconds_ += absl::ToDoubleSeconds(MonotonicNow() - start);
     if (status.ok()) return status;
     PSTRAIN_RETURN_IF_ERROR(Recover(status));
@@ -536,11 +427,9 @@ class Client::Impl {
       return absl::InvalidArgumentError("the assigned job's model is not external");
     }
     PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(next.plan(), NumParamsOf(spec_)));
-    const int workers = next.num_workers() > 0 ? static_cast<int>(next.num_workers())
-                                               : spec_.num_workers();
-    if (workers > spec_.num_workers() || next.worker_index() >= static_cast<uint32_t>(workers)) {
-      return absl::InvalidArgumentError("worker_index outside num_workers");
-    }
+    // The global batch, cut over the generation's workers as the built-in
+    // workers cut it.
+    PSTRAIN_ASSIGN_OR_RETURN(const worker::BatchShare share, worker::BatchShareOf(spec_, next));
     if (static_cast<uint32_t>(next.server_addresses_size()) != next.plan().num_servers()) {
       return absl::InvalidArgumentError("the assignment's server addresses do not match its plan");
     }
@@ -560,13 +449,7 @@ class Client::Impl {
       if (c.tensor() >= descs_.size()) return absl::InvalidArgumentError("a chunk of no tensor");
       chunks_of_tensor_[c.tensor()].push_back(c.id());
     }
-    // The global batch, cut over the generation's workers as the built-in
-    // workers cut it.
-    const int global = static_cast<int>(GlobalBatch(spec_));
-    const int w = static_cast<int>(next.worker_index());
-    num_workers_ = workers;
-    batch_ = global / workers + (w < global % workers ? 1 : 0);
-    batch_offset_ = w * (global / workers) + std::min(w, global % workers);
+    share_ = share;
 
     std::vector<std::string> servers(next.server_addresses().begin(),
                                      next.server_addresses().end());
@@ -600,27 +483,20 @@ class Client::Impl {
     assignment_ = std::move(next);
     {
       absl::MutexLock lock(&push_mu_);
-      pending_.clear();
+      pending_.emplace(params_.get());
       pushed_.assign(descs_.size(), false);
-      exchange_of_tensor_.assign(descs_.size(), 0);
     }
-    deferred_.clear();
+    deferred_.reset();
     awaited_seconds_ = 0;
     step_ = assignment_.resume_step();
     first_step_ = step_;
     const v1::WorkerResumeState& resume = assignment_.resume_state();
     const int64_t total = TotalSteps(spec_);
-    recent_losses_.assign(std::min<int64_t>(worker::kFinalLossSteps, total), 0.0);
-    for (int i = 0; i < resume.recent_losses_size(); ++i) {
-      const int64_t s = step_ - resume.recent_losses_size() + i;
-      if (s >= 0) recent_losses_[s % recent_losses_.size()] = resume.recent_losses(i);
-    }
-    loss_ema_ = resume.loss_ema();
-    seconds_before_ = resume.train_seconds();
-    phase_seconds_ = {};
+    log_.emplace(resume, step_, total);
     stats_before_ = params_->stats();
     LOG(INFO) << "job " << options_.job_id << ": worker " << assignment_.worker_index() << " of "
-              << workers << " at generation " << assignment_.generation() << ", step " << step_;
+              << share_.num_workers << " at generation " << assignment_.generation() << ", step "
+              << step_;
     return absl::OkStatus();
   }
 
@@ -644,9 +520,8 @@ class Client::Impl {
         status = PullInto(spec_.mode() == v1::MODE_SYNC ? step_ : 0);
       }
       if (status.ok()) {
-        start_time_ = MonotonicNow();
-        last_step_end_ = start_time_;
-        window_start_ = start_time_;
+        last_step_end_ = MonotonicNow();
+        log_->Start(last_step_end_);
         return absl::OkStatus();
       }
       PSTRAIN_RETURN_IF_ERROR(ToNextGeneration(status));
@@ -673,36 +548,21 @@ class Client::Impl {
   }
 
   // The bookkeeping of a completed step: losses, the checkpoint's resume
-  // state, the progress report.
-  // The step's time as pstrain's workers split it: the program's compute
-  // (from the last step's end to EndStep), and the wait in EndStep, the
-  // exchanges not hidden behind compute, split in proportion to the
-  // exchanges' own push, wait and pull times.
+  // state, the progress report. The step's time as pstrain's workers split
+  // it: the program's compute (from the last step's end to EndStep), and
+  // the wait in EndStep, the exchanges not hidden behind compute.
   void RecordStep(double loss, int64_t samples, absl::Time wait_start) {
     const absl::Time now = MonotonicNow();
     const ParameterClient::Stats stats = params_->stats();
-    const double push = stats.push_seconds - stats_before_.push_seconds;
-    const double wait = stats.wait_seconds - stats_before_.wait_seconds;
-    const double pull = stats.pull_seconds - stats_before_.pull_seconds;
+    const ParameterClient::Stats exchanged = worker::StatsSince(stats_before_, stats);
     stats_before_ = stats;
     // The values awaited while computing (AwaitValues) were exchange time.
     const double awaited = std::exchange(awaited_seconds_, 0.0);
-    const double exposed = absl::ToDoubleSeconds(now - wait_start) + awaited;
-    const double exchange = push + wait + pull;
-    phase_seconds_[0] += absl::ToDoubleSeconds(wait_start - last_step_end_) - awaited;
-    if (exchange > 0) {
-      phase_seconds_[1] += exposed * push / exchange;
-      phase_seconds_[2] += exposed * wait / exchange;
-      phase_seconds_[3] += exposed * pull / exchange;
-    } else {
-      phase_seconds_[2] += exposed;
-    }
+    log_->Add(step_, loss, samples,
+              worker::SplitStepTime(absl::ToDoubleSeconds(wait_start - last_step_end_) - awaited,
+                                    0, absl::ToDoubleSeconds(now - wait_start) + awaited,
+                                    exchanged));
     last_step_end_ = now;
-    recent_losses_[step_ % recent_losses_.size()] = loss;
-    loss_ema_ = step_ == 0 ? loss : loss_ema_ + worker::kLossEmaWeight * (loss - loss_ema_);
-    window_loss_ += loss;
-    ++window_steps_;
-    window_samples_ += samples;
     const int64_t done = ++step_;
     const v1::CheckpointSpec& checkpoint = spec_.checkpoint();
     int64_t requested;
@@ -710,32 +570,17 @@ class Client::Impl {
       absl::MutexLock lock(&mu_);
       requested = requested_checkpoint_;
     }
-    std::vector<v1::WorkerResumeState> states;
-    if (spec_.mode() == v1::MODE_SYNC && !checkpoint.dir().empty() &&
-        (done % checkpoint.every_steps() == 0 || done == requested)) {
-      v1::WorkerResumeState& state = states.emplace_back();
-      state.set_worker(assignment_.worker_index());
-      state.set_step(done);
-      state.set_generation(assignment_.generation());
-      const int64_t kept = std::min<int64_t>(done, recent_losses_.size());
-      for (int64_t s = done - kept; s < done; ++s) {
-        state.add_recent_losses(static_cast<float>(recent_losses_[s % recent_losses_.size()]));
-      }
-      state.set_loss_ema(loss_ema_);
-      state.set_train_seconds(seconds_before_ + absl::ToDoubleSeconds(now - start_time_));
-    }
-    if (now - window_start_ >= absl::Milliseconds(500) || !states.empty() ||
+    const bool checkpointed = spec_.mode() == v1::MODE_SYNC && !checkpoint.dir().empty() &&
+                              (done % checkpoint.every_steps() == 0 || done == requested);
+    if (log_->WindowDue(now, absl::Milliseconds(500)) || checkpointed ||
         done == TotalSteps(spec_)) {
       v1::ReportProgressRequest r = Report();
-      r.set_loss(static_cast<float>(window_loss_ / window_steps_));
-      r.set_samples(window_samples_);
-      r.set_seconds(absl::ToDoubleSeconds(now - window_start_));
-      for (v1::WorkerResumeState& s : states) *r.add_checkpoint_states() = std::move(s);
+      log_->TakeWindow(now, &r);
+      if (checkpointed) {
+        *r.add_checkpoint_states() =
+            log_->ResumeState(assignment_.worker_index(), done, assignment_.generation(), now);
+      }
       reporter_->Enqueue(r);
-      window_loss_ = 0;
-      window_steps_ = 0;
-      window_samples_ = 0;
-      window_start_ = now;
     }
   }
 
@@ -759,9 +604,7 @@ class Client::Impl {
   v1::WorkerAssignment assignment_;
   v1::JobSpec spec_;
   std::unique_ptr<worker::ParameterTransport> transport_;
-  int num_workers_ = 0;  // of the generation
-  int batch_ = 0;
-  int batch_offset_ = 0;
+  worker::BatchShare share_;  // of the global batch
   int64_t step_ = 0;
   int64_t first_step_ = 0;
 
@@ -777,29 +620,16 @@ class Client::Impl {
   // The step's pushes.
   absl::Mutex push_mu_;
   std::vector<bool> pushed_ ABSL_GUARDED_BY(push_mu_);
-  std::vector<std::unique_ptr<ParameterClient::Pending>> pending_ ABSL_GUARDED_BY(push_mu_);
-  // By tensor: its exchange in pending_ (and in deferred_, a step later).
-  std::vector<int> exchange_of_tensor_ ABSL_GUARDED_BY(push_mu_);
+  std::optional<worker::StepExchanges> pending_ ABSL_GUARDED_BY(push_mu_);
   // The last step's exchanges, their values still arriving (EndStep
   // without awaiting them), and the time spent awaiting them since.
-  // The step end, then the pushes in pending_'s order.
-  std::vector<std::unique_ptr<ParameterClient::Pending>> deferred_;
-  static constexpr size_t kDeferredPushes = 1;
+  std::optional<worker::StepExchanges> deferred_;
   double awaited_seconds_ = 0;
   bool step_discarded_ = false;  // a recovery happened while it was computed
 
   // Progress.
-  std::vector<double> recent_losses_;  // by step, a ring
-  double loss_ema_ = 0;
-  double seconds_before_ = 0;  // training time before this generation
-  absl::Time start_time_;
+  std::optional<worker::StepLog> log_;  // of the current generation
   absl::Time last_step_end_;
-  absl::Time window_start_;
-  double window_loss_ = 0;
-  int64_t window_steps_ = 0;
-  int64_t window_samples_ = 0;
-  // Compute, push, wait, pull over this generation's steps (RecordStep).
-  std::array<double, 4> phase_seconds_{};
   ParameterClient::Stats stats_before_;  // the parameter client's, at the last step's end
 
   // BatchIndices' epoch order.

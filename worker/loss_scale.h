@@ -53,6 +53,14 @@ class DynamicLossScale {
   int32_t good_steps_;
 };
 
+// Divides the gradient in [begin, end), computed under loss scale `scale`,
+// by it, in place: exact for the powers of two DynamicLossScale keeps.
+inline void Unscale(float* begin, float* end, double scale) {
+  if (scale == 1.0) return;
+  const float unscale = static_cast<float>(1.0 / scale);
+  for (float* g = begin; g < end; ++g) *g *= unscale;
+}
+
 }  // namespace pstrain::worker
 
 #endif  // PSTRAIN_WORKER_LOSS_SCALE_H_

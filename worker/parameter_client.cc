@@ -482,4 +482,38 @@ absl::Status ParameterClient::Finish(std::unique_ptr<Pending> pending) {
   }
 }
 
+void StepExchanges::Add(std::unique_ptr<ParameterClient::Pending> exchange,
+                        absl::Span<const uint32_t> chunks) {
+  for (uint32_t c : chunks) exchange_of_chunk_[c] = pending_.size();
+  pending_.push_back(std::move(exchange));
+}
+
+void StepExchanges::AddFirst(std::unique_ptr<ParameterClient::Pending> exchange) {
+  pending_.insert(pending_.begin(), std::move(exchange));
+  for (size_t& e : exchange_of_chunk_) ++e;
+}
+
+bool StepExchanges::Await(uint32_t chunk) {
+  return pending_.empty() || client_->AwaitReply(pending_, exchange_of_chunk_[chunk], chunk);
+}
+
+bool StepExchanges::AwaitInOrder(uint32_t first, uint32_t last, int64_t end) {
+  const v1::PartitionPlan& plan = client_->plan();
+  next_awaited_ = std::max(next_awaited_, first);
+  while (!pending_.empty() && next_awaited_ < last && plan.chunks(next_awaited_).offset() < end) {
+    if (!client_->AwaitReply(pending_, exchange_of_chunk_[next_awaited_], next_awaited_)) {
+      return false;
+    }
+    ++next_awaited_;
+  }
+  return true;
+}
+
+absl::Status StepExchanges::FinishAll() {
+  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(pending_);
+  pending_.clear();
+  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(client_->Finish(std::move(p)));
+  return absl::OkStatus();
+}
+
 }  // namespace pstrain::worker

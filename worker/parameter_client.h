@@ -146,6 +146,7 @@ class ParameterClient {
 
   // The version of each chunk's values last written to params.
   int64_t chunk_version(uint32_t chunk) const;
+  const v1::PartitionPlan& plan() const { return options_.plan; }
   Stats stats() const;
 
   // Makes the current and every later call return CANCELLED. Thread-safe.
@@ -199,6 +200,46 @@ class ParameterClient::Pending {
  private:
   friend class ParameterClient;
   std::shared_ptr<Exchange> exchange;  // null if cancelled before it started
+};
+
+// The exchanges of one step still in flight, in the order they are
+// Finished (the node's step end first: the pushes' replies wait for it),
+// and which one carries each chunk: the next forward pass awaits each
+// chunk's values as it reaches them, and once one was lost (a retry to
+// send) every exchange is Finished at once. Used by one thread at a time;
+// movable.
+class StepExchanges {
+ public:
+  // Exchanges of `client`, which must outlive them.
+  explicit StepExchanges(ParameterClient* client)
+      : client_(client), exchange_of_chunk_(client->plan().chunks_size(), 0) {}
+
+  bool empty() const { return pending_.empty(); }
+  // An exchange that carries `chunks`.
+  void Add(std::unique_ptr<ParameterClient::Pending> exchange, absl::Span<const uint32_t> chunks);
+  // An exchange Finished before the others (a step end), carrying none.
+  void AddFirst(std::unique_ptr<ParameterClient::Pending> exchange);
+
+  // Waits until the values of `chunk` have landed: true (also with no
+  // exchange in flight). False as soon as any exchange needs FinishAll.
+  bool Await(uint32_t chunk);
+  // Awaits, in chunk order, the chunks of [first, last) that start before
+  // float offset `end`, from the first one not awaited since Rewind. False
+  // as Await.
+  bool AwaitInOrder(uint32_t first, uint32_t last, int64_t end);
+  // The next step's values are awaited from the first chunk again.
+  void Rewind() { next_awaited_ = 0; }
+
+  // Finishes the exchanges in order, retrying what was lost, and leaves
+  // none: the first error ends it (the rest are dropped; the client's
+  // destruction waits for their streams).
+  absl::Status FinishAll();
+
+ private:
+  ParameterClient* client_;
+  std::vector<std::unique_ptr<ParameterClient::Pending>> pending_;
+  std::vector<size_t> exchange_of_chunk_;  // by chunk: its exchange in pending_
+  uint32_t next_awaited_ = 0;
 };
 
 }  // namespace pstrain::worker

@@ -14,11 +14,6 @@
 
 namespace pstrain::worker {
 
-// The final loss of a worker is its mean training loss over this many steps.
-inline constexpr int64_t kFinalLossSteps = 50;
-// Weight of each step's loss in the exported moving average.
-inline constexpr double kLossEmaWeight = 0.02;
-
 class ProgressReporter {
  public:
   // on_inactive runs on the reporter's thread when the coordinator answers

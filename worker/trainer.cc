@@ -13,6 +13,8 @@
 #include "common/partition.h"
 #include "common/status.h"
 #include "glog/logging.h"
+#include "worker/generation.h"
+#include "worker/gradient_pusher.h"
 #include "worker/in_process.h"
 
 namespace pstrain::worker {
@@ -66,14 +68,10 @@ struct Trainer::DeviceState {
   // The exchanges of the step in progress, or those of the last step (the
   // node's step end first, on device 0): their values are awaited chunk by
   // chunk as the next forward pass asks for them (AwaitValues).
-  std::vector<std::unique_ptr<ParameterClient::Pending>> pending;
-  // By chunk: the exchange in `pending` that carries it.
-  std::vector<int> chunk_pending;
+  std::unique_ptr<StepExchanges> exchanges;
   // Layers whose values for the next forward pass the device holds (the
-  // model's layer count: all); the next chunk of this device's slices to
-  // await.
+  // model's layer count: all).
   int layers_loaded = 0;
-  int next_awaited = 0;
   std::atomic<int64_t> samples{0};
 };
 
@@ -90,7 +88,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
 Trainer::~Trainer() {
   // Clients refer to transports, buffers to devices: destroy in that order.
   for (auto& d : devices_) {
-    d->pending.clear();
+    d->exchanges.reset();
     d->client.reset();
     d->owned_transport.reset();
   }
@@ -106,17 +104,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   PSTRAIN_ASSIGN_OR_RETURN(t->spec_, NormalizeJobSpec(a.spec()));
   const kernels::ModelShape shape = ModelShapeOf(t->spec_);
   PSTRAIN_RETURN_IF_ERROR(ValidatePartitionPlan(a.plan(), kernels::NumParams(shape)));
-  const int workers = a.num_workers() > 0 ? static_cast<int>(a.num_workers())
-                                          : t->spec_.num_workers();
-  if (workers > t->spec_.num_workers() || a.worker_index() >= static_cast<uint32_t>(workers)) {
-    return absl::InvalidArgumentError("worker_index outside num_workers");
-  }
-  // The global batch, cut over the generation's workers: the first
-  // (global % workers) get one sample more.
-  const int global = static_cast<int>(GlobalBatch(t->spec_));
-  const int w = static_cast<int>(a.worker_index());
-  t->batch_ = global / workers + (w < global % workers ? 1 : 0);
-  t->batch_offset_ = w * (global / workers) + std::min(w, global % workers);
+  PSTRAIN_ASSIGN_OR_RETURN(const BatchShare share, BatchShareOf(t->spec_, a));
+  t->batch_ = share.batch;
+  t->batch_offset_ = share.offset;
   t->requested_checkpoint_ = a.checkpoint_request_step();
   if (t->spec_.precision() == v1::PRECISION_FP16) {
     // Where the generation's first step left it, or the job's initial scale.
@@ -179,7 +169,6 @@ absl::Status Trainer::CreateDevices() {
     PSTRAIN_ASSIGN_OR_RETURN(
         d->model, dev.CreateModelKernels(shape, d->micro, PrecisionOf(spec_.precision())));
     d->push_grad = std::make_shared<std::vector<float>>(total);
-    d->chunk_pending.assign(plan.chunks_size(), 0);
     const bool shared = dev.host_memory() && k_devices == 1;
     if (shared) {
       d->params_ptr = host_params_.data();
@@ -219,6 +208,7 @@ absl::Status Trainer::CreateDevices() {
     client.wire_dtype = spec_.wire_dtype();
     client.plan = plan;
     d->client = std::make_unique<ParameterClient>(std::move(client), transport);
+    d->exchanges = std::make_unique<StepExchanges>(d->client.get());
     devices_.push_back(std::move(d));
   }
   return absl::OkStatus();
@@ -284,18 +274,9 @@ bool Trainer::ReadsValuesInPlace(int k) const {
   return devices_[k]->params_ptr == host_params_.data();
 }
 
-absl::Status Trainer::FinishExchanges(int k) {
-  DeviceState& d = *devices_[k];
-  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(d.pending);
-  d.pending.clear();
-  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(d.client->Finish(std::move(p)));
-  return absl::OkStatus();
-}
-
 absl::Status Trainer::AwaitValues(int k, int layer, int64_t floats, double* wait_seconds,
                                   double* load_seconds) {
   DeviceState& d = *devices_[k];
-  const v1::PartitionPlan& plan = options_.assignment.plan();
   const int num_layers = static_cast<int>(layer_layouts_.size());
   const bool in_place = ReadsValuesInPlace(k);
   for (int l = d.layers_loaded; l <= layer; ++l) {
@@ -306,16 +287,12 @@ absl::Status Trainer::AwaitValues(int k, int layer, int64_t floats, double* wait
     const bool whole = !in_place || l < layer || floats >= layout.total_floats();
     const int64_t end = whole ? mine.flat_offset + mine.floats : mine.flat_offset + floats;
     const absl::Time t0 = MonotonicNow();
-    d.next_awaited = std::max(d.next_awaited, mine.first_chunk);
-    bool landed = true;
-    while (!d.pending.empty() && landed && d.next_awaited < mine.last_chunk &&
-           plan.chunks(d.next_awaited).offset() < end) {
-      landed = d.client->AwaitReply(d.pending, d.chunk_pending[d.next_awaited], d.next_awaited);
-      if (landed) ++d.next_awaited;
-    }
+    const bool landed = d.exchanges->AwaitInOrder(mine.first_chunk, mine.last_chunk, end);
     // All of them before backward writes the gradient (a retry would send
     // it), or at once when one was lost: the one to retry.
-    if (!landed || (whole && l + 1 == num_layers)) PSTRAIN_RETURN_IF_ERROR(FinishExchanges(k));
+    if (!landed || (whole && l + 1 == num_layers)) {
+      PSTRAIN_RETURN_IF_ERROR(d.exchanges->FinishAll());
+    }
     const absl::Time t1 = MonotonicNow();
     *wait_seconds += absl::ToDoubleSeconds(t1 - t0);
     if (!whole) return absl::OkStatus();
@@ -377,47 +354,25 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
   // it (with the earlier micro-batches' sum added). A single device pushes
   // the whole chunks of a final prefix of a layer at once (without
   // micro-batches).
-  absl::Status push_status;
-  std::vector<int> first_unpushed(layer_layouts_.size());
-  for (size_t l = 0; l < layer_layouts_.size(); ++l) {
-    first_unpushed[l] = layer_layouts_[l].slices[k].first_chunk;
-  }
   // The loss scale (precision fp16; else 1): the gradients computed are
-  // scale times the loss's, and go out divided by it (exactly: a power of two).
+  // scale times the loss's, and go out divided by it.
   const double loss_scale = loss_scale_ ? loss_scale_->scale() : 1.0;
-  // Final chunks not pushed yet, their bytes, and their layers.
-  std::vector<uint32_t> unsent;
-  int64_t unsent_bytes = 0;
-  std::vector<int> unsent_layers;
-  auto flush = [&] {
-    if (unsent.empty()) return;
-    for (uint32_t c : unsent) d.chunk_pending[c] = static_cast<int>(d.pending.size());
-    d.pending.push_back(
-        d.client->StartPushPull(step, d.push_grad, host_params_.data(), std::move(unsent)));
-    unsent.clear();
-    unsent_bytes = 0;
-    if (options_.trace) {
-      for (int layer : unsent_layers) options_.trace({StepEvent::Kind::kPushStarted, layer, k});
-    }
-    unsent_layers.clear();
-  };
-  auto push = [&](int layer, int first_chunk, int last_chunk) {
-    if (first_chunk >= last_chunk) return;
-    for (int c = first_chunk; c < last_chunk; ++c) {
-      unsent.push_back(c);
-      unsent_bytes += plan.chunks(c).size() * int64_t{sizeof(float)};
-    }
-    if (unsent_layers.empty() || unsent_layers.back() != layer) unsent_layers.push_back(layer);
-    if (loss_scale != 1.0) {
-      const float unscale = static_cast<float>(1.0 / loss_scale);
-      float* from = d.push_grad->data() + plan.chunks(first_chunk).offset();
-      float* to = d.push_grad->data() + plan.chunks(last_chunk - 1).offset() +
-                  plan.chunks(last_chunk - 1).size();
-      for (float* g = from; g < to; ++g) *g *= unscale;
-    }
-    first_unpushed[layer] = last_chunk;
-    if (unsent_bytes >= options_.min_push_bytes) flush();
-  };
+  absl::Status push_status;
+  GradientPusher::Options pushes;
+  pushes.step = step;
+  pushes.grad = d.push_grad;
+  pushes.params = host_params_.data();
+  pushes.loss_scale = loss_scale;
+  pushes.min_push_bytes = options_.min_push_bytes;
+  for (const SliceLayout& layout : layer_layouts_) {
+    pushes.first_chunks.push_back(layout.slices[k].first_chunk);
+  }
+  if (options_.trace) {
+    pushes.on_started = [&](int layer) {
+      options_.trace({StepEvent::Kind::kPushStarted, layer, k});
+    };
+  }
+  GradientPusher pusher(d.client.get(), d.exchanges.get(), std::move(pushes));
   int micro_batch = 0;
   auto on_ready = [&](int layer, int64_t ready_floats) {
     if (d.layers_loaded < num_layers && push_status.ok()) {
@@ -437,12 +392,12 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
         return;
       }
       const int64_t ready_end = slice.flat_offset + ready_floats;
-      int end = first_unpushed[layer];
+      int end = pusher.first_unpushed(layer);
       while (end < slice.last_chunk &&
              plan.chunks(end).offset() + plan.chunks(end).size() <= ready_end) {
         ++end;
       }
-      push(layer, first_unpushed[layer], end);
+      pusher.PushUpTo(layer, end);
       return;
     }
     if (last && options_.trace) options_.trace({StepEvent::Kind::kBackwardDone, layer, k});
@@ -476,7 +431,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
         for (int64_t i = 0; i < slice.floats; ++i) into[i] = sum[i] + push_at[i];
       }
     }
-    if (last) push(layer, first_unpushed[layer], slice.last_chunk);
+    if (last) pusher.PushUpTo(layer, slice.last_chunk);
   };
   // Sync: the servers sum the workers' gradients, so each is scaled to its
   // share of the global batch's mean; ssp too, so that a step's pushes add
@@ -503,7 +458,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
                                       grad_scale, d.grad_ptr, &result->stats, on_ready,
                                       micro_batch == 0 ? params_needed : nullptr);
   }
-  if (status.ok() && push_status.ok()) flush();
+  if (status.ok() && push_status.ok()) pusher.Flush();
   result->compute_seconds = absl::ToDoubleSeconds(MonotonicNow() - start) - reduce_seconds -
                             result->params_wait_seconds;
   result->reduce_seconds = reduce_seconds;
@@ -514,7 +469,7 @@ absl::Status Trainer::ComputeAndPush(int k, int64_t step, const int64_t* node_sa
 void Trainer::DeferValues(int k) {
   DeviceState& d = *devices_[k];
   d.layers_loaded = 0;
-  d.next_awaited = 0;
+  d.exchanges->Rewind();
   d.samples += d.share;
 }
 
@@ -557,35 +512,18 @@ absl::Status Trainer::Run() {
   report.set_job_id(a.job_id());
   report.set_worker(a.worker_index());
   report.set_generation(a.generation());
-  double window_loss = 0;
-  int64_t window_steps = 0;
-  // The losses of the last steps, by step (ring), with those before
-  // first_step as the generation's resume state has them.
-  std::vector<double> recent_losses(std::min<int64_t>(kFinalLossSteps, total_steps));
-  const v1::WorkerResumeState& resume = a.resume_state();
-  for (int i = 0; i < resume.recent_losses_size(); ++i) {
-    const int64_t step = first_step - resume.recent_losses_size() + i;
-    if (step >= 0) recent_losses[step % recent_losses.size()] = resume.recent_losses(i);
-  }
-  double loss_ema = resume.loss_ema();
+  StepLog log(a.resume_state(), first_step, total_steps);
   // Evaluation during training.
   const int64_t eval_every = spec_.eval_every_steps();
-  const v1::EarlyStopping& stopping = spec_.early_stopping();
   const bool evaluates = eval_every > 0 && EvaluatesTheModel(spec_, a.worker_index());
+  EarlyStopper stopper(spec_.early_stopping(), a.resume_state());
   std::optional<Evaluation> last_eval;
-  float best_accuracy = resume.best_test_accuracy();
-  int64_t best_step = resume.best_step();
-  int32_t without_improvement = resume.evaluations_without_improvement();
   std::string stopped_early;  // why, once early stopping ends the training
   int64_t last_step = total_steps;
-  const absl::Time start = MonotonicNow();
-  const double seconds_before = resume.train_seconds();
-  absl::Time window_start = start;
-  // Seconds spent in each StepPhase over the whole job, device 0's view.
-  std::array<double, kStepPhaseNames.size()> phase_totals{};
   ParameterClient::Stats before = client_stats();
   std::vector<StepResult> results(devices_.size());
   steps_done_ = first_step;
+  log.Start(MonotonicNow());
 
   for (int64_t step = first_step; step < total_steps; ++step) {
     if (cancelled_) return absl::CancelledError("training cancelled");
@@ -606,9 +544,7 @@ absl::Status Trainer::Run() {
       // the first of its exchanges (a lost one is sent again before
       // anything else), when the next forward pass awaits the values.
       for (const auto& d : devices_) max_abs = std::max(max_abs, d->client->PushedMaxAbs(step));
-      DeviceState& d0 = *devices_[0];
-      d0.pending.insert(d0.pending.begin(), client0.StartEndStep(step, max_abs));
-      for (int& exchange : d0.chunk_pending) ++exchange;
+      devices_[0]->exchanges->AddFirst(client0.StartEndStep(step, max_abs));
       for (int k = 0; k < static_cast<int>(devices_.size()); ++k) DeferValues(k);
     }
     if (!status.ok()) {
@@ -626,7 +562,6 @@ absl::Status Trainer::Run() {
           absl::StrCat("the training loss is ", loss, " at step ", step,
                        ": the job diverged (try a lower optimizer.learning_rate)"));
     }
-    recent_losses[step % recent_losses.size()] = loss;
     if (loss_scale_.has_value()) {
       // An overflow: the servers skipped the step (as any non-finite one).
       const bool overflowed = !std::isfinite(max_abs);
@@ -636,46 +571,19 @@ absl::Status Trainer::Run() {
         metrics_->loss_scale->Set(loss_scale_->scale());
       }
     }
-    window_loss += loss;
-    ++window_steps;
-    loss_ema = step == 0 ? loss : loss_ema + kLossEmaWeight * (loss - loss_ema);
 
-    // Where the step's time went, adding up to its duration: device 0's
-    // compute and reduce, and the rest — the exchanges with the servers not
-    // hidden behind compute — split in proportion to the exchanges' own
-    // push, wait and pull times (which overlap each other and the compute).
+    // Where the step's time went: device 0's compute and reduce, and the
+    // rest, the exchanges with the servers not hidden behind compute.
     const ParameterClient::Stats after = client_stats();
+    const ParameterClient::Stats exchanged = StatsSince(before, after);
+    before = after;
     const double step_seconds = absl::ToDoubleSeconds(step_end - step_start);
     const double compute = std::min(results[0].compute_seconds, step_seconds);
     const double reduce = std::min(results[0].reduce_seconds, step_seconds - compute);
-    const double exposed = step_seconds - compute - reduce;
-    const double push = after.push_seconds - before.push_seconds;
-    const double wait = after.wait_seconds - before.wait_seconds;
-    const double pull = after.pull_seconds - before.pull_seconds;
-    const double exchange = push + wait + pull;
-    std::array<double, kStepPhaseNames.size()> phases{};
-    phases[static_cast<int>(StepPhase::kCompute)] = compute;
-    phases[static_cast<int>(StepPhase::kReduce)] = reduce;
-    if (exchange > 0) {
-      phases[static_cast<int>(StepPhase::kPush)] = exposed * push / exchange;
-      phases[static_cast<int>(StepPhase::kWait)] = exposed * wait / exchange;
-      phases[static_cast<int>(StepPhase::kPull)] = exposed * pull / exchange;
-    } else {
-      phases[static_cast<int>(StepPhase::kWait)] = exposed;
-    }
-    for (size_t p = 0; p < phases.size(); ++p) phase_totals[p] += phases[p];
-    if (metrics_.has_value()) {
-      metrics_->steps->Increment();
-      metrics_->samples->Increment(batch_);
-      metrics_->step_seconds->Observe(step_seconds);
-      for (size_t p = 0; p < phases.size(); ++p) metrics_->phase_seconds[p]->Increment(phases[p]);
-      metrics_->pushed_bytes->Increment(static_cast<double>(after.bytes_pushed - before.bytes_pushed));
-      metrics_->pulled_bytes->Increment(static_cast<double>(after.bytes_pulled - before.bytes_pulled));
-      metrics_->retries->Increment(static_cast<double>(after.retries - before.retries));
-      metrics_->loss->Set(loss);
-      metrics_->loss_ema->Set(loss_ema);
-    }
-    before = after;
+    const StepPhases phases =
+        SplitStepTime(compute, reduce, step_seconds - compute - reduce, exchanged);
+    log.Add(step, loss, batch_, phases);
+    RecordStepMetrics(step_seconds, phases, exchanged, loss, log.loss_ema());
 
     // Evaluation during training (the last step's is the final one below),
     // before the checkpoint state, which carries early stopping's part.
@@ -683,7 +591,8 @@ absl::Status Trainer::Run() {
     bool evaluated = false;
     if (evaluates && done % eval_every == 0 && done < total_steps) {
       // The step end must be in before the servers can answer for `done`.
-      PSTRAIN_RETURN_IF_ERROR(OnAllDevices([&](int k) { return FinishExchanges(k); }));
+      PSTRAIN_RETURN_IF_ERROR(
+          OnAllDevices([&](int k) { return devices_[k]->exchanges->FinishAll(); }));
       PSTRAIN_ASSIGN_OR_RETURN(last_eval, EvaluateAfter(done));
       before = client_stats();  // the evaluation's pull is no step's
       evaluated = true;
@@ -694,20 +603,8 @@ absl::Status Trainer::Run() {
         report.set_test_accuracy(accuracy);
         report.set_test_loss(static_cast<float>(last_eval->loss));
       }
-      if (best_step == 0 || accuracy > best_accuracy + stopping.min_delta()) {
-        best_accuracy = accuracy;
-        best_step = done;
-        without_improvement = 0;
-      } else {
-        ++without_improvement;
-      }
-      if (stopping.patience() > 0 && without_improvement >= stopping.patience()) {
-        stopped_early = absl::StrCat(
-            "early stopping at step ", done, ": the test accuracy did not improve on ",
-            best_accuracy, " (step ", best_step, ") by more than ", stopping.min_delta(), " in ",
-            stopping.patience(), " evaluations");
-        last_step = done;
-      }
+      stopped_early = stopper.Evaluated(accuracy, done);
+      if (!stopped_early.empty()) last_step = done;
     }
 
     // At a checkpoint step (sync: what the servers checkpoint after this
@@ -715,69 +612,45 @@ absl::Status Trainer::Run() {
     if (sync && !spec_.checkpoint().dir().empty() &&
         (done % checkpoint_every == 0 || done == requested_checkpoint_)) {
       v1::WorkerResumeState* state = report.add_checkpoint_states();
-      state->set_worker(a.worker_index());
-      state->set_step(done);
-      state->set_generation(a.generation());
-      const int64_t kept = std::min<int64_t>(done, recent_losses.size());
-      for (int64_t s = done - kept; s < done; ++s) {
-        state->add_recent_losses(static_cast<float>(recent_losses[s % recent_losses.size()]));
-      }
-      state->set_loss_ema(loss_ema);
-      state->set_train_seconds(seconds_before + absl::ToDoubleSeconds(step_end - start));
-      state->set_best_test_accuracy(best_accuracy);
-      state->set_best_step(best_step);
-      state->set_evaluations_without_improvement(without_improvement);
+      *state = log.ResumeState(a.worker_index(), done, a.generation(), step_end);
+      stopper.SaveTo(state);
       if (loss_scale_.has_value()) {
         state->set_loss_scale(loss_scale_->scale());
         state->set_loss_scale_good_steps(loss_scale_->good_steps());
       }
     }
 
-    if (step_end - window_start >= options_.report_interval || done == last_step ||
+    if (log.WindowDue(step_end, options_.report_interval) || done == last_step ||
         (evaluated && a.worker_index() == 0)) {
-      const double seconds = absl::ToDoubleSeconds(step_end - window_start);
-      if (metrics_.has_value() && seconds > 0) {
-        metrics_->samples_per_second->Set(window_steps * batch_ / seconds);
+      const double samples_per_second = log.TakeWindow(step_end, &report);
+      if (metrics_.has_value() && samples_per_second > 0) {
+        metrics_->samples_per_second->Set(samples_per_second);
       }
-      report.set_step(step + 1);
+      report.set_step(done);
       report.set_epoch(static_cast<int32_t>(epoch));
-      report.set_loss(static_cast<float>(window_loss / window_steps));
-      report.set_samples(window_steps * batch_);
-      report.set_seconds(seconds);
       if (options_.report) options_.report(report);
       report.clear_checkpoint_states();
       report.clear_evaluated();
       report.clear_evaluated_step();
       report.clear_test_accuracy();
       report.clear_test_loss();
-      window_loss = 0;
-      window_steps = 0;
-      window_start = step_end;
     }
     if (done == last_step) break;
   }
   // The last step's values, where the next forward pass would have
   // awaited them.
-  PSTRAIN_RETURN_IF_ERROR(OnAllDevices([&](int k) { return FinishExchanges(k); }));
-  v1::StepTimes& times = *report.mutable_step_times();
-  const double n = static_cast<double>(std::max<int64_t>(last_step - first_step, 1));
-  times.set_compute_seconds(phase_totals[static_cast<int>(StepPhase::kCompute)] / n);
-  times.set_reduce_seconds(phase_totals[static_cast<int>(StepPhase::kReduce)] / n);
-  times.set_push_seconds(phase_totals[static_cast<int>(StepPhase::kPush)] / n);
-  times.set_wait_seconds(phase_totals[static_cast<int>(StepPhase::kWait)] / n);
-  times.set_pull_seconds(phase_totals[static_cast<int>(StepPhase::kPull)] / n);
+  PSTRAIN_RETURN_IF_ERROR(OnAllDevices([&](int k) { return devices_[k]->exchanges->FinishAll(); }));
+  *report.mutable_step_times() = log.MeanStepTimes(last_step - first_step);
   // The final report's loss is the mean over the last steps (the same in
   // every run of a sync job, recoveries included); its samples were
   // reported above.
-  double recent = 0;
-  for (double loss : recent_losses) recent += loss;
   report.set_step(last_step);
   report.set_stopped_early(stopped_early);
-  report.set_loss(static_cast<float>(recent / recent_losses.size()));
+  report.set_loss(static_cast<float>(log.FinalLoss()));
   report.set_samples(0);
   report.set_seconds(0);
   report.set_finished(true);
-  report.set_train_seconds(seconds_before + absl::ToDoubleSeconds(MonotonicNow() - start));
+  report.set_train_seconds(log.TrainSeconds(MonotonicNow()));
 
   if (a.worker_index() == 0) {
     // The final model: every worker's last push applied on every chunk.
@@ -795,6 +668,21 @@ absl::Status Trainer::Run() {
   }
   if (options_.report) options_.report(report);
   return absl::OkStatus();
+}
+
+void Trainer::RecordStepMetrics(double step_seconds, const StepPhases& phases,
+                                const ParameterClient::Stats& exchanged, double loss,
+                                double loss_ema) {
+  if (!metrics_.has_value()) return;
+  metrics_->steps->Increment();
+  metrics_->samples->Increment(batch_);
+  metrics_->step_seconds->Observe(step_seconds);
+  for (size_t p = 0; p < phases.size(); ++p) metrics_->phase_seconds[p]->Increment(phases[p]);
+  metrics_->pushed_bytes->Increment(static_cast<double>(exchanged.bytes_pushed));
+  metrics_->pulled_bytes->Increment(static_cast<double>(exchanged.bytes_pulled));
+  metrics_->retries->Increment(static_cast<double>(exchanged.retries));
+  metrics_->loss->Set(loss);
+  metrics_->loss_ema->Set(loss_ema);
 }
 
 }  // namespace pstrain::worker

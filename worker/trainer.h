@@ -32,6 +32,7 @@
 #include "worker/parameter_client.h"
 #include "worker/progress_reporter.h"
 #include "worker/slice_layout.h"
+#include "worker/step_log.h"
 #include "worker/transport.h"
 #include "worker/worker_metrics.h"
 
@@ -145,12 +146,13 @@ class Trainer {
   absl::Status LoadLayer(int k, int layer);
   // Whether device k reads its parameters from host_params_ itself.
   bool ReadsValuesInPlace(int k) const;
-  // Finishes device k's exchanges in flight (retrying what was lost).
-  absl::Status FinishExchanges(int k);
   // Runs fn(k) for every device, on the devices' threads; the first error.
   absl::Status OnAllDevices(const std::function<absl::Status(int)>& fn);
   // Copies the node's host parameters to every device.
   absl::Status LoadParams();
+  // The step's counters, gauges and histograms, if measured.
+  void RecordStepMetrics(double step_seconds, const StepPhases& phases,
+                         const ParameterClient::Stats& exchanged, double loss, double loss_ema);
   // The test-set evaluation of the model the servers hold after `steps`
   // steps (sync; async: what they hold now), pulled into eval_params_.
   absl::StatusOr<Evaluation> EvaluateAfter(int64_t steps);

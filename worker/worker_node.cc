@@ -14,6 +14,7 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "glog/logging.h"
+#include "worker/generation.h"
 #include "worker/progress_reporter.h"
 #include "worker/trainer.h"
 
@@ -39,13 +40,7 @@ class WorkerNodeImpl final : public WorkerNode {
     MembershipClient::Callbacks callbacks;
     callbacks.held_jobs = [this] {
       absl::MutexLock lock(&mu_);
-      std::vector<v1::HeldJob> held;
-      if (!current_job_.empty()) {
-        v1::HeldJob& h = held.emplace_back();
-        h.set_job_id(current_job_);
-        h.set_generation(current_generation_);
-      }
-      return held;
+      return HeldJobs(current_job_, current_generation_);
     };
     callbacks.on_heartbeat = [this](const v1::HeartbeatResponse& r) { Reconcile(r); };
     callbacks.on_coordinator_lost = [this] { RequestStop(); };
@@ -116,10 +111,7 @@ class WorkerNodeImpl final : public WorkerNode {
     if (shut_down_) return;
     assigned_.clear();
     for (const v1::WorkerAssignment& a : response.worker_jobs()) assigned_.insert(a.job_id());
-    const v1::WorkerAssignment* current = nullptr;
-    for (const v1::WorkerAssignment& a : response.worker_jobs()) {
-      if (a.job_id() == current_job_) current = &a;
-    }
+    const v1::WorkerAssignment* current = AssignmentOf(response, current_job_);
     if (!current_job_.empty() && running_trainer_ != nullptr) {
       if (current == nullptr) {
         LOG(INFO) << "job " << current_job_ << " is no longer assigned here; stopping it";
