@@ -35,11 +35,6 @@ std::string JsonQuote(const std::string& s) {
   return out + "\"";
 }
 
-std::string JobStateName(v1::JobState state) {
-  const std::string name = v1::JobState_Name(state);
-  return absl::AsciiStrToLower(name.substr(std::string("JOB_STATE_").size()));
-}
-
 std::string ModelSummary(const v1::JobSpec& spec) {
   if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) {
     return absl::StrCat("external, ", spec.model().tensors_size(), " tensors, ",
@@ -52,7 +47,7 @@ std::string ModelSummary(const v1::JobSpec& spec) {
   if (spec.model().conv_size() > 0) {
     convs = absl::StrCat("conv ", absl::StrJoin(spec.model().conv(), "-"), " ");
   }
-  return absl::StrCat(ModelTypeName(spec.model().type()), " ", convs,
+  return absl::StrCat(EnumName(spec.model().type()), " ", convs,
                       absl::StrJoin(widths, "-"));
 }
 
@@ -62,7 +57,7 @@ std::string WorkerBatchSummary(const v1::JobSpec& spec) {
 }
 
 std::string ModeSummary(const v1::JobSpec& spec) {
-  const std::string mode = ModeName(spec.mode());
+  const std::string mode = EnumName(spec.mode());
   if (spec.mode() != v1::MODE_SSP) return mode;
   return absl::StrCat(mode, " (staleness ", spec.staleness(), ")");
 }
@@ -85,7 +80,7 @@ std::string Printable(absl::string_view s) {
 
 std::string ResultSummary(const v1::Job& job) {
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
-    return absl::StrCat(job.id(), " ", JobStateName(job.state()),
+    return absl::StrCat(job.id(), " ", EnumName(job.state()),
                         job.reason().empty() ? "" : ": ", job.reason());
   }
   const v1::JobResult& r = job.result();
@@ -146,13 +141,13 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
     case v1::JobEvent::kState:
       EndLine();
       std::fprintf(out_, "%s %s%s%s\n", Printable(job.id()).c_str(),
-                   JobStateName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
+                   EnumName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
                    Printable(job.reason()).c_str());
       break;
     case v1::JobEvent::kSnapshot:
       if (job.state() == v1::JOB_STATE_PENDING || job.state() == v1::JOB_STATE_RUNNING) {
         std::fprintf(out_, "%s %s%s%s\n", Printable(job.id()).c_str(),
-                     JobStateName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
+                     EnumName(job.state()).c_str(), job.reason().empty() ? "" : ": ",
                      Printable(job.reason()).c_str());
       }
       break;
@@ -202,7 +197,7 @@ std::string ResultJson(const v1::Job& job) {
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
       "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d}",
-      JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(ModeName(spec.mode())),
+      JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(EnumName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
       r.samples_per_second(), r.final_loss(), r.test_accuracy(), job.recoveries(),
       job.last_checkpoint_step());

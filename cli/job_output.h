@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/enum_names.h"
 #include "pstrain/v1/control.grpc.pb.h"
 
 namespace pstrain::cli {
@@ -58,9 +59,6 @@ std::string StepTimesSummary(const v1::StepTimes& times);
 std::string Printable(absl::string_view s);
 // `s` as a JSON string literal, quotes included.
 std::string JsonQuote(const std::string& s);
-// "running", "succeeded", ...
-std::string JobStateName(v1::JobState state);
-
 // The one-line JSON result of a job that ended (pstrain-local, pstrain-run).
 std::string ResultJson(const v1::Job& job);
 

@@ -367,11 +367,11 @@ class Psctl {
     std::vector<std::vector<std::string>> rows = {
         {"id:", job.id()},
         {"name:", spec.name().empty() ? "-" : spec.name()},
-        {"state:", JobStateName(job.state())},
+        {"state:", EnumName(job.state())},
         {"reason:", job.reason().empty() ? "-" : job.reason()},
         {"model:", ModelSummary(spec)},
         {"optimizer:", absl::StrFormat("%s, learning rate %g",
-                                       OptimizerTypeName(spec.optimizer().type()),
+                                       EnumName(spec.optimizer().type()),
                                        spec.optimizer().learning_rate())},
         {"mode:", ModeSummary(spec)},
         {"workers:", absl::StrFormat("%d x %s  %s", spec.num_workers(), WorkerBatchSummary(spec),
@@ -391,7 +391,7 @@ class Psctl {
         {"recovery:", absl::StrFormat("generation %d, %d recoveries; on worker loss %s, "
                                       "replace after %ds, wait at most %ds",
                                       job.generation(), job.recoveries(),
-                                      WorkerLossPolicyName(spec.recovery().on_worker_loss()),
+                                      EnumName(spec.recovery().on_worker_loss()),
                                       spec.recovery().replace_after_seconds(),
                                       spec.recovery().wait_timeout_seconds())},
         {"created:", Time(job.create_time_ms())},
@@ -450,8 +450,8 @@ class Psctl {
     for (const v1::Job& job : all.jobs()) {
       const bool done = job.state() == v1::JOB_STATE_SUCCEEDED;
       rows.push_back({job.id(), job.spec().name().empty() ? "-" : job.spec().name(),
-                      JobStateName(job.state()), ModelSummary(job.spec()),
-                      ModeName(job.spec().mode()), absl::StrCat(job.spec().num_workers()),
+                      EnumName(job.state()), ModelSummary(job.spec()),
+                      EnumName(job.spec().mode()), absl::StrCat(job.spec().num_workers()),
                       absl::StrCat(job.progress().step(), "/", job.progress().total_steps()),
                       job.last_checkpoint_step() > 0 ? absl::StrCat(job.last_checkpoint_step())
                                                      : "-",
@@ -491,7 +491,7 @@ class Psctl {
     if (cmd_.json) {
       std::cout << ToJson(job) << "\n";
     } else {
-      std::cout << job.id() << " " << JobStateName(job.state()) << "\n";
+      std::cout << job.id() << " " << EnumName(job.state()) << "\n";
     }
     return kExitOk;
   }
@@ -510,8 +510,6 @@ class Psctl {
     std::vector<std::vector<std::string>> rows = {
         {"ID", "ROLE", "STATE", "ADDRESS", "PID", "JOBS", "MEMORY", "HEARTBEAT"}};
     for (const v1::Node& n : response.nodes()) {
-      std::string role = v1::NodeRole_Name(n.role()).substr(std::string("NODE_ROLE_").size());
-      std::string state = v1::NodeState_Name(n.state()).substr(std::string("NODE_STATE_").size());
       std::string memory = "-";
       if (n.role() == v1::NODE_ROLE_SERVER) {
         memory = n.max_memory_bytes() > 0
@@ -519,7 +517,7 @@ class Psctl {
                                        n.max_memory_bytes() / 1e6)
                      : absl::StrFormat("%.1f MB", n.reserved_bytes() / 1e6);
       }
-      rows.push_back({n.id(), absl::AsciiStrToLower(role), absl::AsciiStrToLower(state),
+      rows.push_back({n.id(), EnumName(n.role()), EnumName(n.state()),
                       n.address().empty() ? "-" : n.address(),
                       n.pid() > 0 ? absl::StrCat(n.pid()) : "-",
                       n.jobs().empty() ? "-" : absl::StrJoin(n.jobs(), ","), memory,
@@ -561,7 +559,7 @@ class Psctl {
         return kExitOk;
       }
       if (job.state() != v1::JOB_STATE_RUNNING || job.checkpoint_request_step() != response.step()) {
-        std::cerr << "psctl: " << id << " is " << JobStateName(job.state())
+        std::cerr << "psctl: " << id << " is " << EnumName(job.state())
                   << (job.state() == v1::JOB_STATE_RUNNING ? " at a new generation" : "")
                   << ": the checkpoint of step " << response.step() << " was not taken\n";
         return kExitJobFailed;

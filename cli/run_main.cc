@@ -308,7 +308,7 @@ int Run(const std::vector<std::string>& command) {
     why = failure;
   }
   if (!job.ok() || job->state() != v1::JOB_STATE_SUCCEEDED) {
-    if (job.ok()) why = absl::StrCat("job ", job->id(), " ", JobStateName(job->state()), ": ", job->reason());
+    if (job.ok()) why = absl::StrCat("job ", job->id(), " ", EnumName(job->state()), ": ", job->reason());
     std::cerr << "pstrain-run: " << why << " (logs in " << run_dir << ")\n";
     return finish(kExitFailed);
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -35,17 +36,6 @@ std::string Join(const std::string& path, const std::string& key) {
   return path.empty() ? key : absl::StrCat(path, ".", key);
 }
 
-// The common prefix of an enum's value names, taken from its 0 value
-// ("MODEL_TYPE_UNSPECIFIED" -> "MODEL_TYPE_").
-std::string EnumPrefix(const EnumDescriptor* e) {
-  const std::string& zero = e->FindValueByNumber(0)->name();
-  return zero.substr(0, zero.size() - std::string("UNSPECIFIED").size());
-}
-
-std::string ShortEnumName(const EnumValueDescriptor* v) {
-  return absl::AsciiStrToLower(v->name().substr(EnumPrefix(v->type()).size()));
-}
-
 absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
                                                      const std::string& text,
                                                      const std::string& path) {
@@ -56,7 +46,7 @@ absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
     const EnumValueDescriptor* v = e->value(i);
     if (v->number() == 0) continue;
     if (upper == v->name() || prefix + upper == v->name()) return v;
-    names.push_back(ShortEnumName(v));
+    names.push_back(EnumName(v));
   }
   return FieldError(path, absl::StrCat("unknown value '", text, "' (expected one of: ",
                                        absl::StrJoin(names, ", "), ")"));
@@ -444,7 +434,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     PSTRAIN_RETURN_IF_ERROR(range("staleness", spec.staleness(), 0, int64_t{1} << 40));
   } else if (spec.has_staleness()) {
     return FieldError("staleness", absl::StrCat("only mode ssp has a staleness bound (",
-                                                ModeName(spec.mode()), ": ",
+                                                EnumName(spec.mode()), ": ",
                                                 spec.mode() == v1::MODE_SYNC ? "0" : "unbounded",
                                                 ")"));
   }
@@ -536,7 +526,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   }
   if (stopping.patience() > 0 && spec.mode() != v1::MODE_SYNC) {
     return FieldError("early_stopping.patience",
-                      absl::StrCat("needs mode sync (", ModeName(spec.mode()),
+                      absl::StrCat("needs mode sync (", EnumName(spec.mode()),
                                    " workers' views of the model differ)"));
   }
   if (stopping.patience() > 0 && spec.eval_every_steps() == 0) {
@@ -762,13 +752,6 @@ double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_
   }
 }
 
-namespace {
-std::string EnumName(const EnumDescriptor* e, int number) {
-  const EnumValueDescriptor* v = e->FindValueByNumber(number);
-  return v == nullptr ? absl::StrCat("unknown(", number, ")") : ShortEnumName(v);
-}
-}  // namespace
-
 int64_t StalenessOf(const v1::JobSpec& spec) {
   switch (spec.mode()) {
     case v1::MODE_SSP:
@@ -785,16 +768,5 @@ int64_t StepsAppliedBefore(int64_t step, int64_t staleness) {
 }
 
 bool ScalesToTheGlobalBatch(const v1::JobSpec& spec) { return spec.mode() != v1::MODE_ASYNC; }
-
-std::string ModeName(v1::Mode mode) { return EnumName(v1::Mode_descriptor(), mode); }
-std::string ModelTypeName(v1::ModelType type) {
-  return EnumName(v1::ModelType_descriptor(), type);
-}
-std::string OptimizerTypeName(v1::OptimizerType type) {
-  return EnumName(v1::OptimizerType_descriptor(), type);
-}
-std::string WorkerLossPolicyName(v1::WorkerLossPolicy policy) {
-  return EnumName(v1::WorkerLossPolicy_descriptor(), policy);
-}
 
 }  // namespace pstrain

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/dataset.h"
+#include "common/enum_names.h"
 #include "kernels/model.h"
 #include "pstrain/v1/job.pb.h"
 
@@ -106,12 +107,6 @@ double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_
 // not read the files; fewer would make a step read past the set).
 // INVALID_ARGUMENT naming data.dir otherwise.
 absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train);
-
-// Short lowercase names ("sync", "adam", "mlp") used in output and YAML.
-std::string ModeName(v1::Mode mode);
-std::string ModelTypeName(v1::ModelType type);
-std::string OptimizerTypeName(v1::OptimizerType type);
-std::string WorkerLossPolicyName(v1::WorkerLossPolicy policy);
 
 }  // namespace pstrain
 

@@ -223,7 +223,7 @@ absl::StatusOr<ModelStore::Source> ControlService::FindModel(const std::string& 
     const v1::Job& job = record->job;
     if (job.state() != v1::JOB_STATE_SUCCEEDED || !job.has_model()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has no model to export (it is ", JobStateLabel(job.state()),
+          "job ", job_id, " has no model to export (it is ", EnumName(job.state()),
           job.state() == v1::JOB_STATE_SUCCEEDED ? ", without a model file)" : ")"));
     }
   }

@@ -1,26 +1,6 @@
 #include "server/coordinator_metrics.h"
 
-#include "absl/strings/ascii.h"
-
 namespace pstrain::server {
-namespace {
-
-std::string Suffix(const std::string& name, const std::string& prefix) {
-  return absl::AsciiStrToLower(name.substr(prefix.size()));
-}
-
-}  // namespace
-
-std::string JobStateLabel(v1::JobState state) {
-  return Suffix(v1::JobState_Name(state), "JOB_STATE_");
-}
-std::string NodeRoleLabel(v1::NodeRole role) {
-  return Suffix(v1::NodeRole_Name(role), "NODE_ROLE_");
-}
-std::string NodeStateLabel(v1::NodeState state) {
-  return Suffix(v1::NodeState_Name(state), "NODE_STATE_");
-}
-
 absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
     prometheus::Registry& r, absl::Duration grace) {
   std::unique_ptr<CoordinatorMetrics> m(new CoordinatorMetrics(grace));
@@ -79,16 +59,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
     for (v1::JobState state :
          {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
           v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-      m->jobs_by_state[state] = &m->jobs->Add({{"state", JobStateLabel(state)}});
+      m->jobs_by_state[state] = &m->jobs->Add({{"state", EnumName(state)}});
       if (state >= v1::JOB_STATE_SUCCEEDED) {
-        m->ended_by_state[state] = &m->jobs_ended->Add({{"state", JobStateLabel(state)}});
+        m->ended_by_state[state] = &m->jobs_ended->Add({{"state", EnumName(state)}});
       }
     }
     for (v1::NodeRole role : {v1::NODE_ROLE_SERVER, v1::NODE_ROLE_WORKER}) {
       for (v1::NodeState state :
            {v1::NODE_STATE_ALIVE, v1::NODE_STATE_LOST, v1::NODE_STATE_AWAITED}) {
         m->nodes_by_role_state[{role, state}] =
-            &m->nodes->Add({{"role", NodeRoleLabel(role)}, {"state", NodeStateLabel(state)}});
+            &m->nodes->Add({{"role", EnumName(role)}, {"state", EnumName(state)}});
       }
     }
   });

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/enum_names.h"
 #include "common/metrics.h"
 #include "pstrain/v1/control.pb.h"
 #include "pstrain/v1/membership.pb.h"
@@ -54,11 +55,6 @@ struct CoordinatorMetrics {
  private:
   explicit CoordinatorMetrics(absl::Duration grace) : expiring(grace) {}
 };
-
-// "succeeded", "server", "alive": the label values used above.
-std::string JobStateLabel(v1::JobState state);
-std::string NodeRoleLabel(v1::NodeRole role);
-std::string NodeStateLabel(v1::NodeState state);
 
 }  // namespace pstrain::server
 

@@ -193,7 +193,7 @@ void JobTable::OnStateChange(const std::string& id, v1::JobState old, int64_t no
   }
   if (old == v1::JOB_STATE_UNSPECIFIED) return;  // submitted: no event yet
   const std::string& reason = record.job.reason();
-  LOG(INFO) << "job " << id << " " << JobStateLabel(old) << " -> " << JobStateLabel(state)
+  LOG(INFO) << "job " << id << " " << EnumName(old) << " -> " << EnumName(state)
             << (reason.empty() ? "" : ": ") << reason;
   event.mutable_state()->set_state(state);
   event.mutable_state()->set_reason(reason);

@@ -5,16 +5,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/enum_names.h"
 #include "glog/logging.h"
 
 namespace pstrain::server {
 namespace {
 
 int64_t WallMs() { return absl::ToUnixMillis(absl::Now()); }
-
-const char* RoleName(v1::NodeRole role) {
-  return role == v1::NODE_ROLE_SERVER ? "server" : "worker";
-}
 
 // Empty, or host:port of letters, digits and . - _ [ ] : — what a scrape
 // target may be (and safe to write into the targets file as it is).
@@ -93,7 +90,7 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   }
   std::string id = request.node_id();
   while (id.empty() || (request.node_id().empty() && nodes_.contains(id))) {
-    id = absl::StrFormat("%s-%08x", RoleName(request.role()), random_());
+    id = absl::StrFormat("%s-%08x", EnumName(request.role()), random_());
   }
   Registration result;
   result.node_id = id;
@@ -102,8 +99,8 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
     Node& node = it->second;
     if (node.info.role() != request.role()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("node_id: ", id, " is a ", RoleName(node.info.role()), ", not a ",
-                       RoleName(request.role())));
+          absl::StrCat("node_id: ", id, " is a ", EnumName(node.info.role()), ", not a ",
+                       EnumName(request.role())));
     }
     if (node.incarnation != request.incarnation()) {
       if (!Gone(node)) {

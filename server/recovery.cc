@@ -169,14 +169,14 @@ absl::StatusOr<int64_t> RequestedCheckpointStep(const v1::Job& job) {
   const std::string& id = job.id();
   if (job.state() != v1::JOB_STATE_RUNNING) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " is not running (it is ", JobStateLabel(job.state()), ")"));
+        absl::StrCat("job ", id, " is not running (it is ", EnumName(job.state()), ")"));
   }
   if (job.spec().checkpoint().dir().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " has no checkpoint.dir"));
   }
   if (job.spec().mode() != v1::MODE_SYNC) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " is ", ModeName(job.spec().mode()),
+        absl::StrCat("job ", id, " is ", EnumName(job.spec().mode()),
                      ": it checkpoints every checkpoint.every_steps steps only"));
   }
   int64_t furthest = 0;

@@ -23,7 +23,7 @@ std::string TargetsText(const std::string& coordinator_metrics_address,
   }
   for (const auto& [id, node] : registry.nodes()) {
     if (node.info.state() != v1::NODE_STATE_ALIVE || node.info.metrics_address().empty()) continue;
-    groups.push_back(group(node.info.metrics_address(), NodeRoleLabel(node.info.role()), id));
+    groups.push_back(group(node.info.metrics_address(), EnumName(node.info.role()), id));
   }
   return absl::StrCat("[\n", absl::StrJoin(groups, ",\n"), "\n]\n");
 }

@@ -656,7 +656,7 @@ int64_t Client::global_batch() const { return GlobalBatch(impl_->spec()); }
 int64_t Client::total_steps() const { return TotalSteps(impl_->spec()); }
 int64_t Client::steps_per_epoch() const { return StepsPerEpoch(impl_->spec()); }
 uint64_t Client::seed() const { return impl_->spec().seed(); }
-std::string Client::mode() const { return ModeName(impl_->spec().mode()); }
+std::string Client::mode() const { return EnumName(impl_->spec().mode()); }
 double Client::gradient_scale() const {
   if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0;
   return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch());

@@ -64,7 +64,7 @@ absl::Status CheckJobIsExternal(const ConnectOptions& c, const TransportSecurity
   if (job.spec().model().type() != v1::MODEL_TYPE_EXTERNAL) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job_id: job ", job_id, " trains a built-in model (",
-        ModelTypeName(job.spec().model().type()), "): pool workers run it, not the client"));
+        EnumName(job.spec().model().type()), "): pool workers run it, not the client"));
   }
   return absl::OkStatus();
 }

@@ -30,7 +30,7 @@ class ClientTest : public ClusterFixture {
   // built-in model's job) does.
   static std::string ExternalJobYaml(const v1::JobSpec& spec) {
     return absl::StrCat("name: external\n", "optimizer: {type: ",
-                        OptimizerTypeName(spec.optimizer().type()),
+                        EnumName(spec.optimizer().type()),
                         ", learning_rate: ", spec.optimizer().learning_rate(), "}\n",
                         "batch_size: ", spec.batch_size(), "\n", "steps: ", spec.steps(), "\n",
                         "num_servers: ", spec.num_servers(), "\n",
