@@ -1,204 +1,22 @@
 #include "common/job_spec.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
 #include "common/status.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
-#include "google/protobuf/reflection.h"
 
 namespace pstrain {
-namespace {
 
-using google::protobuf::EnumDescriptor;
-using google::protobuf::EnumValueDescriptor;
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
+namespace {
 
 absl::Status FieldError(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
-
-std::string Join(const std::string& path, const std::string& key) {
-  return path.empty() ? key : absl::StrCat(path, ".", key);
-}
-
-absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
-                                                     const std::string& text,
-                                                     const std::string& path) {
-  const std::string upper = absl::AsciiStrToUpper(text);
-  const std::string prefix = EnumPrefix(e);
-  std::vector<std::string> names;
-  for (int i = 0; i < e->value_count(); ++i) {
-    const EnumValueDescriptor* v = e->value(i);
-    if (v->number() == 0) continue;
-    if (upper == v->name() || prefix + upper == v->name()) return v;
-    names.push_back(EnumName(v));
-  }
-  return FieldError(path, absl::StrCat("unknown value '", text, "' (expected one of: ",
-                                       absl::StrJoin(names, ", "), ")"));
-}
-
-absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* field,
-                       const std::string& path, Message* msg) {
-  if (!node.IsScalar()) return FieldError(path, "expected a single value");
-  const std::string text = node.Scalar();
-  const Reflection* r = msg->GetReflection();
-  const bool repeated = field->is_repeated();
-  auto bad = [&](absl::string_view type) {
-    return FieldError(path, absl::StrCat("expected ", type, ", got '", text, "'"));
-  };
-  switch (field->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32: {
-      int32_t v;
-      if (!absl::SimpleAtoi(text, &v)) return bad("an integer");
-      repeated ? r->AddInt32(msg, field, v) : r->SetInt32(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_INT64: {
-      int64_t v;
-      if (!absl::SimpleAtoi(text, &v)) return bad("an integer");
-      repeated ? r->AddInt64(msg, field, v) : r->SetInt64(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_UINT32: {
-      uint32_t v;
-      if (!absl::SimpleAtoi(text, &v)) return bad("a non-negative integer");
-      repeated ? r->AddUInt32(msg, field, v) : r->SetUInt32(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_UINT64: {
-      uint64_t v;
-      if (!absl::SimpleAtoi(text, &v)) return bad("a non-negative integer");
-      repeated ? r->AddUInt64(msg, field, v) : r->SetUInt64(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_FLOAT: {
-      float v;
-      if (!absl::SimpleAtof(text, &v) || !std::isfinite(v)) return bad("a finite number");
-      repeated ? r->AddFloat(msg, field, v) : r->SetFloat(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_DOUBLE: {
-      double v;
-      if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) return bad("a finite number");
-      repeated ? r->AddDouble(msg, field, v) : r->SetDouble(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_BOOL: {
-      bool v;
-      if (!absl::SimpleAtob(text, &v)) return bad("true or false");
-      repeated ? r->AddBool(msg, field, v) : r->SetBool(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_STRING:
-      repeated ? r->AddString(msg, field, text) : r->SetString(msg, field, text);
-      break;
-    case FieldDescriptor::CPPTYPE_ENUM: {
-      PSTRAIN_ASSIGN_OR_RETURN(const EnumValueDescriptor* v,
-                               ParseEnum(field->enum_type(), text, path));
-      repeated ? r->AddEnum(msg, field, v) : r->SetEnum(msg, field, v);
-      break;
-    }
-    case FieldDescriptor::CPPTYPE_MESSAGE:
-      return FieldError(path, "internal: message field treated as scalar");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FillMessage(const YAML::Node& node, const std::string& path, Message* msg);
-
-absl::Status SetField(const YAML::Node& value, const FieldDescriptor* field,
-                      const std::string& path, Message* msg) {
-  const Reflection* r = msg->GetReflection();
-  if (field->is_repeated()) {
-    if (!value.IsSequence()) return FieldError(path, "expected a list");
-    for (size_t i = 0; i < value.size(); ++i) {
-      const std::string item_path = absl::StrCat(path, "[", i, "]");
-      if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-        PSTRAIN_RETURN_IF_ERROR(FillMessage(value[i], item_path, r->AddMessage(msg, field)));
-      } else {
-        PSTRAIN_RETURN_IF_ERROR(SetScalar(value[i], field, item_path, msg));
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-    return FillMessage(value, path, r->MutableMessage(msg, field));
-  }
-  return SetScalar(value, field, path, msg);
-}
-
-absl::Status FillMessage(const YAML::Node& node, const std::string& path, Message* msg) {
-  if (!node.IsMap()) {
-    return FieldError(path.empty() ? "job spec" : path, "expected a mapping of fields");
-  }
-  std::set<std::string> seen;
-  for (auto it = node.begin(); it != node.end(); ++it) {
-    if (!it->first.IsScalar()) return FieldError(path.empty() ? "job spec" : path, "bad key");
-    const std::string key = it->first.Scalar();
-    const std::string key_path = Join(path, key);
-    if (!seen.insert(key).second) return FieldError(key_path, "duplicate key");
-    const FieldDescriptor* field = msg->GetDescriptor()->FindFieldByName(key);
-    if (field == nullptr) return FieldError(key_path, "unknown field");
-    if (!it->second.IsDefined() || it->second.IsNull()) {
-      return FieldError(key_path, "has no value");
-    }
-    PSTRAIN_RETURN_IF_ERROR(SetField(it->second, field, key_path, msg));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml) {
-  if (yaml.size() > kMaxJobFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: ", yaml.size(),
-                                                   " bytes; a job file has at most ",
-                                                   kMaxJobFileBytes));
-  }
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(yaml));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: YAML error at line ",
-                                                   e.mark.line + 1, ", column ",
-                                                   e.mark.column + 1, ": ", e.msg));
-  }
-  if (!root.IsDefined() || root.IsNull()) {
-    return absl::InvalidArgumentError("job spec: empty document");
-  }
-  v1::JobSpec spec;
-  try {
-    PSTRAIN_RETURN_IF_ERROR(FillMessage(root, "", &spec));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
-  }
-  return spec;
-}
-
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseJobSpecYaml(text.str());
-}
-
-namespace {
 
 // model.tensors of an external model.
 absl::Status CheckExternalModel(const v1::ModelSpec& model) {
@@ -614,99 +432,6 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   return spec;
 }
 
-kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec) {
-  kernels::ModelShape shape;
-  shape.input_dim = kFashionInputDim;
-  shape.num_classes = kFashionClasses;
-  shape.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
-  shape.conv.assign(spec.model().conv().begin(), spec.model().conv().end());
-  shape.image_channels = 1;
-  shape.image_height = kFashionImageSide;
-  shape.image_width = kFashionImageSide;
-  return shape;
-}
-
-kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
-  kernels::OptimizerConfig c;
-  switch (spec.type()) {
-    case v1::OPTIMIZER_TYPE_ADAM:
-      c.type = kernels::OptimizerConfig::Type::kAdam;
-      break;
-    case v1::OPTIMIZER_TYPE_ADAGRAD:
-      c.type = kernels::OptimizerConfig::Type::kAdagrad;
-      break;
-    default:
-      c.type = kernels::OptimizerConfig::Type::kSgd;
-  }
-  c.learning_rate = spec.learning_rate();
-  c.momentum = spec.momentum();
-  c.beta1 = spec.beta1();
-  c.beta2 = spec.beta2();
-  c.epsilon = spec.epsilon();
-  c.weight_decay = spec.weight_decay();
-  return c;
-}
-
-std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec) {
-  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) {
-    return kernels::ModelTensors(ModelShapeOf(spec));
-  }
-  std::vector<kernels::TensorDesc> tensors;
-  int64_t offset = 0;
-  for (const v1::ExternalTensor& t : spec.model().tensors()) {
-    kernels::TensorDesc& d = tensors.emplace_back();
-    d.name = t.name();
-    d.shape.assign(t.shape().begin(), t.shape().end());
-    d.offset = offset;
-    d.size = 1;
-    for (int64_t dim : t.shape()) d.size *= dim;
-    offset += d.size;
-  }
-  return tensors;
-}
-
-int64_t NumParamsOf(const v1::JobSpec& spec) {
-  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) return kernels::NumParams(ModelShapeOf(spec));
-  int64_t n = 0;
-  for (const kernels::TensorDesc& t : JobTensors(spec)) n += t.size;
-  return n;
-}
-
-int64_t TrainSamplesOf(const v1::JobSpec& spec) {
-  return spec.model().type() == v1::MODEL_TYPE_EXTERNAL ? spec.data().train_samples()
-                                                        : kFashionTrainSamples;
-}
-
-int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
-  // An external model's worker is the client's own process.
-  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return 0;
-  const kernels::ModelShape shape = ModelShapeOf(spec);
-  int64_t widths = shape.input_dim + shape.num_classes;
-  for (int h : shape.hidden) widths += h;
-  // A convolution's im2col, output, its gradient, pooled output and argmax.
-  for (const kernels::ConvLayer& c : kernels::ConvLayers(shape)) {
-    widths += int64_t{c.patch() + 2 * c.out_channels} * c.height * c.width +
-              2 * int64_t{c.out_channels} * c.pooled_height() * c.pooled_width();
-  }
-  // Parameters, gradient, pushed gradient (and the sum of micro-batches).
-  const int64_t copies = spec.accumulate_steps() > 1 ? 4 : 3;
-  const int64_t model =
-      4 * (copies * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
-  const int64_t samples = kFashionTrainSamples + kFashionTestSamples;
-  return model + samples * (shape.input_dim + 4);
-}
-
-int64_t GlobalBatch(const v1::JobSpec& spec) {
-  return int64_t{spec.num_workers()} * std::max(1, spec.accumulate_steps()) * spec.batch_size();
-}
-
-int64_t StepsPerEpoch(const v1::JobSpec& spec) {
-  // An external model's job of `steps` whose client counts no samples: one
-  // epoch.
-  if (TrainSamplesOf(spec) == 0) return std::max<int64_t>(spec.steps(), 1);
-  return TrainSamplesOf(spec) / GlobalBatch(spec);
-}
-
 absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train) {
   const kernels::ModelShape shape = ModelShapeOf(spec);
   const std::string what = train ? "training set" : "test set";
@@ -726,47 +451,5 @@ absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool
   if (data.num_samples < 1) return FieldError("data.dir", absl::StrCat("the ", what, " is empty"));
   return absl::OkStatus();
 }
-
-int64_t TotalSteps(const v1::JobSpec& spec) {
-  return spec.steps() > 0 ? spec.steps() : int64_t{spec.epochs()} * StepsPerEpoch(spec);
-}
-
-double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps) {
-  const v1::LearningRateSchedule& s = opt.schedule();
-  const double rate = opt.learning_rate();
-  if (step < s.warmup_steps()) {
-    return rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps());
-  }
-  const int64_t t = step - s.warmup_steps();
-  switch (s.type()) {
-    case v1::SCHEDULE_TYPE_STEP:
-      return rate * std::pow(static_cast<double>(s.decay_factor()),
-                             static_cast<double>(t / s.decay_every_steps()));
-    case v1::SCHEDULE_TYPE_COSINE: {
-      const double span = static_cast<double>(std::max<int64_t>(total_steps - s.warmup_steps(), 1));
-      const double min = s.min_learning_rate();
-      return min + (rate - min) * (1 + std::cos(M_PI * static_cast<double>(t) / span)) / 2;
-    }
-    default:
-      return rate;
-  }
-}
-
-int64_t StalenessOf(const v1::JobSpec& spec) {
-  switch (spec.mode()) {
-    case v1::MODE_SSP:
-      return spec.staleness();
-    case v1::MODE_ASYNC:
-      return kUnboundedStaleness;
-    default:
-      return 0;
-  }
-}
-
-int64_t StepsAppliedBefore(int64_t step, int64_t staleness) {
-  return staleness == kUnboundedStaleness ? 0 : std::max<int64_t>(0, step - staleness);
-}
-
-bool ScalesToTheGlobalBatch(const v1::JobSpec& spec) { return spec.mode() != v1::MODE_ASYNC; }
 
 }  // namespace pstrain

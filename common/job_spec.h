@@ -1,5 +1,7 @@
-// Job files (YAML) to JobSpec, defaults, validation, and what follows from a
-// spec (model shape, step counts).
+// A job's spec: its limits and defaults, its validation (job_spec.cc), and
+// what follows from it (job_values.cc: model shape, step counts, batches,
+// memory, learning rates, the staleness bound). Job files (YAML) become
+// specs in job_yaml.h.
 #ifndef PSTRAIN_COMMON_JOB_SPEC_H_
 #define PSTRAIN_COMMON_JOB_SPEC_H_
 
@@ -10,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "common/dataset.h"
 #include "common/enum_names.h"
+#include "common/job_yaml.h"
 #include "kernels/model.h"
 #include "pstrain/v1/job.pb.h"
 
@@ -41,25 +44,23 @@ inline constexpr int kFashionImageSide = 28;
 inline constexpr int kFashionInputDim = kFashionImageSide * kFashionImageSide;
 inline constexpr int kFashionClasses = 10;
 
-// Maps YAML text onto a JobSpec: keys are the proto's field names, nested
-// messages are mappings, repeated fields are sequences, enum values are their
-// names without the enum's prefix, in any case. INVALID_ARGUMENT naming the
-// field (e.g. "model.hidden[1]: expected an integer") on unknown or duplicate
-// keys, wrong types, out-of-range numbers, YAML syntax errors and a text of
-// more than kMaxJobFileBytes. Applies no defaults and validates nothing else.
-absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
-
-// Reads and parses a job file; NOT_FOUND if it cannot be read.
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
-
 // Fills in defaults (mode sync, dataset fashion_mnist, data.dir, chunk_bytes,
 // Adam's betas and epsilon, checkpoint and recovery options) and validates
-// every field. Returns the complete
-// spec, or INVALID_ARGUMENT whose message starts with the field's path:
+// every field. Returns the complete spec, or INVALID_ARGUMENT whose message starts with the field's path:
 // "optimizer.learning_rate: must be > 0".
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);
 
-// Requires a normalized spec.
+// Whether the data read from the job's data.dir fits the job: images of
+// the model's input size, labels of its classes, and for the training set
+// (`train`) at least the samples its epochs are planned for (the plan does
+// not read the files; fewer would make a step read past the set).
+// INVALID_ARGUMENT naming data.dir otherwise.
+absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train);
+
+// ---- What follows from a spec (job_values.cc); each requires a normalized
+// spec.
+
+// The built-in model's shape.
 kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
 // The tensors of the job's model in flat-space order: a built-in model's
 // (kernels::ModelTensors), or an external model's as its spec lists them.
@@ -100,13 +101,6 @@ bool ScalesToTheGlobalBatch(const v1::JobSpec& spec);
 // The learning rate of the update of `step` (0-based) of a job of
 // `total_steps` steps, by opt.schedule (see job.proto).
 double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps);
-
-// Whether the data read from the job's data.dir fits the job: images of
-// the model's input size, labels of its classes, and for the training set
-// (`train`) at least the samples its epochs are planned for (the plan does
-// not read the files; fewer would make a step read past the set).
-// INVALID_ARGUMENT naming data.dir otherwise.
-absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool train);
 
 }  // namespace pstrain
 

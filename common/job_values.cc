@@ -1,0 +1,148 @@
+// What follows from a normalized job spec (job_spec.h): the model's shape
+// and tensors, step counts and batches, memory, the learning rate by step,
+// the staleness bound.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec) {
+  kernels::ModelShape shape;
+  shape.input_dim = kFashionInputDim;
+  shape.num_classes = kFashionClasses;
+  shape.hidden.assign(spec.model().hidden().begin(), spec.model().hidden().end());
+  shape.conv.assign(spec.model().conv().begin(), spec.model().conv().end());
+  shape.image_channels = 1;
+  shape.image_height = kFashionImageSide;
+  shape.image_width = kFashionImageSide;
+  return shape;
+}
+
+kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
+  kernels::OptimizerConfig c;
+  switch (spec.type()) {
+    case v1::OPTIMIZER_TYPE_ADAM:
+      c.type = kernels::OptimizerConfig::Type::kAdam;
+      break;
+    case v1::OPTIMIZER_TYPE_ADAGRAD:
+      c.type = kernels::OptimizerConfig::Type::kAdagrad;
+      break;
+    default:
+      c.type = kernels::OptimizerConfig::Type::kSgd;
+  }
+  c.learning_rate = spec.learning_rate();
+  c.momentum = spec.momentum();
+  c.beta1 = spec.beta1();
+  c.beta2 = spec.beta2();
+  c.epsilon = spec.epsilon();
+  c.weight_decay = spec.weight_decay();
+  return c;
+}
+
+std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec) {
+  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) {
+    return kernels::ModelTensors(ModelShapeOf(spec));
+  }
+  std::vector<kernels::TensorDesc> tensors;
+  int64_t offset = 0;
+  for (const v1::ExternalTensor& t : spec.model().tensors()) {
+    kernels::TensorDesc& d = tensors.emplace_back();
+    d.name = t.name();
+    d.shape.assign(t.shape().begin(), t.shape().end());
+    d.offset = offset;
+    d.size = 1;
+    for (int64_t dim : t.shape()) d.size *= dim;
+    offset += d.size;
+  }
+  return tensors;
+}
+
+int64_t NumParamsOf(const v1::JobSpec& spec) {
+  if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) return kernels::NumParams(ModelShapeOf(spec));
+  int64_t n = 0;
+  for (const kernels::TensorDesc& t : JobTensors(spec)) n += t.size;
+  return n;
+}
+
+int64_t TrainSamplesOf(const v1::JobSpec& spec) {
+  return spec.model().type() == v1::MODEL_TYPE_EXTERNAL ? spec.data().train_samples()
+                                                        : kFashionTrainSamples;
+}
+
+int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
+  // An external model's worker is the client's own process.
+  if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return 0;
+  const kernels::ModelShape shape = ModelShapeOf(spec);
+  int64_t widths = shape.input_dim + shape.num_classes;
+  for (int h : shape.hidden) widths += h;
+  // A convolution's im2col, output, its gradient, pooled output and argmax.
+  for (const kernels::ConvLayer& c : kernels::ConvLayers(shape)) {
+    widths += int64_t{c.patch() + 2 * c.out_channels} * c.height * c.width +
+              2 * int64_t{c.out_channels} * c.pooled_height() * c.pooled_width();
+  }
+  // Parameters, gradient, pushed gradient (and the sum of micro-batches).
+  const int64_t copies = spec.accumulate_steps() > 1 ? 4 : 3;
+  const int64_t model =
+      4 * (copies * kernels::NumParams(shape) + 2 * int64_t{spec.batch_size()} * widths);
+  const int64_t samples = kFashionTrainSamples + kFashionTestSamples;
+  return model + samples * (shape.input_dim + 4);
+}
+
+int64_t GlobalBatch(const v1::JobSpec& spec) {
+  return int64_t{spec.num_workers()} * std::max(1, spec.accumulate_steps()) * spec.batch_size();
+}
+
+int64_t StepsPerEpoch(const v1::JobSpec& spec) {
+  // An external model's job of `steps` whose client counts no samples: one
+  // epoch.
+  if (TrainSamplesOf(spec) == 0) return std::max<int64_t>(spec.steps(), 1);
+  return TrainSamplesOf(spec) / GlobalBatch(spec);
+}
+
+int64_t TotalSteps(const v1::JobSpec& spec) {
+  return spec.steps() > 0 ? spec.steps() : int64_t{spec.epochs()} * StepsPerEpoch(spec);
+}
+
+double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step, int64_t total_steps) {
+  const v1::LearningRateSchedule& s = opt.schedule();
+  const double rate = opt.learning_rate();
+  if (step < s.warmup_steps()) {
+    return rate * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps());
+  }
+  const int64_t t = step - s.warmup_steps();
+  switch (s.type()) {
+    case v1::SCHEDULE_TYPE_STEP:
+      return rate * std::pow(static_cast<double>(s.decay_factor()),
+                             static_cast<double>(t / s.decay_every_steps()));
+    case v1::SCHEDULE_TYPE_COSINE: {
+      const double span = static_cast<double>(std::max<int64_t>(total_steps - s.warmup_steps(), 1));
+      const double min = s.min_learning_rate();
+      return min + (rate - min) * (1 + std::cos(M_PI * static_cast<double>(t) / span)) / 2;
+    }
+    default:
+      return rate;
+  }
+}
+
+int64_t StalenessOf(const v1::JobSpec& spec) {
+  switch (spec.mode()) {
+    case v1::MODE_SSP:
+      return spec.staleness();
+    case v1::MODE_ASYNC:
+      return kUnboundedStaleness;
+    default:
+      return 0;
+  }
+}
+
+int64_t StepsAppliedBefore(int64_t step, int64_t staleness) {
+  return staleness == kUnboundedStaleness ? 0 : std::max<int64_t>(0, step - staleness);
+}
+
+bool ScalesToTheGlobalBatch(const v1::JobSpec& spec) { return spec.mode() != v1::MODE_ASYNC; }
+
+}  // namespace pstrain
