@@ -8,20 +8,42 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 
-#define PSTRAIN_EXPECT_OK(expr)                 \
-  do {                                          \
-    const ::absl::Status s_ = (expr);           \
-    EXPECT_TRUE(s_.ok()) << s_;                 \
-  } while (0)
-#define PSTRAIN_ASSERT_OK(expr)                 \
-  do {                                          \
-    const ::absl::Status s_ = (expr);           \
-    ASSERT_TRUE(s_.ok()) << s_;                 \
-  } while (0)
+// Expects (or asserts) that `expr`, an absl::Status, an absl::StatusOr or
+// a grpc::Status, is OK; a failure shows the expression and the status.
+// More may be streamed in, as into EXPECT_TRUE: PSTRAIN_ASSERT_OK(s) << id;
+#define PSTRAIN_EXPECT_OK(expr)                                                          \
+  switch (0)                                                                             \
+  case 0:                                                                                \
+  default:                                                                               \
+    if (const ::absl::Status pstrain_status_ = ::pstrain::testing::StatusOf(expr);        \
+        pstrain_status_.ok()) {                                                          \
+    } else                                                                               \
+      ADD_FAILURE() << #expr << ": " << pstrain_status_ << " "
+#define PSTRAIN_ASSERT_OK(expr)                                                          \
+  switch (0)                                                                             \
+  case 0:                                                                                \
+  default:                                                                               \
+    if (const ::absl::Status pstrain_status_ = ::pstrain::testing::StatusOf(expr);        \
+        pstrain_status_.ok()) {                                                          \
+    } else                                                                               \
+      FAIL() << #expr << ": " << pstrain_status_ << " "
 
 namespace pstrain::testing {
+
+// The status PSTRAIN_EXPECT_OK and PSTRAIN_ASSERT_OK check.
+inline absl::Status StatusOf(const absl::Status& status) { return status; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& value) {
+  return value.status();
+}
+inline absl::Status StatusOf(const grpc::Status& status) {
+  return status.ok() ? absl::OkStatus()
+                     : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                    status.error_message());
+}
 
 // Where Debian's dataset-fashion-mnist puts the files.
 inline const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
