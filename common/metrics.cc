@@ -186,6 +186,10 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return b;
 }
 
+prometheus::Histogram::BucketBoundaries CountBuckets() {
+  return {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+}
+
 absl::StatusOr<std::unique_ptr<RpcMetrics>> RpcMetrics::Create(prometheus::Registry& registry) {
   std::unique_ptr<RpcMetrics> m(new RpcMetrics);
   absl::Status s = BuildMetrics([&] {

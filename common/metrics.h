@@ -37,8 +37,88 @@ namespace pstrain {
 // label into INVALID_ARGUMENT.
 absl::Status BuildMetrics(const std::function<void()>& build);
 
+// ---- Declaring a component's metrics once ----
+//
+// A component lists its metrics in one X-macro table, a line each:
+//
+//   #define PSTRAIN_FOO_METRICS(JOB_COUNTER, JOB_GAUGE, JOB_HISTOGRAM, COUNTER, GAUGE,
+//                               HISTOGRAM, FAMILY_COUNTER, FAMILY_GAUGE)
+//     JOB_COUNTER(steps, "pstrain_foo_steps_total", "Steps done.")
+//     COUNTER(restarts, "pstrain_foo_restarts_total", "Restarts.")
+//     ...
+// (each line ending in a backslash).
+//
+// JOB_*: a family whose series are labelled by job_id and bound for each
+// job (Job struct: one series per entry); COUNTER, GAUGE, HISTOGRAM: one
+// series without labels; FAMILY_*: a family whose series the component
+// binds itself (other labels). Histograms take a fourth argument, their
+// buckets. From the table follow, by the macros below: the component's
+// fields (PSTRAIN_METRIC_FIELDS), its Job struct's
+// (PSTRAIN_JOB_METRIC_FIELDS), the registration of everything
+// (PSTRAIN_REGISTER_METRICS, in a BuildMetrics with `m` the component and
+// `r` the registry), and the binding and removal of a job's series
+// (PSTRAIN_BIND_JOB_METRICS with `j` the Job and `labels` its labels;
+// PSTRAIN_REMOVE_JOB_METRICS). A metric's name and help are written once.
+#define PSTRAIN_METRIC_NONE(field, name, help)
+#define PSTRAIN_METRIC_NONE4(field, name, help, buckets)
+
+#define PSTRAIN_METRIC_FAMILY_COUNTER(field, name, help) \
+  prometheus::Family<prometheus::Counter>* field = nullptr;
+#define PSTRAIN_METRIC_FAMILY_GAUGE(field, name, help) \
+  prometheus::Family<prometheus::Gauge>* field = nullptr;
+#define PSTRAIN_METRIC_FAMILY_HISTOGRAM(field, name, help, buckets) \
+  prometheus::Family<prometheus::Histogram>* field = nullptr;
+#define PSTRAIN_METRIC_COUNTER(field, name, help) prometheus::Counter* field = nullptr;
+#define PSTRAIN_METRIC_GAUGE(field, name, help) prometheus::Gauge* field = nullptr;
+#define PSTRAIN_METRIC_HISTOGRAM(field, name, help, buckets) \
+  prometheus::Histogram* field = nullptr;
+#define PSTRAIN_METRIC_FIELDS(TABLE)                                                       \
+  TABLE(PSTRAIN_METRIC_FAMILY_COUNTER, PSTRAIN_METRIC_FAMILY_GAUGE,                         \
+        PSTRAIN_METRIC_FAMILY_HISTOGRAM, PSTRAIN_METRIC_COUNTER, PSTRAIN_METRIC_GAUGE,      \
+        PSTRAIN_METRIC_HISTOGRAM, PSTRAIN_METRIC_FAMILY_COUNTER, PSTRAIN_METRIC_FAMILY_GAUGE)
+#define PSTRAIN_JOB_METRIC_FIELDS(TABLE)                                                   \
+  TABLE(PSTRAIN_METRIC_COUNTER, PSTRAIN_METRIC_GAUGE, PSTRAIN_METRIC_HISTOGRAM,             \
+        PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE4, PSTRAIN_METRIC_NONE, \
+        PSTRAIN_METRIC_NONE)
+
+#define PSTRAIN_REGISTER_FAMILY(kind, field, name, help) \
+  m->field = &prometheus::Build##kind().Name(name).Help(help).Register(r);
+#define PSTRAIN_REGISTER_FAMILY_COUNTER(field, name, help) \
+  PSTRAIN_REGISTER_FAMILY(Counter, field, name, help)
+#define PSTRAIN_REGISTER_FAMILY_GAUGE(field, name, help) \
+  PSTRAIN_REGISTER_FAMILY(Gauge, field, name, help)
+#define PSTRAIN_REGISTER_FAMILY_HISTOGRAM(field, name, help, buckets) \
+  PSTRAIN_REGISTER_FAMILY(Histogram, field, name, help)
+#define PSTRAIN_REGISTER_COUNTER(field, name, help) \
+  m->field = &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+#define PSTRAIN_REGISTER_GAUGE(field, name, help) \
+  m->field = &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+#define PSTRAIN_REGISTER_HISTOGRAM(field, name, help, buckets) \
+  m->field = &prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+#define PSTRAIN_REGISTER_METRICS(TABLE)                                                     \
+  TABLE(PSTRAIN_REGISTER_FAMILY_COUNTER, PSTRAIN_REGISTER_FAMILY_GAUGE,                      \
+        PSTRAIN_REGISTER_FAMILY_HISTOGRAM, PSTRAIN_REGISTER_COUNTER, PSTRAIN_REGISTER_GAUGE, \
+        PSTRAIN_REGISTER_HISTOGRAM, PSTRAIN_REGISTER_FAMILY_COUNTER,                         \
+        PSTRAIN_REGISTER_FAMILY_GAUGE)
+
+#define PSTRAIN_BIND_JOB_SERIES(field, name, help) j.field = &field->Add(labels);
+#define PSTRAIN_BIND_JOB_HISTOGRAM(field, name, help, buckets) \
+  j.field = &field->Add(labels, buckets);
+#define PSTRAIN_BIND_JOB_METRICS(TABLE)                                                       \
+  TABLE(PSTRAIN_BIND_JOB_SERIES, PSTRAIN_BIND_JOB_SERIES, PSTRAIN_BIND_JOB_HISTOGRAM,          \
+        PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE4, PSTRAIN_METRIC_NONE,   \
+        PSTRAIN_METRIC_NONE)
+#define PSTRAIN_REMOVE_JOB_SERIES(field, name, help) field->Remove(j.field);
+#define PSTRAIN_REMOVE_JOB_HISTOGRAM(field, name, help, buckets) field->Remove(j.field);
+#define PSTRAIN_REMOVE_JOB_METRICS(TABLE)                                                     \
+  TABLE(PSTRAIN_REMOVE_JOB_SERIES, PSTRAIN_REMOVE_JOB_SERIES, PSTRAIN_REMOVE_JOB_HISTOGRAM,    \
+        PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE, PSTRAIN_METRIC_NONE4, PSTRAIN_METRIC_NONE,   \
+        PSTRAIN_METRIC_NONE)
+
 // Histogram buckets for durations from 10 µs to about a minute.
 prometheus::Histogram::BucketBoundaries LatencyBuckets();
+// Histogram buckets for small counts: 0, 1, 2, 4, ..., 256.
+prometheus::Histogram::BucketBoundaries CountBuckets();
 
 // RPC latency by method and status code, on both sides of every call:
 //   pstrain_rpc_server_seconds{method,code}  (histogram; _count is the count)

@@ -1,4 +1,6 @@
-// What a parameter server measures, declared in one place and built once.
+// What a parameter server measures, declared once: the table below gives
+// every metric's name, help and kind; the fields, registration, binding and
+// removal follow from it (common/metrics.h).
 #ifndef PSTRAIN_SERVER_SERVER_METRICS_H_
 #define PSTRAIN_SERVER_SERVER_METRICS_H_
 
@@ -10,49 +12,65 @@
 
 namespace pstrain::server {
 
+#define PSTRAIN_SERVER_METRICS(JOB_COUNTER, JOB_GAUGE, JOB_HISTOGRAM, COUNTER, GAUGE,          \
+                               HISTOGRAM, FAMILY_COUNTER, FAMILY_GAUGE)                        \
+  JOB_COUNTER(pushes, "pstrain_server_pushes_total", "Gradient pushes received, retries included.") \
+  JOB_COUNTER(received_bytes, "pstrain_server_received_bytes_total",                          \
+              "Gradient payload bytes received.")                                             \
+  JOB_COUNTER(sent_bytes, "pstrain_server_sent_bytes_total", "Parameter payload bytes sent.") \
+  JOB_COUNTER(updates, "pstrain_server_updates_total", "Optimizer updates applied to chunks.") \
+  JOB_COUNTER(skipped, "pstrain_server_skipped_updates_total",                                \
+              "Updates of a chunk skipped because a worker's gradient of the step had a NaN "  \
+              "or an infinity somewhere (sync: the step, on every chunk; async: that "         \
+              "worker's push).")                                                              \
+  JOB_GAUGE(learning_rate, "pstrain_server_learning_rate",                                    \
+            "The learning rate of the last update applied (the job's schedule at its step).") \
+  JOB_HISTOGRAM(barrier_wait, "pstrain_server_barrier_wait_seconds",                          \
+                "Sync mode: from a chunk's first push of a step to its last.", LatencyBuckets()) \
+  JOB_HISTOGRAM(apply, "pstrain_server_apply_seconds",                                        \
+                "Summing a chunk's gradients and applying the optimizer.", LatencyBuckets())  \
+  JOB_HISTOGRAM(staleness, "pstrain_server_gradient_staleness",                               \
+                "Async and ssp: updates applied to a chunk since the values a gradient was "  \
+                "computed from.",                                                             \
+                CountBuckets())                                                               \
+  JOB_HISTOGRAM(step_staleness, "pstrain_server_step_staleness",                              \
+                "Steps of the slowest worker missing from the values a worker's next step "   \
+                "is computed from, per worker and step (sync: 0; ssp: at most the job's "     \
+                "staleness).",                                                                \
+                CountBuckets())                                                               \
+  JOB_HISTOGRAM(slowest_wait, "pstrain_server_slowest_worker_wait_seconds",                   \
+                "How long a worker's push waited for other workers' steps before its reply, " \
+                "per worker and step (sync: the barrier; ssp: the staleness bound; async: 0).", \
+                LatencyBuckets())                                                             \
+  JOB_HISTOGRAM(checkpoint, "pstrain_server_checkpoint_seconds",                              \
+                "Writing one checkpoint of a job's chunks (in the background).",              \
+                LatencyBuckets())                                                             \
+  JOB_HISTOGRAM(checkpoint_copy, "pstrain_server_checkpoint_copy_seconds",                    \
+                "Copying a chunk's values and optimizer state at a checkpoint step (what "    \
+                "training waits for).",                                                       \
+                LatencyBuckets())                                                             \
+  JOB_COUNTER(checkpoint_bytes, "pstrain_server_checkpoint_bytes_total",                      \
+              "Bytes of checkpoint files written.")                                           \
+  JOB_GAUGE(last_checkpoint, "pstrain_server_last_checkpoint_step",                           \
+            "The step of the server's newest checkpoint of a job.")                           \
+  FAMILY_GAUGE(stragglers, "pstrain_server_straggler",                                        \
+               "1 while a worker's pushes reach the barrier more than 3x the median lag of "  \
+               "the others, 10 steps in a row.")                                              \
+  GAUGE(held_bytes, "pstrain_server_held_bytes", "Bytes of job state held.")                  \
+  GAUGE(jobs, "pstrain_server_jobs", "Jobs held.")                                            \
+  GAUGE(open_waits, "pstrain_server_open_waits",                                              \
+        "Pushes and pulls waiting for a version (at the barrier).")
+
 struct ServerMetrics {
   // Per-job series stay this long after the server releases the job.
   static absl::StatusOr<std::unique_ptr<ServerMetrics>> Create(prometheus::Registry& registry,
                                                                absl::Duration grace);
 
-  // name                                           labels   type
-  prometheus::Family<prometheus::Counter>* pushes;          // job_id  pstrain_server_pushes_total
-  prometheus::Family<prometheus::Counter>* received_bytes;  // job_id  pstrain_server_received_bytes_total
-  prometheus::Family<prometheus::Counter>* sent_bytes;      // job_id  pstrain_server_sent_bytes_total
-  prometheus::Family<prometheus::Counter>* updates;         // job_id  pstrain_server_updates_total
-  prometheus::Family<prometheus::Counter>* skipped;         // job_id  pstrain_server_skipped_updates_total
-  prometheus::Family<prometheus::Gauge>* learning_rate;     // job_id  pstrain_server_learning_rate
-  prometheus::Family<prometheus::Histogram>* barrier_wait;  // job_id  pstrain_server_barrier_wait_seconds
-  prometheus::Family<prometheus::Histogram>* apply;         // job_id  pstrain_server_apply_seconds
-  prometheus::Family<prometheus::Histogram>* staleness;     // job_id  pstrain_server_gradient_staleness
-  prometheus::Family<prometheus::Histogram>* step_staleness;  // job_id  pstrain_server_step_staleness
-  prometheus::Family<prometheus::Histogram>* slowest_wait;  // job_id  pstrain_server_slowest_worker_wait_seconds
-  prometheus::Family<prometheus::Histogram>* checkpoint;    // job_id  pstrain_server_checkpoint_seconds
-  prometheus::Family<prometheus::Histogram>* checkpoint_copy;  // job_id  pstrain_server_checkpoint_copy_seconds
-  prometheus::Family<prometheus::Counter>* checkpoint_bytes;   // job_id  pstrain_server_checkpoint_bytes_total
-  prometheus::Family<prometheus::Gauge>* last_checkpoint;      // job_id  pstrain_server_last_checkpoint_step
-  prometheus::Family<prometheus::Gauge>* stragglers;     // job_id,worker  pstrain_server_straggler
-  prometheus::Gauge* held_bytes;                            //         pstrain_server_held_bytes
-  prometheus::Gauge* jobs;                                  //         pstrain_server_jobs
-  prometheus::Gauge* open_waits;                            //         pstrain_server_open_waits
+  PSTRAIN_METRIC_FIELDS(PSTRAIN_SERVER_METRICS)
 
   // One job's series, bound once when the server starts holding it.
   struct Job {
-    prometheus::Counter* pushes;
-    prometheus::Counter* received_bytes;
-    prometheus::Counter* sent_bytes;
-    prometheus::Counter* updates;
-    prometheus::Counter* skipped;
-    prometheus::Gauge* learning_rate;
-    prometheus::Histogram* barrier_wait;
-    prometheus::Histogram* apply;
-    prometheus::Histogram* staleness;
-    prometheus::Histogram* step_staleness;
-    prometheus::Histogram* slowest_wait;
-    prometheus::Histogram* checkpoint;
-    prometheus::Histogram* checkpoint_copy;
-    prometheus::Counter* checkpoint_bytes;
-    prometheus::Gauge* last_checkpoint;
+    PSTRAIN_JOB_METRIC_FIELDS(PSTRAIN_SERVER_METRICS)
   };
   // The job's series; they expire `grace` after JobEnded.
   Job BindJob(const std::string& job_id);

@@ -16,39 +16,44 @@ enum class StepPhase { kCompute, kReduce, kPush, kWait, kPull };
 inline constexpr std::array<const char*, 5> kStepPhaseNames = {"compute", "reduce", "push",
                                                                "wait", "pull"};
 
+#define PSTRAIN_WORKER_METRICS(JOB_COUNTER, JOB_GAUGE, JOB_HISTOGRAM, COUNTER, GAUGE,          \
+                               HISTOGRAM, FAMILY_COUNTER, FAMILY_GAUGE)                        \
+  JOB_COUNTER(steps, "pstrain_worker_steps_total", "Training steps completed.")                \
+  JOB_COUNTER(samples, "pstrain_worker_samples_total", "Training samples processed.")          \
+  JOB_GAUGE(samples_per_second, "pstrain_worker_samples_per_second",                          \
+            "Training throughput over the last report interval.")                             \
+  JOB_HISTOGRAM(step_seconds, "pstrain_worker_step_seconds", "Duration of a whole training step.", \
+                LatencyBuckets())                                                             \
+  FAMILY_COUNTER(phase_seconds, "pstrain_worker_step_phase_seconds_total",                    \
+                 "Time spent in each part of the steps: compute (forward and backward), "     \
+                 "reduce (across local devices), push, wait (for the servers' barrier), pull.") \
+  JOB_COUNTER(pushed_bytes, "pstrain_worker_pushed_bytes_total", "Gradient payload bytes pushed.") \
+  JOB_COUNTER(pulled_bytes, "pstrain_worker_pulled_bytes_total",                              \
+              "Parameter payload bytes received and used.")                                   \
+  JOB_COUNTER(retries, "pstrain_worker_retries_total",                                        \
+              "Exchanges with the servers repeated for lost or failed replies.")              \
+  JOB_GAUGE(loss, "pstrain_worker_loss", "Mean training loss of the last step.")              \
+  JOB_GAUGE(loss_ema, "pstrain_worker_loss_ema",                                              \
+            "Training loss, exponential moving average (weight 0.02 per step).")              \
+  JOB_GAUGE(loss_scale, "pstrain_worker_loss_scale",                                          \
+            "Precision fp16: the dynamic loss scale of the next step.")                       \
+  JOB_COUNTER(overflows, "pstrain_worker_loss_scale_overflows_total",                         \
+              "Precision fp16: steps whose scaled gradient overflowed (skipped on every "     \
+              "server; the scale halved).")
+
+// What a worker measures, declared once in the table above (common/metrics.h).
 struct WorkerMetrics {
   // Per-job series stay this long after the job ends here.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(prometheus::Registry& registry,
                                                                absl::Duration grace);
 
-  // name                                                 labels        type
-  prometheus::Family<prometheus::Counter>* steps;            // job_id        pstrain_worker_steps_total
-  prometheus::Family<prometheus::Counter>* samples;          // job_id        pstrain_worker_samples_total
-  prometheus::Family<prometheus::Gauge>* samples_per_second; // job_id        pstrain_worker_samples_per_second
-  prometheus::Family<prometheus::Histogram>* step_seconds;   // job_id        pstrain_worker_step_seconds
-  prometheus::Family<prometheus::Counter>* phase_seconds;    // job_id,phase  pstrain_worker_step_phase_seconds_total
-  prometheus::Family<prometheus::Counter>* pushed_bytes;     // job_id        pstrain_worker_pushed_bytes_total
-  prometheus::Family<prometheus::Counter>* pulled_bytes;     // job_id        pstrain_worker_pulled_bytes_total
-  prometheus::Family<prometheus::Counter>* retries;          // job_id        pstrain_worker_retries_total
-  prometheus::Family<prometheus::Gauge>* loss;               // job_id        pstrain_worker_loss
-  prometheus::Family<prometheus::Gauge>* loss_ema;           // job_id        pstrain_worker_loss_ema
-  prometheus::Family<prometheus::Gauge>* loss_scale;         // job_id        pstrain_worker_loss_scale
-  prometheus::Family<prometheus::Counter>* overflows;        // job_id        pstrain_worker_loss_scale_overflows_total
+  PSTRAIN_METRIC_FIELDS(PSTRAIN_WORKER_METRICS)
 
   // One job's series, bound once when the job starts here.
   struct Job {
-    prometheus::Counter* steps;
-    prometheus::Counter* samples;
-    prometheus::Gauge* samples_per_second;
-    prometheus::Histogram* step_seconds;
+    PSTRAIN_JOB_METRIC_FIELDS(PSTRAIN_WORKER_METRICS)
+    // By StepPhase (the phase label).
     std::array<prometheus::Counter*, kStepPhaseNames.size()> phase_seconds;
-    prometheus::Counter* pushed_bytes;
-    prometheus::Counter* pulled_bytes;
-    prometheus::Counter* retries;
-    prometheus::Gauge* loss;
-    prometheus::Gauge* loss_ema;
-    prometheus::Gauge* loss_scale;
-    prometheus::Counter* overflows;
   };
   // The job's series; they expire `grace` after JobEnded.
   Job BindJob(const std::string& job_id);
