@@ -136,7 +136,7 @@ class SecurityTest : public ::testing::Test {
   }
   static std::string Pem(const std::string& set, const std::string& file) {
     absl::StatusOr<std::string> pem = ReadFile(Path(set, file));
-    EXPECT_TRUE(pem.ok()) << pem.status();
+    PSTRAIN_EXPECT_OK(pem);
     return pem.value_or("");
   }
   static TlsFiles Files(const std::string& set, const std::string& name) {
@@ -145,7 +145,7 @@ class SecurityTest : public ::testing::Test {
   }
   std::unique_ptr<TransportSecurity> Load(const std::string& name) {
     absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(Files("good", name));
-    EXPECT_TRUE(s.ok()) << s.status();
+    PSTRAIN_EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -157,7 +157,7 @@ class SecurityTest : public ::testing::Test {
     options.security = coordinator_security_.get();
     options.auth_tokens = std::move(tokens);
     absl::StatusOr<std::unique_ptr<server::Coordinator>> c = server::Coordinator::Create(options);
-    ASSERT_TRUE(c.ok()) << c.status();
+    PSTRAIN_ASSERT_OK(c);
     coordinator_ = std::move(*c);
   }
   void TearDown() override {
@@ -245,7 +245,7 @@ TEST_F(SecurityTest, OnlyCertificatesOfTheClustersCaThatAreValidGetIn) {
   // A valid one does, and the refused ones left nothing behind.
   std::unique_ptr<TransportSecurity> admin = Load("admin");
   absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
-  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  PSTRAIN_ASSERT_OK(nodes);
   EXPECT_EQ(*nodes, 0);
 }
 
@@ -263,7 +263,7 @@ TEST_F(SecurityTest, ANodeHoldsOnlyTheRoleAndIdItsCertificateCarries) {
             absl::StatusCode::kPermissionDenied);
   // Without an id the node gets its certificate's.
   absl::StatusOr<std::string> id = Register(channel, Registration(v1::NODE_ROLE_WORKER));
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   EXPECT_EQ(*id, "worker-0");
 
   // Another worker cannot heartbeat, report for or take over worker-0.
@@ -296,7 +296,7 @@ TEST_F(SecurityTest, ANodeHoldsOnlyTheRoleAndIdItsCertificateCarries) {
   EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kPermissionDenied);
   std::unique_ptr<TransportSecurity> admin = Load("admin");
   absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
-  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  PSTRAIN_ASSERT_OK(nodes);
   EXPECT_EQ(*nodes, 1);
   // And a client certificate cannot register as a node.
   EXPECT_EQ(Register(Channel(admin.get()), Registration(v1::NODE_ROLE_WORKER))
@@ -322,14 +322,14 @@ TEST_F(SecurityTest, TokensDecideWhatAUserMayDo) {
                                              "operator otto ", server::Sha256Hex("otto-token"),
                                              "  # the operator\n"),
                                 "tokens");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  PSTRAIN_ASSERT_OK(tokens);
   // Over plaintext on loopback: the token alone decides.
   ASSERT_NO_FATAL_FAILURE(StartCoordinator(std::move(*tokens), /*name=*/""));
   std::shared_ptr<grpc::Channel> channel = Channel(nullptr);
   EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(CountNodes(channel, "guess").status().code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_TRUE(CountNodes(channel, "vera-token").ok());
+  PSTRAIN_EXPECT_OK(CountNodes(channel, "vera-token"));
   const absl::Status viewer_submit = SubmitYaml(channel, "vera-token");
   EXPECT_EQ(viewer_submit.code(), absl::StatusCode::kPermissionDenied) << viewer_submit;
   EXPECT_TRUE(absl::StrContains(viewer_submit.message(), "vera")) << viewer_submit;
@@ -353,7 +353,7 @@ TEST(AuthTokensTest, MalformedFilesAreRefusedNamingTheLine) {
   }
   absl::StatusOr<server::AuthTokens> tokens =
       server::AuthTokens::Parse("operator o " + absl::AsciiStrToUpper(hash), "f");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  PSTRAIN_ASSERT_OK(tokens);
   ASSERT_TRUE(tokens->Find("t").has_value());
   EXPECT_EQ(tokens->Find("t")->name, "o");
   EXPECT_FALSE(tokens->Find("u").has_value());
@@ -434,7 +434,7 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
     absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(
         {.cert = tls + "/" + name + ".crt", .key = tls + "/" + name + ".key",
          .ca = tls + "/ca.crt"});
-    EXPECT_TRUE(s.ok()) << s.status();
+    PSTRAIN_EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   };
   const std::unique_ptr<TransportSecurity> rogue = load("worker-2");
