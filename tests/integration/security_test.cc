@@ -28,15 +28,6 @@
 namespace pstrain::testing {
 namespace {
 
-constexpr char kJob[] = R"(
-model: {type: mlp, hidden: [32]}
-optimizer: {type: sgd, learning_rate: 0.1}
-batch_size: 8
-steps: 10
-num_servers: 1
-num_workers: 1
-)";
-
 v1::RegisterRequest Registration(v1::NodeRole role, const std::string& node_id = "") {
   v1::RegisterRequest request;
   request.set_role(role);
@@ -72,7 +63,7 @@ absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, co
 absl::Status SubmitYaml(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
   auto stub = v1::Control::NewStub(channel);
   v1::SubmitJobRequest request;
-  request.set_spec_yaml(kJob);
+  request.set_spec_yaml(kSmallJobYaml);
   v1::SubmitJobResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(5));

@@ -22,14 +22,8 @@
 namespace pstrain::server {
 namespace {
 
-constexpr char kValid[] = R"(
-model: {type: mlp, hidden: [32]}
-optimizer: {type: sgd, learning_rate: 0.1}
-batch_size: 8
-steps: 10
-num_servers: 1
-num_workers: 1
-)";
+// The job file the tests submit, and vary.
+constexpr const char* kValid = testing::kSmallJobYaml;
 
 class CoordinatorTest : public ::testing::Test {
  protected:
