@@ -61,14 +61,8 @@ absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, co
 }
 
 absl::Status SubmitYaml(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
-  auto stub = v1::Control::NewStub(channel);
-  v1::SubmitJobRequest request;
-  request.set_spec_yaml(kSmallJobYaml);
-  v1::SubmitJobResponse response;
-  grpc::ClientContext context;
-  SetTimeout(context, absl::Seconds(5));
-  AddBearerToken(context, token);
-  return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
+  return SubmitJobYaml(*v1::Control::NewStub(channel), kSmallJobYaml, absl::Seconds(5), token)
+      .status();
 }
 
 // One frame to a parameter server over the transport workers use; the

@@ -16,6 +16,7 @@
 #include "kernels/model.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
+#include "tests/integration/cluster_fixture.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util.h"
 
@@ -49,14 +50,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::string> Submit(const std::string& yaml) {
-    v1::SubmitJobRequest request;
-    request.set_spec_yaml(yaml);
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    absl::Status s = FromGrpcStatus(control_->SubmitJob(&context, request, &response));
-    if (!s.ok()) return s;
-    return response.job_id();
+    return testing::SubmitJobYaml(*control_, yaml, absl::Seconds(10));
   }
 
   absl::StatusOr<v1::Job> Get(const std::string& id) {
@@ -612,14 +606,7 @@ TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
   testing::TempDir dir;
   ASSERT_NO_FATAL_FAILURE(Start(dir.path() + "/state"));
   const auto submit = [&](const std::string& yaml, const std::string& request_id) {
-    v1::SubmitJobRequest request;
-    request.set_spec_yaml(yaml);
-    request.set_request_id(request_id);
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    absl::Status s = FromGrpcStatus(control_->SubmitJob(&context, request, &response));
-    return s.ok() ? absl::StatusOr<std::string>(response.job_id()) : s;
+    return testing::SubmitJobYaml(*control_, yaml, absl::Seconds(10), /*token=*/"", request_id);
   };
   absl::StatusOr<std::string> first = submit(kValid, "req-1");
   PSTRAIN_ASSERT_OK(first);
