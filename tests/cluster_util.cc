@@ -32,14 +32,14 @@ v1::JobSpec MlpSpec(v1::OptimizerType optimizer, float learning_rate, int worker
   spec.set_chunk_bytes(chunk_bytes);
   spec.set_seed(11);
   absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(spec);
-  EXPECT_TRUE(normalized.ok()) << normalized.status();
+  PSTRAIN_EXPECT_OK(normalized);
   return *normalized;
 }
 
 v1::PartitionPlan PlanFor(const v1::JobSpec& spec) {
   absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
       JobTensors(spec), spec.chunk_bytes(), spec.num_servers());
-  EXPECT_TRUE(plan.ok()) << plan.status();
+  PSTRAIN_EXPECT_OK(plan);
   return *plan;
 }
 
@@ -51,7 +51,7 @@ InProcessServers::InProcessServers(int n, server::ShardStore::Options store,
     options.client_limits = client_limits;
     absl::StatusOr<std::unique_ptr<server::ParameterServer>> s =
         server::ParameterServer::Create(options);
-    EXPECT_TRUE(s.ok()) << s.status();
+    PSTRAIN_EXPECT_OK(s);
     servers_.push_back(std::move(*s));
   }
 }
@@ -86,7 +86,7 @@ std::vector<float> InProcessServers::Gather(const std::string& job_id,
   for (const v1::ChunkInfo& c : plan.chunks()) {
     absl::StatusOr<server::ShardStore::ChunkSnapshot> snap =
         servers_[c.server()]->store().ReadChunk(job_id, c.id());
-    EXPECT_TRUE(snap.ok()) << snap.status();
+    PSTRAIN_EXPECT_OK(snap);
     if (!snap.ok()) continue;
     std::copy(snap->values.begin(), snap->values.end(), params.begin() + c.offset());
   }

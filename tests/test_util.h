@@ -48,6 +48,16 @@ inline absl::Status StatusOf(const grpc::Status& status) {
 // Where Debian's dataset-fashion-mnist puts the files.
 inline const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
 
+// A small valid job file: an MLP trained by SGD for 10 steps, one server, one worker.
+inline constexpr char kSmallJobYaml[] = R"(
+model: {type: mlp, hidden: [32]}
+optimizer: {type: sgd, learning_rate: 0.1}
+batch_size: 8
+steps: 10
+num_servers: 1
+num_workers: 1
+)";
+
 // Per tensor: relative L2 distance ||a-b||/||b|| and max |a-b|.
 struct TensorDiff {
   std::string name;

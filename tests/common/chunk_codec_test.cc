@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -28,7 +29,7 @@ v1::ChunkHeader Header(uint32_t n, v1::DType dtype = v1::DTYPE_FP32) {
 // The bytes of a frame as gRPC would put them on the wire.
 std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  PSTRAIN_EXPECT_OK(buffer.Dump(&slices));
   std::string bytes;
   for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return bytes;
@@ -98,7 +99,7 @@ TEST(ChunkCodecTest, RoundTripSplitAtEveryByte) {
       std::vector<size_t> cuts = {a};
       if (b > a) cuts.push_back(b);
       absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
-      ASSERT_TRUE(frame.ok()) << frame.status() << " cuts " << a << "," << b;
+      PSTRAIN_ASSERT_OK(frame) << "cuts " << a << "," << b;
       EXPECT_EQ(frame->header().step(), 17);
       ExpectReadsMatch(*frame, values, absl::StrCat("cuts ", a, ",", b));
     }
@@ -121,7 +122,7 @@ TEST(ChunkCodecTest, RoundTripOfEverySize) {
         }
       }
       absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
-      ASSERT_TRUE(frame.ok()) << frame.status();
+      PSTRAIN_ASSERT_OK(frame);
       ASSERT_EQ(frame->payload_bytes(), 4 * n);
       ExpectReadsMatch(*frame, values, absl::StrCat(n, " floats, slices of ", step));
     }
@@ -137,7 +138,7 @@ TEST(ChunkCodecTest, RoundTripOf64MiBSharedAndCutLikeTheNetwork) {
   std::vector<size_t> cuts;
   for (size_t at = 1; at < bytes.size(); at += 16381 + at % 7) cuts.push_back(at);
   absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
-  ASSERT_TRUE(frame.ok()) << frame.status();
+  PSTRAIN_ASSERT_OK(frame);
   std::vector<float> out(n);
   frame->ReadValues(0, n, out.data());
   EXPECT_TRUE(out == *values);
@@ -158,7 +159,7 @@ TEST(ChunkCodecTest, SixteenBitPayloadsDecodeToTheirCasts) {
           cuts.push_back(at);
         }
         absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
-        ASSERT_TRUE(frame.ok()) << frame.status();
+        PSTRAIN_ASSERT_OK(frame);
         EXPECT_EQ(frame->payload_bytes(), 2 * n);
         ExpectReadsMatch(*frame, expected, absl::StrCat("dtype ", dtype, ", ", n, " values"));
       }
@@ -190,7 +191,7 @@ TEST(ChunkCodecTest, MaxAbsMatchesAPlainLoop) {
           cuts.push_back(at);
         }
         absl::StatusOr<Frame> frame = Frame::Parse(Cut(bytes, cuts));
-        ASSERT_TRUE(frame.ok()) << frame.status();
+        PSTRAIN_ASSERT_OK(frame);
         EXPECT_EQ(frame->MaxAbs(), expected) << context;
       }
     }
@@ -203,7 +204,7 @@ TEST(ChunkCodecTest, CopiesAreCounted) {
   const grpc::ByteBuffer buffer = EncodeFrame(Header(100), values.data());
   EXPECT_EQ(CopiedPayloadBytes(), before + 400);
   absl::StatusOr<Frame> frame = Frame::Parse(buffer);
-  ASSERT_TRUE(frame.ok());
+  PSTRAIN_ASSERT_OK(frame);
   std::vector<float> out(100);
   frame->CopyPayloadTo(out.data());
   EXPECT_EQ(CopiedPayloadBytes(), before + 800);
@@ -214,7 +215,7 @@ TEST(ChunkCodecTest, SharedPayloadIsNotCopiedAndKeepsItsOwnerAlive) {
   std::weak_ptr<std::vector<float>> weak = owner;
   grpc::ByteBuffer buffer = EncodeFrameShared(Header(1000), owner->data(), owner);
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(buffer.Dump(&slices).ok());
+  PSTRAIN_ASSERT_OK(buffer.Dump(&slices));
   ASSERT_EQ(slices.size(), 2u);
   EXPECT_EQ(static_cast<const void*>(slices[1].begin()), static_cast<const void*>(owner->data()));
   slices.clear();
@@ -255,7 +256,7 @@ TEST(ChunkCodecTest, RejectsAPayloadThatDisagreesWithItsHeader) {
     grpc::Slice slice(bytes.data(), bytes.size());
     return Frame::Parse(grpc::ByteBuffer(&slice, 1));
   };
-  ASSERT_TRUE(parse(Header(4), values.data(), 16).ok());
+  PSTRAIN_ASSERT_OK(parse(Header(4), values.data(), 16));
   // Three floats where the header says four, five, or 16-bit values.
   EXPECT_EQ(parse(Header(4), values.data(), 12).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -263,7 +264,7 @@ TEST(ChunkCodecTest, RejectsAPayloadThatDisagreesWithItsHeader) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(parse(Header(4, v1::DTYPE_BF16), values.data(), 16).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(parse(Header(8, v1::DTYPE_BF16), values.data(), 16).ok());
+  PSTRAIN_EXPECT_OK(parse(Header(8, v1::DTYPE_BF16), values.data(), 16));
   // An unknown dtype.
   EXPECT_EQ(parse(Header(4, static_cast<v1::DType>(99)), values.data(), 16).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -48,7 +49,7 @@ TEST(CpuAffinityTest, KeepsTheThreadAndTheThreadsItStartsOnTheCpus) {
   ASSERT_FALSE(allowed.empty());
   const std::vector<int> one = {allowed.back()};
   std::thread([&] {
-    ASSERT_TRUE(RunOnlyOn(one).ok());
+    PSTRAIN_ASSERT_OK(RunOnlyOn(one));
     EXPECT_EQ(AllowedCpus(), one);
     std::thread([&] { EXPECT_EQ(AllowedCpus(), one); }).join();
   }).join();

@@ -56,14 +56,14 @@ class DatasetTest : public ::testing::Test {
 
 TEST_F(DatasetTest, ReadsFashionMnist) {
   absl::StatusOr<Dataset> train = LoadFashionMnist(testing::kFashionDir, true);
-  ASSERT_TRUE(train.ok()) << train.status();
+  PSTRAIN_ASSERT_OK(train);
   EXPECT_EQ(train->num_samples, 60000);
   EXPECT_EQ(train->input_dim, 784);
   std::vector<int> per_class(10, 0);
   for (int32_t label : train->labels) ++per_class[label];
   for (int count : per_class) EXPECT_EQ(count, 6000);
   absl::StatusOr<Dataset> test = LoadFashionMnist(testing::kFashionDir, false);
-  ASSERT_TRUE(test.ok()) << test.status();
+  PSTRAIN_ASSERT_OK(test);
   EXPECT_EQ(test->num_samples, 10000);
 }
 
@@ -71,7 +71,7 @@ TEST_F(DatasetTest, SmallValidFile) {
   const std::string images = WriteGz("i.gz", Idx(0x803, {3, 2, 2}, 12), false);
   const std::string labels = WriteGz("l.gz", Idx(0x801, {3}, 3), false);
   absl::StatusOr<Dataset> d = LoadIdx(images, labels, 10);
-  ASSERT_TRUE(d.ok()) << d.status();
+  PSTRAIN_ASSERT_OK(d);
   EXPECT_EQ(d->num_samples, 3);
   EXPECT_EQ(d->input_dim, 4);
 }
@@ -110,7 +110,7 @@ TEST_F(DatasetTest, DataThatDoesNotFitTheJobIsRefused) {
   job.set_num_servers(1);
   job.set_num_workers(1);
   absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(job);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   struct Case {
     std::vector<uint32_t> image_dims;
     const char* message;
@@ -125,7 +125,7 @@ TEST_F(DatasetTest, DataThatDoesNotFitTheJobIsRefused) {
                 false);
     const std::string labels = WriteGz("l.gz", Idx(0x801, {n}, n), false);
     absl::StatusOr<Dataset> data = LoadIdx(images, labels, 10);
-    ASSERT_TRUE(data.ok()) << data.status();
+    PSTRAIN_ASSERT_OK(data);
     absl::Status fits = CheckDataFitsJob(*spec, *data, /*train=*/true);
     EXPECT_EQ(fits.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(fits.message(), std::string("data.dir: ") + c.message);
@@ -133,8 +133,8 @@ TEST_F(DatasetTest, DataThatDoesNotFitTheJobIsRefused) {
     EXPECT_EQ(trained.status(), fits);
   }
   absl::StatusOr<Dataset> real = LoadFashionMnist(testing::kFashionDir, true);
-  ASSERT_TRUE(real.ok());
-  EXPECT_TRUE(CheckDataFitsJob(*spec, *real, /*train=*/true).ok());
+  PSTRAIN_ASSERT_OK(real);
+  PSTRAIN_EXPECT_OK(CheckDataFitsJob(*spec, *real, /*train=*/true));
 }
 
 TEST(EpochOrderTest, PermutationThatDependsOnSeedAndEpoch) {

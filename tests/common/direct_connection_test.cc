@@ -108,7 +108,7 @@ class DirectConnectionTest : public ::testing::TestWithParam<bool> {
     absl::StatusOr<std::unique_ptr<DirectListener>> listener =
         tcp() ? DirectListener::ListenTcp("127.0.0.1", kInstance, options, accept)
               : DirectListener::Listen(name_, kInstance, options, accept);
-    ASSERT_TRUE(listener.ok()) << listener.status();
+    PSTRAIN_ASSERT_OK(listener);
     listener_ = *std::move(listener);
     if (tcp()) {
       EXPECT_GT(listener_->port(), 0);
@@ -152,7 +152,7 @@ TEST_P(DirectConnectionTest, MessagesOfEverySizeArriveWholeAndInOrderBothWays) {
   ASSERT_NO_FATAL_FAILURE(Listen(options));
   Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   client_inbox.Start(**client);
   DirectConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
@@ -204,7 +204,7 @@ TEST_P(DirectConnectionTest, BorrowedBodiesAreReadWhereTheyLie) {
   ASSERT_NO_FATAL_FAILURE(Listen(options));
   Inbox client_inbox;
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   DirectConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
   // Written before the client reads: all of each is in the pipe, none wraps.
@@ -249,7 +249,7 @@ TEST_P(DirectConnectionTest, MessagesSentAheadPassQueuedOnesNotBegun) {
   ASSERT_NO_FATAL_FAILURE(Listen(options));
   Inbox client_inbox;  // outlives the connection, whose end it records
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance, options);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   DirectConnection* server = AwaitServer();
   ASSERT_NE(server, nullptr);
   // Nothing reads yet: the first (larger than the pipe, or than loopback's
@@ -279,7 +279,7 @@ TEST_P(DirectConnectionTest, MessagesSentAheadPassQueuedOnesNotBegun) {
 TEST_P(DirectConnectionTest, ManyThreadsSendingKeepEachMessageWhole) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   ASSERT_NE(AwaitServer(), nullptr);
   constexpr int kThreads = 4, kEach = 500;
   std::vector<std::thread> threads;
@@ -341,14 +341,14 @@ TEST_P(DirectConnectionTest, AGarbageHandshakeIsRefusedAndChangesNothing) {
   EXPECT_GE(recv(fd, reply, sizeof(reply), 0), 0);  // refused (or just closed)
   close(fd);
   absl::StatusOr<std::unique_ptr<DirectConnection>> good = Connect(kInstance);
-  EXPECT_TRUE(good.ok()) << good.status();
+  PSTRAIN_EXPECT_OK(good);
 }
 
 TEST_P(DirectConnectionTest, EachSideSeesTheOtherEnd) {
   ASSERT_NO_FATAL_FAILURE(Listen());
   Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
   client->reset();  // the client goes
@@ -369,7 +369,7 @@ TEST_P(DirectConnectionTest, AMessageOverTheLimitEndsTheConnection) {
   ASSERT_NO_FATAL_FAILURE(Listen(small));
   Inbox client_inbox;  // outlives the connection, which calls into it
   absl::StatusOr<std::unique_ptr<DirectConnection>> client = Connect(kInstance);
-  ASSERT_TRUE(client.ok()) << client.status();
+  PSTRAIN_ASSERT_OK(client);
   client_inbox.Start(**client);
   ASSERT_NE(AwaitServer(), nullptr);
   const grpc::ByteBuffer big = Bytes(std::string(1001, 'x'));

@@ -28,7 +28,7 @@ seed: 7
 
 TEST(JobSpecTest, ParsesEveryKindOfField) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(kValid);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_EQ(spec->model().type(), v1::MODEL_TYPE_MLP);
   ASSERT_EQ(spec->model().hidden_size(), 2);
   EXPECT_EQ(spec->model().hidden(1), 128);
@@ -48,7 +48,7 @@ steps: 5
 num_servers: 1
 num_workers: 1
 )"));
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_EQ(spec->mode(), v1::MODE_SYNC);
   EXPECT_EQ(spec->data().dir(), kDefaultDataDir);
   EXPECT_EQ(spec->chunk_bytes(), kDefaultChunkBytes);
@@ -60,9 +60,9 @@ num_workers: 1
 TEST(JobSpecTest, ExampleJobIsValid) {
   absl::StatusOr<v1::JobSpec> spec =
       LoadJobSpecFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion_mlp.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   spec = NormalizeJobSpec(*spec);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_EQ(kernels::NumParams(ModelShapeOf(*spec)), 235146);
   EXPECT_EQ(StepsPerEpoch(*spec), 468);
 }
@@ -73,8 +73,8 @@ TEST(JobSpecTest, EveryExampleIsValid) {
                            "fashion_cnn"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(
         absl::StrCat(PSTRAIN_SOURCE_DIR, "/examples/", name, ".yaml"));
-    ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
-    EXPECT_TRUE(NormalizeJobSpec(*spec).ok()) << name;
+    PSTRAIN_ASSERT_OK(spec) << name;
+    PSTRAIN_EXPECT_OK(NormalizeJobSpec(*spec)) << name;
   }
 }
 
@@ -83,8 +83,8 @@ TEST(JobSpecTest, EveryExampleIsValid) {
 // naming the field, as the YAML path refuses what it cannot parse.
 TEST(JobSpecTest, TheProtoPathIsValidatedLikeTheYamlPath) {
   absl::StatusOr<v1::JobSpec> valid = ParseJobSpecYaml(kValid);
-  ASSERT_TRUE(valid.ok());
-  ASSERT_TRUE(NormalizeJobSpec(*valid).ok());
+  PSTRAIN_ASSERT_OK(valid);
+  PSTRAIN_ASSERT_OK(NormalizeJobSpec(*valid));
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<std::pair<std::function<void(v1::JobSpec&)>, std::string>> cases = {
       {[](v1::JobSpec& s) { s.set_mode(static_cast<v1::Mode>(77)); }, "mode: unknown value 77"},
@@ -156,9 +156,9 @@ std::string External(const std::string& tensors, const std::string& more = "") {
 TEST(JobSpecTest, ColocatedServersAreOnePerWorker) {
   absl::StatusOr<v1::JobSpec> parsed =
       ParseJobSpecYaml(With("num_servers: 2", "colocated_servers: true"));
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  PSTRAIN_ASSERT_OK(parsed);
   absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*parsed);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_TRUE(spec->colocated_servers());
   EXPECT_EQ(spec->num_servers(), 2);
 }
@@ -166,9 +166,9 @@ TEST(JobSpecTest, ColocatedServersAreOnePerWorker) {
 TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   absl::StatusOr<v1::JobSpec> spec =
       ParseJobSpecYaml(External("[{name: w, shape: [3, 4]}, {name: b, shape: [4]}, {name: s}]"));
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   spec = NormalizeJobSpec(*spec);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_TRUE(spec->data().dir().empty());  // no data of pstrain's
   const std::vector<kernels::TensorDesc> tensors = JobTensors(*spec);
   ASSERT_EQ(tensors.size(), 3u);
@@ -185,8 +185,8 @@ TEST(JobSpecTest, AnExternalModelIsItsTensors) {
 // The three modes' bounds and what a worker computing a step waits for.
 TEST(JobSpecTest, StalenessBoundsOfTheThreeModes) {
   absl::StatusOr<v1::JobSpec> ssp = ParseJobSpecYaml(With("mode: sync", "mode: ssp\nstaleness: 3"));
-  ASSERT_TRUE(ssp.ok()) << ssp.status();
-  ASSERT_TRUE(NormalizeJobSpec(*ssp).ok());
+  PSTRAIN_ASSERT_OK(ssp);
+  PSTRAIN_ASSERT_OK(NormalizeJobSpec(*ssp));
   EXPECT_EQ(StalenessOf(*ssp), 3);
   EXPECT_TRUE(ScalesToTheGlobalBatch(*ssp));
   EXPECT_EQ(StepsAppliedBefore(10, 3), 7);
@@ -239,9 +239,9 @@ TEST(LearningRateTest, ScheduleFieldsParseFromYaml) {
       "learning_rate: 0.001}",
       "learning_rate: 0.001, schedule: {type: cosine, warmup_steps: 50, "
       "min_learning_rate: 0.0001}}"));
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   spec = NormalizeJobSpec(*spec);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   EXPECT_EQ(spec->optimizer().schedule().type(), v1::SCHEDULE_TYPE_COSINE);
   EXPECT_EQ(spec->optimizer().schedule().warmup_steps(), 50);
   EXPECT_FLOAT_EQ(spec->optimizer().schedule().min_learning_rate(), 0.0001f);

@@ -19,6 +19,7 @@
 #include "server/coordinator_metrics.h"
 #include "server/server_metrics.h"
 #include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
 #include "worker/worker_metrics.h"
 
 namespace pstrain {
@@ -93,7 +94,7 @@ AllMetrics BuildAll(bool serve, absl::Duration grace = absl::Minutes(5)) {
   AllMetrics m;
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
       serve ? MetricsServer::Create("127.0.0.1:0") : MetricsServer::CreateUnserved();
-  EXPECT_TRUE(server.ok()) << server.status();
+  PSTRAIN_EXPECT_OK(server);
   m.server = std::move(*server);
   prometheus::Registry& r = m.server->registry();
   m.shard = *pstrain::server::ServerMetrics::Create(r, grace);
@@ -209,7 +210,7 @@ TEST(MetricsTest, ASilentClientDoesNotBlockScrapes) {
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   // A scrape still gets through (after the silent one's 2 s deadline).
-  EXPECT_TRUE(testing::HttpGet(m.server->address(), "/metrics").ok());
+  PSTRAIN_EXPECT_OK(testing::HttpGet(m.server->address(), "/metrics"));
   close(fd);
 }
 
@@ -223,7 +224,7 @@ TEST(MetricsTest, ALiveExpositionPassesPromtool) {
   worker.phase_seconds[0]->Increment(1.5);
   m.coordinator->BindJob("job-1");
   absl::StatusOr<std::string> text = testing::HttpGet(m.server->address(), "/metrics");
-  ASSERT_TRUE(text.ok()) << text.status();
+  PSTRAIN_ASSERT_OK(text);
   EXPECT_TRUE(absl::StrContains(*text, "process_resident_memory_bytes"));
   EXPECT_TRUE(absl::StrContains(*text, "pstrain_worker_loss_ema{job_id=\"job-1\"} 0.5"));
   EXPECT_FALSE(testing::HttpGet(m.server->address(), "/other").ok());
@@ -246,11 +247,11 @@ namespace {
 // moment the process says it is ready, with its reason before.
 TEST(MetricsTest, HealthAndReadinessEndpoints) {
   absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Create("127.0.0.1:0");
-  ASSERT_TRUE(server.ok()) << server.status();
+  PSTRAIN_ASSERT_OK(server);
   const std::string address = (*server)->address();
   auto get = [&](const std::string& path) {
     absl::StatusOr<HttpResponse> r = HttpGet(address, path, absl::Seconds(10));
-    EXPECT_TRUE(r.ok()) << r.status();
+    PSTRAIN_EXPECT_OK(r);
     return r.ok() ? *r : HttpResponse{};
   };
   EXPECT_EQ(get("/healthz").status, 200);

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -24,7 +25,7 @@ TEST(ModelFileTest, RoundTrip) {
   std::vector<float> params(kernels::NumParams(ModelShapeOf(spec)));
   for (size_t i = 0; i < params.size(); ++i) params[i] = 0.001f * i - 3.0f;
   absl::StatusOr<ModelFile> file = DecodeModelFile(EncodeModelFile("job-7", spec, params));
-  ASSERT_TRUE(file.ok()) << file.status();
+  PSTRAIN_ASSERT_OK(file);
   EXPECT_EQ(file->header.job_id(), "job-7");
   EXPECT_EQ(file->params, params);
   ASSERT_EQ(file->header.tensors_size(), 4);

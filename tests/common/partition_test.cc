@@ -6,6 +6,7 @@
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -27,9 +28,9 @@ std::vector<kernels::TensorDesc> Tensors(const std::vector<int64_t>& sizes) {
 
 void CheckPlan(const std::vector<kernels::TensorDesc>& tensors, int64_t chunk_bytes,
                int servers) {
-  SCOPED_TRACE(testing::Message() << "chunk_bytes " << chunk_bytes << " servers " << servers);
+  SCOPED_TRACE(::testing::Message() << "chunk_bytes " << chunk_bytes << " servers " << servers);
   absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(tensors, chunk_bytes, servers);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  PSTRAIN_ASSERT_OK(plan);
   int64_t total = 0;
   for (const auto& t : tensors) total += t.size;
   ASSERT_EQ(plan->total_floats(), total);
@@ -89,7 +90,7 @@ TEST(PartitionTest, ExampleJobSplitsEvenlyOverTwoServers) {
   kernels::ModelShape shape{784, {256, 128}, 10};
   absl::StatusOr<v1::PartitionPlan> plan =
       ComputePartitionPlan(kernels::ModelTensors(shape), 65536, 2);
-  ASSERT_TRUE(plan.ok());
+  PSTRAIN_ASSERT_OK(plan);
   const std::vector<int64_t> loads = ServerLoads(*plan);
   const double total = static_cast<double>(loads[0] + loads[1]);
   for (int64_t load : loads) {
@@ -107,7 +108,7 @@ TEST(PartitionTest, ExampleJobSplitsEvenlyOverTwoServers) {
 TEST(PartitionTest, ValidationRejectsEveryKindOfMalformedPlan) {
   const std::vector<kernels::TensorDesc> tensors = Tensors({1000, 10});
   const v1::PartitionPlan good = *ComputePartitionPlan(tensors, 400, 3);
-  ASSERT_TRUE(ValidatePartitionPlan(good, 1010).ok());
+  PSTRAIN_ASSERT_OK(ValidatePartitionPlan(good, 1010));
   EXPECT_FALSE(ValidatePartitionPlan(good, 1011).ok());
   std::vector<std::function<void(v1::PartitionPlan&)>> breakers = {
       [](v1::PartitionPlan& p) { p.mutable_chunks(1)->set_id(7); },

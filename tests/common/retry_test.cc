@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -47,7 +48,7 @@ TEST(RetryTest, RetriesTransientErrorsUntilSuccess) {
         pauses.push_back(pause);
         return true;
       });
-  EXPECT_TRUE(s.ok()) << s;
+  PSTRAIN_EXPECT_OK(s);
   EXPECT_EQ(calls, 4);
   EXPECT_EQ(pauses, (std::vector<absl::Duration>{absl::Milliseconds(1), absl::Milliseconds(2),
                                                   absl::Milliseconds(4)}));

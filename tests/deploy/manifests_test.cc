@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/deploy/manifests.h"
 #include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -56,7 +57,7 @@ class ManifestsTest : public ::testing::Test {
     ProcessResult r = RunProcess({kubectl, "kustomize", kSource + "/deploy/k8s/" + overlay});
     EXPECT_EQ(r.exit_code(), 0) << kubectl << " kustomize " << overlay << ": " << r.err;
     absl::StatusOr<std::vector<YAML::Node>> docs = ParseDocuments(r.out);
-    EXPECT_TRUE(docs.ok()) << docs.status();
+    PSTRAIN_EXPECT_OK(docs);
     return docs.ok() ? *docs : std::vector<YAML::Node>{};
   }
 
@@ -138,7 +139,7 @@ TEST_F(ManifestsTest, EveryOverlayRendersWithEveryKubectlAndPassesReview) {
 TEST_F(ManifestsTest, EveryContainerCommandLineIsAcceptedByItsBinary) {
   // The probes call roles of the image's entry point.
   absl::StatusOr<std::string> entry_point = ReadFile(kSource + "/deploy/docker/pstrain");
-  ASSERT_TRUE(entry_point.ok());
+  PSTRAIN_ASSERT_OK(entry_point);
   for (const char* overlay : {"overlays/cpu", "overlays/gpu"}) {
     const std::vector<YAML::Node> docs = Render(kubectls_[0], overlay);
     for (const YAML::Node& doc : docs) {
@@ -157,7 +158,7 @@ TEST_F(ManifestsTest, EveryContainerCommandLineIsAcceptedByItsBinary) {
     for (const ContainerCommand& cmd : ContainerCommands(docs)) {
       SCOPED_TRACE(absl::StrCat(overlay, " ", cmd.workload, " ", cmd.container));
       absl::StatusOr<std::vector<std::string>> argv = CheckFlagsCommand(cmd.args, BinDir());
-      ASSERT_TRUE(argv.ok()) << argv.status();
+      PSTRAIN_ASSERT_OK(argv);
       std::vector<std::string> with_env = {"/usr/bin/env"};
       for (const auto& [name, value] : cmd.env) with_env.push_back(name + "=" + value);
       with_env.insert(with_env.end(), argv->begin(), argv->end());
@@ -175,7 +176,7 @@ TEST_F(ManifestsTest, TheExampleJobIsTheRepositorysOwn) {
   const YAML::Node config = Find(docs, "ConfigMap", "pstrain-example-job");
   ASSERT_TRUE(config);
   absl::StatusOr<std::string> example = ReadFile(kSource + "/examples/fashion_mlp.yaml");
-  ASSERT_TRUE(example.ok());
+  PSTRAIN_ASSERT_OK(example);
   EXPECT_EQ(Str(At(config, {"data", "fashion_mlp.yaml"})), *example)
       << "deploy/k8s/base/example-job.yaml must hold examples/fashion_mlp.yaml as it is";
   const YAML::Node submit = PodTemplate(Find(docs, "Job", "pstrain-submit-example"))["spec"];
@@ -218,7 +219,7 @@ spec:
             capabilities: {drop: [ALL]}
 )";
   absl::StatusOr<std::vector<YAML::Node>> docs = ParseDocuments(good);
-  ASSERT_TRUE(docs.ok());
+  PSTRAIN_ASSERT_OK(docs);
   EXPECT_TRUE(ReviewProblems(*docs).empty()) << absl::StrJoin(ReviewProblems(*docs), "\n");
   const std::vector<std::pair<std::string, std::string>> faults = {
       {"livenessProbe: {exec: {command: [pstrain, health]}}", "no livenessProbe"},
@@ -235,7 +236,7 @@ spec:
     std::string text = good;
     text.replace(text.find(remove), remove.size(), "");
     absl::StatusOr<std::vector<YAML::Node>> bad = ParseDocuments(text);
-    ASSERT_TRUE(bad.ok()) << text;
+    PSTRAIN_ASSERT_OK(bad) << text;
     const std::string problems = absl::StrJoin(ReviewProblems(*bad), "\n");
     EXPECT_TRUE(absl::StrContains(problems, expected)) << "without '" << remove << "': " << problems;
   }
@@ -248,12 +249,12 @@ kind: Secret
 metadata: {name: tls}
 data: {ca.crt: aGVsbG8=}
 )");
-  ASSERT_TRUE(secret.ok());
+  PSTRAIN_ASSERT_OK(secret);
   docs.push_back((*secret)[0]);
   absl::StatusOr<std::string> text = ForPodmanKubePlay(docs);
-  ASSERT_TRUE(text.ok()) << text.status();
+  PSTRAIN_ASSERT_OK(text);
   absl::StatusOr<std::vector<YAML::Node>> played = ParseDocuments(*text);
-  ASSERT_TRUE(played.ok()) << played.status();
+  PSTRAIN_ASSERT_OK(played);
   const std::vector<std::string> names = Names(*played);
   const std::set<std::string> got(names.begin(), names.end());
   const std::set<std::string> want = {

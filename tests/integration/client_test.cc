@@ -118,7 +118,7 @@ TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
   const std::vector<float> built_in = FinalParams(Submit(spec));
 
   absl::StatusOr<std::string> id = SubmitJob(Connect(), ExternalJobYaml(spec), TensorsOf(spec));
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   // The pool's idle workers are not given it.
   const v1::Job pending = WaitFor(*id, [](const v1::Job& j) { return !j.reason().empty(); });
   EXPECT_EQ(pending.state(), v1::JOB_STATE_PENDING);
@@ -129,7 +129,7 @@ TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
   kernels::SetBlasThreads(1);
   absl::StatusOr<std::shared_ptr<const Dataset>> train =
       DatasetCache().FashionMnist(kFashionDir, true);
-  ASSERT_TRUE(train.ok()) << train.status();
+  PSTRAIN_ASSERT_OK(train);
   std::vector<absl::Status> statuses(2);
   std::vector<std::vector<float>> params(2);
   std::vector<std::thread> workers;
@@ -139,7 +139,7 @@ TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
     });
   }
   for (std::thread& t : workers) t.join();
-  for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : statuses) PSTRAIN_ASSERT_OK(s);
 
   v1::Job ended;
   const std::vector<float> external = FinalParams(*id, &ended);
@@ -171,11 +171,11 @@ TEST_F(ClientTest, AWorkerThatComesBackUnderItsIdChangesNothing) {
       Connect(),
       ExternalJobYaml(spec) + "checkpoint: {dir: " + spec.checkpoint().dir() + ", every_steps: 20}\n",
       TensorsOf(spec));
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   kernels::SetBlasThreads(1);
   absl::StatusOr<std::shared_ptr<const Dataset>> train =
       DatasetCache().FashionMnist(kFashionDir, true);
-  ASSERT_TRUE(train.ok()) << train.status();
+  PSTRAIN_ASSERT_OK(train);
   std::vector<absl::Status> statuses(2);
   std::vector<std::thread> workers;
   for (int w = 0; w < 2; ++w) {
@@ -185,7 +185,7 @@ TEST_F(ClientTest, AWorkerThatComesBackUnderItsIdChangesNothing) {
     });
   }
   for (std::thread& t : workers) t.join();
-  for (const absl::Status& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : statuses) PSTRAIN_ASSERT_OK(s);
   v1::Job ended;
   ExpectBitwiseEqual(FinalParams(*id, &ended), built_in);
   EXPECT_GE(ended.recoveries(), 1);
@@ -216,10 +216,10 @@ TEST_F(ClientTest, BadRequestsAreClearErrors) {
   EXPECT_EQ(joined.status().code(), absl::StatusCode::kInvalidArgument) << joined.status();
 
   absl::StatusOr<std::string> id = SubmitJob(Connect(), yaml, {{"w", {2, 3}}, {"b", {3}}});
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   options.job_id = *id;
   joined = Client::Join(options);
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  PSTRAIN_ASSERT_OK(joined);
   Client& client = **joined;
   EXPECT_EQ(client.TensorIndex("b").value_or(-1), 1);
   EXPECT_EQ(client.TensorIndex("nope").status().code(), absl::StatusCode::kNotFound);
@@ -227,17 +227,17 @@ TEST_F(ClientTest, BadRequestsAreClearErrors) {
   EXPECT_EQ(client.BindTensor(0, w.data(), 5).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client.BindTensor(2, b.data(), 3).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client.PushGradient(0, w.data(), 6).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(client.BindTensor(0, w.data(), 6).ok());
+  PSTRAIN_ASSERT_OK(client.BindTensor(0, w.data(), 6));
   EXPECT_EQ(client.Start().code(), absl::StatusCode::kFailedPrecondition);  // b not bound
-  ASSERT_TRUE(client.BindTensor(1, b.data(), 3).ok());
-  ASSERT_TRUE(client.Start().ok());
+  PSTRAIN_ASSERT_OK(client.BindTensor(1, b.data(), 3));
+  PSTRAIN_ASSERT_OK(client.Start());
   EXPECT_EQ(client.BatchIndices(0, 10).status().code(), absl::StatusCode::kInvalidArgument);
   std::vector<float> g(6, 1.0f);
-  ASSERT_TRUE(client.PushGradient(0, g.data(), 6).ok());
+  PSTRAIN_ASSERT_OK(client.PushGradient(0, g.data(), 6));
   EXPECT_EQ(client.PushGradient(0, g.data(), 6).code(), absl::StatusCode::kInvalidArgument);
   // b's gradient is zero: SGD moves w alone.
   absl::StatusOr<int64_t> next = client.EndStep(1.0, 32);
-  ASSERT_TRUE(next.ok()) << next.status();
+  PSTRAIN_ASSERT_OK(next);
   EXPECT_EQ(*next, 1);
   EXPECT_FLOAT_EQ(w[0], 0.5f - 0.1f);
   EXPECT_FLOAT_EQ(b[0], 0.0f);

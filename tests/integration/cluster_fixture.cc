@@ -9,8 +9,24 @@
 #include "common/files.h"
 #include "common/rpc.h"
 #include "common/tls.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
+
+absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
+                                          absl::Duration timeout, const std::string& token,
+                                          const std::string& request_id) {
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(yaml);
+  request.set_request_id(request_id);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, timeout);
+  AddBearerToken(context, token);
+  absl::Status s = FromGrpcStatus(control.SubmitJob(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.job_id();
+}
 
 void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::Options options) {
   options.bin_dir = BinDir();
@@ -18,14 +34,14 @@ void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::O
   options.num_servers = servers;
   options.num_workers = workers;
   absl::StatusOr<std::unique_ptr<cli::LocalCluster>> cluster = cli::LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  PSTRAIN_ASSERT_OK(cluster);
   cluster_ = std::move(*cluster);
   tls_dir_ = options.tls_dir;
   if (!tls_dir_.empty()) {
     // psctl's credentials: the admin certificate and the operator's token.
     absl::StatusOr<std::unique_ptr<TransportSecurity>> admin = TransportSecurity::Load(
         {.cert = tls_dir_ + "/admin.crt", .key = tls_dir_ + "/admin.key", .ca = tls_dir_ + "/ca.crt"});
-    ASSERT_TRUE(admin.ok()) << admin.status();
+    PSTRAIN_ASSERT_OK(admin);
     client_security_ = std::move(*admin);
     absl::StatusOr<std::string> token = ReadFile(tls_dir_ + "/operator.token");
     if (token.ok()) token_ = std::string(absl::StripAsciiWhitespace(*token));
@@ -76,7 +92,7 @@ std::string ClusterFixture::Submit(const v1::JobSpec& spec) {
   SetTimeout(context, absl::Seconds(10));
   AddBearerToken(context, token_);
   grpc::Status status = control_->SubmitJob(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  PSTRAIN_EXPECT_OK(status);
   return response.job_id();
 }
 
@@ -86,7 +102,7 @@ v1::Job ClusterFixture::Get(const std::string& id) {
   v1::Job job;
   grpc::Status status = Retrying(token_,
       [&](grpc::ClientContext& context) { return control_->GetJob(&context, request, &job); });
-  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  PSTRAIN_EXPECT_OK(status);
   return job;
 }
 
@@ -95,7 +111,7 @@ std::vector<v1::Node> ClusterFixture::Nodes() {
   grpc::Status status = Retrying(token_, [&](grpc::ClientContext& context) {
     return control_->ListNodes(&context, v1::ListNodesRequest(), &response);
   });
-  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  PSTRAIN_EXPECT_OK(status);
   return {response.nodes().begin(), response.nodes().end()};
 }
 
@@ -105,7 +121,7 @@ v1::Job ClusterFixture::Cancel(const std::string& id) {
   v1::Job job;
   grpc::Status status = Retrying(token_,
       [&](grpc::ClientContext& context) { return control_->CancelJob(&context, request, &job); });
-  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  PSTRAIN_EXPECT_OK(status);
   return job;
 }
 
@@ -156,7 +172,7 @@ std::vector<float> ClusterFixture::FinalParams(const std::string& id, v1::Job* e
   ProcessResult exported = Psctl({"export", id, file});
   EXPECT_EQ(exported.exit_code(), 0) << exported.err;
   absl::StatusOr<ModelFile> model = ReadModelFile(file);
-  EXPECT_TRUE(model.ok()) << model.status();
+  PSTRAIN_EXPECT_OK(model);
   return model.ok() ? model->params : std::vector<float>{};
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cli/local_cluster.h"
 #include "common/tls.h"
 #include "gtest/gtest.h"
@@ -16,6 +18,12 @@
 #include "tests/integration/integration_util.h"
 
 namespace pstrain::testing {
+
+// Submits the job file `yaml` through `control` within `timeout`, with the bearer `token` and
+// the `request_id` where not empty; the new job's id.
+absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
+                                          absl::Duration timeout, const std::string& token = "",
+                                          const std::string& request_id = "");
 
 class ClusterFixture : public ::testing::Test {
  protected:

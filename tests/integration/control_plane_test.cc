@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -141,7 +142,7 @@ TEST_F(ControlPlaneTest, AcknowledgedJobsSurviveCoordinatorCrashes) {
       ASSERT_LT(absl::Now(), give_up) << "submissions stalled";
       absl::SleepFor(absl::Milliseconds(1));
     }
-    ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+    PSTRAIN_ASSERT_OK(cluster_->RestartCoordinator());
     EXPECT_GE(check_all_acked(), kill_after);
   }
   submitter.join();
@@ -159,7 +160,7 @@ TEST_F(ControlPlaneTest, ARunningJobSurvivesACoordinatorCrash) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(1, 1, options));
   const std::string id = Submit(SmallJob(1200));
   WaitFor(id, [](const v1::Job& job) { return job.progress().step() >= 100; });
-  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  PSTRAIN_ASSERT_OK(cluster_->RestartCoordinator());
   // Running again after the restart, with its nodes back, then done.
   const v1::Job after = Get(id);
   EXPECT_EQ(after.state(), v1::JOB_STATE_RUNNING) << after.reason();
@@ -189,7 +190,7 @@ TEST_F(ControlPlaneTest, AJobThatEndsWhileTheCoordinatorIsDownSucceedsWhenItRetu
     ASSERT_LT(absl::Now(), give_up) << "the worker did not finish without the coordinator";
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_TRUE(cluster_->StartCoordinatorAgain().ok());
+  PSTRAIN_ASSERT_OK(cluster_->StartCoordinatorAgain());
   const v1::Job job = WaitForEnd(id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_GT(job.result().test_accuracy(), 0.6f);

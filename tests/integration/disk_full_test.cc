@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -83,12 +84,12 @@ TEST_F(DiskFullTest, ACoordinatorOnAFullDiskRefusesWritesAndLosesNothing) {
   disk.Empty();
   acknowledged.push_back(Submit(spec));
   ASSERT_FALSE(acknowledged.back().empty());
-  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  PSTRAIN_ASSERT_OK(cluster_->RestartCoordinator());
   for (const std::string& id : acknowledged) EXPECT_EQ(Get(id).id(), id);
   v1::ListJobsResponse all;
   grpc::ClientContext list_context;
   SetTimeout(list_context, absl::Seconds(10));
-  ASSERT_TRUE(control_->ListJobs(&list_context, v1::ListJobsRequest(), &all).ok());
+  PSTRAIN_ASSERT_OK(control_->ListJobs(&list_context, v1::ListJobsRequest(), &all));
   EXPECT_EQ(all.jobs_size(), static_cast<int>(acknowledged.size()))
       << "every acknowledged job, and no refused one";
 }

@@ -14,6 +14,7 @@
 #include "common/process.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -104,7 +105,7 @@ TEST_F(HealthTest, AServerIsReadyOnceRegistered) {
                  absl::StrCat("--metrics_port=", metrics_port)};
   server.log_path = dir_.path() + "/server.log";
   absl::StatusOr<pid_t> pid = Spawn(server);
-  ASSERT_TRUE(pid.ok()) << pid.status();
+  PSTRAIN_ASSERT_OK(pid);
   absl::StatusOr<std::string> address;
   const absl::Time give_up = absl::Now() + absl::Minutes(1);
   while (!(address = ReadFile(address_file)).ok() || address->empty()) {
@@ -129,7 +130,7 @@ TEST_F(HealthTest, AServerIsReadyOnceRegistered) {
                       absl::StrCat("--listen=127.0.0.1:", coordinator_port)};
   coordinator.log_path = dir_.path() + "/coordinator.log";
   absl::StatusOr<pid_t> coordinator_pid = Spawn(coordinator);
-  ASSERT_TRUE(coordinator_pid.ok()) << coordinator_pid.status();
+  PSTRAIN_ASSERT_OK(coordinator_pid);
   EXPECT_EQ(ProbeUntil(grpc_address, 0).out, "SERVING\n");
   EXPECT_EQ(ProbeUntil(Http(http, "/readyz"), 0).exit_code(), 0);
 

@@ -19,6 +19,7 @@
 #include "common/process.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -64,7 +65,7 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration pa
   spawn.stderr_path = dir.path() + "/err";
   ProcessResult result;
   absl::StatusOr<pid_t> pid = Spawn(spawn);
-  EXPECT_TRUE(pid.ok()) << pid.status();
+  PSTRAIN_EXPECT_OK(pid);
   if (!pid.ok()) return result;
   const absl::Time give_up = absl::Now() + patience;
   while (true) {

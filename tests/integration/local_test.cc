@@ -19,6 +19,7 @@
 #include "pstrain/v1/control.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -91,7 +92,7 @@ void RunWithKills(const TempDir& dir, const std::string& job,
   spawn.log_path = run_dir + ".out";
   spawn.stderr_path = run_dir + ".err";
   absl::StatusOr<pid_t> local = Spawn(spawn);
-  ASSERT_TRUE(local.ok());
+  PSTRAIN_ASSERT_OK(local);
   // Kill when the job has made progress: the coordinator's address is in
   // the run directory.
   const absl::Time give_up = absl::Now() + absl::Minutes(3);
@@ -217,7 +218,7 @@ TEST_P(LocalSignalTest, NoChildSurvives) {
   spawn.argv = {BinDir() + "/pstrain-local", "--job", job, "--run_dir", dir.path() + "/run"};
   spawn.log_path = dir.path() + "/local.out";
   absl::StatusOr<pid_t> local = Spawn(spawn);
-  ASSERT_TRUE(local.ok());
+  PSTRAIN_ASSERT_OK(local);
 
   // Coordinator, 2 servers and 2 workers.
   std::vector<pid_t> children;

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -144,7 +145,7 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, options));
   PrometheusServer prometheus;
   absl::Status started = prometheus.Start(dir_.path(), sd_file);
-  ASSERT_TRUE(started.ok()) << started;
+  PSTRAIN_ASSERT_OK(started);
 
   // Prometheus sees all five processes before the job starts.
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
@@ -251,7 +252,7 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
   // One series per node, and five nodes.
   absl::StatusOr<std::vector<Value>> per_node =
       prometheus.Query("count by (node) (process_resident_memory_bytes)");
-  ASSERT_TRUE(per_node.ok());
+  PSTRAIN_ASSERT_OK(per_node);
   EXPECT_EQ(per_node->size(), 5u);
   for (const Value& series : *per_node) {
     EXPECT_EQ(series.struct_value().fields().at("value").list_value().values(1).string_value(),
@@ -263,7 +264,7 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
   ASSERT_GE(exprs.size(), 10u);
   for (const std::string& expr : exprs) {
     absl::StatusOr<std::vector<Value>> result = prometheus.Query(expr);
-    ASSERT_TRUE(result.ok()) << expr << ": " << result.status();
+    PSTRAIN_ASSERT_OK(result) << expr;
     EXPECT_FALSE(result->empty()) << "no data: " << expr;
   }
 }

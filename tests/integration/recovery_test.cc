@@ -22,6 +22,7 @@
 #include "server/checkpoint.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
+#include "tests/test_util.h"
 
 namespace pstrain::testing {
 namespace {
@@ -188,7 +189,7 @@ TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
   const v1::Job running = WaitFor(id, [](const v1::Job& job) { return job.checkpoints_size() >= 2; });
   const std::string server = running.server_nodes(1);
   ASSERT_TRUE(cluster_->Kill(server, SIGKILL, /*restart=*/false));
-  ASSERT_TRUE(cluster_->WaitForExit(server, absl::Seconds(30)).ok());
+  PSTRAIN_ASSERT_OK(cluster_->WaitForExit(server, absl::Seconds(30)));
   // The checkpoint the job would resume from and every newer file of the
   // server (it may have written some the coordinator has not recorded):
   // damaged; an older one left whole.
@@ -208,7 +209,7 @@ TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
     const std::string path = server::CheckpointPath(spec.checkpoint().dir(), id, 1,
                                                     files[i].step(), files[i].generation());
     absl::StatusOr<std::string> bytes = ReadFile(path);
-    ASSERT_TRUE(bytes.ok());
+    PSTRAIN_ASSERT_OK(bytes);
     if (GetParam() == Damage::kFlippedByte) {
       (*bytes)[bytes->size() / 2] ^= 0x01;
     } else {
@@ -216,7 +217,7 @@ TEST_P(DamagedCheckpointTest, IsDetectedAndAnOlderCheckpointUsed) {
     }
     std::ofstream(path, std::ios::binary | std::ios::trunc) << *bytes;
   }
-  ASSERT_TRUE(cluster_->RestartChild(server, {}).ok());
+  PSTRAIN_ASSERT_OK(cluster_->RestartChild(server, {}));
   v1::Job ended;
   ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_TRUE(HistorySays(ended, "could not load")) << ended.DebugString();
@@ -245,16 +246,15 @@ TEST_F(RecoveryTest, AServerThatDiesWhileWritingACheckpointLosesNothing) {
   // The crash comes in the second checkpoint of the next job (the first
   // job's files do not count: the switch counts from the start).
   ASSERT_TRUE(cluster_->Kill("server-1", SIGKILL, /*restart=*/false));
-  ASSERT_TRUE(cluster_->WaitForExit("server-1", absl::Seconds(30)).ok());
-  ASSERT_TRUE(cluster_
-                  ->RestartChild("server-1", {absl::StrCat("--fs_fault_injection=crash:.ckpt:",
-                                                           file_bytes + file_bytes / 2)})
-                  .ok());
+  PSTRAIN_ASSERT_OK(cluster_->WaitForExit("server-1", absl::Seconds(30)));
+  PSTRAIN_ASSERT_OK(cluster_->RestartChild(
+      "server-1",
+      {absl::StrCat("--fs_fault_injection=crash:.ckpt:", file_bytes + file_bytes / 2)}));
   const std::string id = Submit(spec);
   absl::StatusOr<int> status = cluster_->WaitForExit("server-1", absl::Minutes(2));
-  ASSERT_TRUE(status.ok()) << status.status();
+  PSTRAIN_ASSERT_OK(status);
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 134) << DescribeWaitStatus(*status);
-  ASSERT_TRUE(cluster_->RestartChild("server-1", {}).ok());
+  PSTRAIN_ASSERT_OK(cluster_->RestartChild("server-1", {}));
   v1::Job ended;
   ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);
@@ -290,9 +290,9 @@ TEST_F(RecoveryTest, ASigtermedServerAndWorkerLeaveCleanlyAndChangeNothing) {
     SCOPED_TRACE(node);
     ASSERT_TRUE(cluster_->Kill(node, SIGTERM, /*restart=*/false));
     absl::StatusOr<int> status = cluster_->WaitForExit(node, absl::Seconds(20));
-    ASSERT_TRUE(status.ok()) << status.status();
+    PSTRAIN_ASSERT_OK(status);
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeWaitStatus(*status);
-    ASSERT_TRUE(cluster_->RestartChild(node, {}).ok());
+    PSTRAIN_ASSERT_OK(cluster_->RestartChild(node, {}));
   }
   v1::Job ended;
   ExpectBitwiseEqual(FinalParams(id, &ended), clean);
@@ -318,11 +318,11 @@ TEST_F(RecoveryTest, AnElasticJobGoesOnWithoutALostWorker) {
   ASSERT_NO_FATAL_FAILURE(StartSupervised(2, 2));
   absl::StatusOr<v1::JobSpec> spec =
       LoadJobSpecFile(std::string(PSTRAIN_SOURCE_DIR) + "/examples/fashion_mlp.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   spec->mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints");
   spec->mutable_recovery()->set_on_worker_loss(v1::WORKER_LOSS_POLICY_ELASTIC);
   spec = NormalizeJobSpec(*spec);
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  PSTRAIN_ASSERT_OK(spec);
   const std::string id = Submit(*spec);
   const v1::Job running = WaitForStep(id, RandomStep(TotalSteps(*spec)));
   ASSERT_TRUE(cluster_->Kill(running.worker_nodes(1), SIGKILL, /*restart=*/false));
@@ -345,7 +345,7 @@ TEST_F(RecoveryTest, TheCoordinatorKilledDuringARecoveryFinishesIt) {
   const v1::Job running = WaitForStep(id, RandomStep(spec.steps()));
   ASSERT_TRUE(cluster_->Kill(running.server_nodes(1), SIGKILL));
   WaitFor(id, [](const v1::Job& job) { return job.generation() >= 2; });
-  ASSERT_TRUE(cluster_->RestartCoordinator().ok());
+  PSTRAIN_ASSERT_OK(cluster_->RestartCoordinator());
   v1::Job ended;
   ExpectBitwiseEqual(FinalParams(id, &ended), clean);
   EXPECT_GE(ended.recoveries(), 1);

@@ -28,15 +28,6 @@
 namespace pstrain::testing {
 namespace {
 
-constexpr char kJob[] = R"(
-model: {type: mlp, hidden: [32]}
-optimizer: {type: sgd, learning_rate: 0.1}
-batch_size: 8
-steps: 10
-num_servers: 1
-num_workers: 1
-)";
-
 v1::RegisterRequest Registration(v1::NodeRole role, const std::string& node_id = "") {
   v1::RegisterRequest request;
   request.set_role(role);
@@ -70,14 +61,8 @@ absl::StatusOr<int> CountNodes(const std::shared_ptr<grpc::Channel>& channel, co
 }
 
 absl::Status SubmitYaml(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
-  auto stub = v1::Control::NewStub(channel);
-  v1::SubmitJobRequest request;
-  request.set_spec_yaml(kJob);
-  v1::SubmitJobResponse response;
-  grpc::ClientContext context;
-  SetTimeout(context, absl::Seconds(5));
-  AddBearerToken(context, token);
-  return FromGrpcStatus(stub->SubmitJob(&context, request, &response));
+  return SubmitJobYaml(*v1::Control::NewStub(channel), kSmallJobYaml, absl::Seconds(5), token)
+      .status();
 }
 
 // One frame to a parameter server over the transport workers use; the
@@ -136,7 +121,7 @@ class SecurityTest : public ::testing::Test {
   }
   static std::string Pem(const std::string& set, const std::string& file) {
     absl::StatusOr<std::string> pem = ReadFile(Path(set, file));
-    EXPECT_TRUE(pem.ok()) << pem.status();
+    PSTRAIN_EXPECT_OK(pem);
     return pem.value_or("");
   }
   static TlsFiles Files(const std::string& set, const std::string& name) {
@@ -145,7 +130,7 @@ class SecurityTest : public ::testing::Test {
   }
   std::unique_ptr<TransportSecurity> Load(const std::string& name) {
     absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(Files("good", name));
-    EXPECT_TRUE(s.ok()) << s.status();
+    PSTRAIN_EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -157,7 +142,7 @@ class SecurityTest : public ::testing::Test {
     options.security = coordinator_security_.get();
     options.auth_tokens = std::move(tokens);
     absl::StatusOr<std::unique_ptr<server::Coordinator>> c = server::Coordinator::Create(options);
-    ASSERT_TRUE(c.ok()) << c.status();
+    PSTRAIN_ASSERT_OK(c);
     coordinator_ = std::move(*c);
   }
   void TearDown() override {
@@ -245,7 +230,7 @@ TEST_F(SecurityTest, OnlyCertificatesOfTheClustersCaThatAreValidGetIn) {
   // A valid one does, and the refused ones left nothing behind.
   std::unique_ptr<TransportSecurity> admin = Load("admin");
   absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
-  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  PSTRAIN_ASSERT_OK(nodes);
   EXPECT_EQ(*nodes, 0);
 }
 
@@ -263,7 +248,7 @@ TEST_F(SecurityTest, ANodeHoldsOnlyTheRoleAndIdItsCertificateCarries) {
             absl::StatusCode::kPermissionDenied);
   // Without an id the node gets its certificate's.
   absl::StatusOr<std::string> id = Register(channel, Registration(v1::NODE_ROLE_WORKER));
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   EXPECT_EQ(*id, "worker-0");
 
   // Another worker cannot heartbeat, report for or take over worker-0.
@@ -296,7 +281,7 @@ TEST_F(SecurityTest, ANodeHoldsOnlyTheRoleAndIdItsCertificateCarries) {
   EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kPermissionDenied);
   std::unique_ptr<TransportSecurity> admin = Load("admin");
   absl::StatusOr<int> nodes = CountNodes(Channel(admin.get()));
-  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  PSTRAIN_ASSERT_OK(nodes);
   EXPECT_EQ(*nodes, 1);
   // And a client certificate cannot register as a node.
   EXPECT_EQ(Register(Channel(admin.get()), Registration(v1::NODE_ROLE_WORKER))
@@ -322,14 +307,14 @@ TEST_F(SecurityTest, TokensDecideWhatAUserMayDo) {
                                              "operator otto ", server::Sha256Hex("otto-token"),
                                              "  # the operator\n"),
                                 "tokens");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  PSTRAIN_ASSERT_OK(tokens);
   // Over plaintext on loopback: the token alone decides.
   ASSERT_NO_FATAL_FAILURE(StartCoordinator(std::move(*tokens), /*name=*/""));
   std::shared_ptr<grpc::Channel> channel = Channel(nullptr);
   EXPECT_EQ(CountNodes(channel).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(CountNodes(channel, "guess").status().code(),
             absl::StatusCode::kUnauthenticated);
-  EXPECT_TRUE(CountNodes(channel, "vera-token").ok());
+  PSTRAIN_EXPECT_OK(CountNodes(channel, "vera-token"));
   const absl::Status viewer_submit = SubmitYaml(channel, "vera-token");
   EXPECT_EQ(viewer_submit.code(), absl::StatusCode::kPermissionDenied) << viewer_submit;
   EXPECT_TRUE(absl::StrContains(viewer_submit.message(), "vera")) << viewer_submit;
@@ -353,7 +338,7 @@ TEST(AuthTokensTest, MalformedFilesAreRefusedNamingTheLine) {
   }
   absl::StatusOr<server::AuthTokens> tokens =
       server::AuthTokens::Parse("operator o " + absl::AsciiStrToUpper(hash), "f");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  PSTRAIN_ASSERT_OK(tokens);
   ASSERT_TRUE(tokens->Find("t").has_value());
   EXPECT_EQ(tokens->Find("t")->name, "o");
   EXPECT_FALSE(tokens->Find("u").has_value());
@@ -434,7 +419,7 @@ TEST_F(SecuredClusterTest, ARogueNodesAttacksAreRefusedAndChangeNothing) {
     absl::StatusOr<std::unique_ptr<TransportSecurity>> s = TransportSecurity::Load(
         {.cert = tls + "/" + name + ".crt", .key = tls + "/" + name + ".key",
          .ca = tls + "/ca.crt"});
-    EXPECT_TRUE(s.ok()) << s.status();
+    PSTRAIN_EXPECT_OK(s);
     return s.ok() ? std::move(*s) : nullptr;
   };
   const std::unique_ptr<TransportSecurity> rogue = load("worker-2");

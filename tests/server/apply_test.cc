@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "tests/test_util.h"
 
 namespace pstrain::server {
 namespace {
@@ -20,7 +21,7 @@ Frame ReceivedFrame(const std::vector<float>& grad) {
   h.set_dtype(v1::DTYPE_FP32);
   h.set_num_elements(static_cast<uint32_t>(grad.size()));
   std::vector<grpc::Slice> whole;
-  EXPECT_TRUE(EncodeFrame(h, grad.data()).Dump(&whole).ok());
+  PSTRAIN_EXPECT_OK(EncodeFrame(h, grad.data()).Dump(&whole));
   std::string bytes;
   for (const grpc::Slice& s : whole) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   std::vector<grpc::Slice> cut;
@@ -64,8 +65,8 @@ TEST(ApplyTest, ThreadsAndTilesGiveTheBitsOfAWholeUpdate) {
     for (size_t w = 1; w < grads.size(); ++w) {
       for (int64_t i = 0; i < n; ++i) sum[i] += grads[w][i];
     }
-    ASSERT_TRUE(optimizer->ApplyInPlace(expected.data(), sum.data(), expected_state.data(), n, 1)
-                    .ok());
+    PSTRAIN_ASSERT_OK(
+        optimizer->ApplyInPlace(expected.data(), sum.data(), expected_state.data(), n, 1));
 
     for (int threads : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << threads << " threads");
@@ -78,7 +79,7 @@ TEST(ApplyTest, ThreadsAndTilesGiveTheBitsOfAWholeUpdate) {
       span.state = state.data();
       span.state_stride = n;
       span.n = n;
-      ASSERT_TRUE(SumAndApply(*optimizer, frame_ptrs, span, 1, &pool).ok());
+      PSTRAIN_ASSERT_OK(SumAndApply(*optimizer, frame_ptrs, span, 1, &pool));
       EXPECT_TRUE(out == expected);
       EXPECT_TRUE(state == expected_state);
       EXPECT_TRUE(params == initial) << "the current values must stay as they were";

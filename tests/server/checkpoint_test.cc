@@ -159,7 +159,7 @@ TEST(CheckpointWriterTest, WritesInTheBackgroundInOrder) {
     for (int64_t step : {10, 20, 30}) {
       writer.Enqueue(dir.path(), Sample(step),
                      [&, step](const absl::StatusOr<int64_t>& bytes, double) {
-                       EXPECT_TRUE(bytes.ok()) << bytes.status();
+                       PSTRAIN_EXPECT_OK(bytes);
                        absl::MutexLock lock(&mu);
                        done.push_back(step);
                      });

@@ -16,20 +16,15 @@
 #include "kernels/model.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
+#include "tests/integration/cluster_fixture.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util.h"
 
 namespace pstrain::server {
 namespace {
 
-constexpr char kValid[] = R"(
-model: {type: mlp, hidden: [32]}
-optimizer: {type: sgd, learning_rate: 0.1}
-batch_size: 8
-steps: 10
-num_servers: 1
-num_workers: 1
-)";
+// The job file the tests submit, and vary.
+constexpr const char* kValid = testing::kSmallJobYaml;
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -48,21 +43,14 @@ class CoordinatorTest : public ::testing::Test {
     options.default_checkpoint_dir = default_checkpoint_dir_;
     options.limits = limits_;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Create(options);
-    ASSERT_TRUE(c.ok()) << c.status();
+    PSTRAIN_ASSERT_OK(c);
     coordinator_ = std::move(*c);
     control_ = v1::Control::NewStub(MakeChannel(coordinator_->address()));
     membership_ = v1::Membership::NewStub(MakeChannel(coordinator_->address()));
   }
 
   absl::StatusOr<std::string> Submit(const std::string& yaml) {
-    v1::SubmitJobRequest request;
-    request.set_spec_yaml(yaml);
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    absl::Status s = FromGrpcStatus(control_->SubmitJob(&context, request, &response));
-    if (!s.ok()) return s;
-    return response.job_id();
+    return testing::SubmitJobYaml(*control_, yaml, absl::Seconds(10));
   }
 
   absl::StatusOr<v1::Job> Get(const std::string& id) {
@@ -90,7 +78,7 @@ class CoordinatorTest : public ::testing::Test {
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
     grpc::Status status = membership_->Register(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    PSTRAIN_EXPECT_OK(status);
     incarnations_[response.node_id()] = request.incarnation();
     return response.node_id();
   }
@@ -110,7 +98,7 @@ class CoordinatorTest : public ::testing::Test {
     v1::ListNodesResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    EXPECT_TRUE(control_->ListNodes(&context, v1::ListNodesRequest(), &response).ok());
+    PSTRAIN_EXPECT_OK(control_->ListNodes(&context, v1::ListNodesRequest(), &response));
     std::string text;
     for (const v1::Node& n : response.nodes()) {
       text += n.id() + (n.session_open() ? " session\n" : "\n");
@@ -128,7 +116,7 @@ class CoordinatorTest : public ::testing::Test {
       v1::ListJobsResponse page;
       grpc::ClientContext context;
       SetTimeout(context, absl::Seconds(10));
-      EXPECT_TRUE(control_->ListJobs(&context, request, &page).ok());
+      PSTRAIN_EXPECT_OK(control_->ListJobs(&context, request, &page));
       for (const v1::Job& job : page.jobs()) ids.push_back(job.id());
       if (between) between();
       if (page.next_page_token().empty()) return ids;
@@ -141,7 +129,7 @@ class CoordinatorTest : public ::testing::Test {
     v1::ListJobsResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    EXPECT_TRUE(control_->ListJobs(&context, request, &response).ok());
+    PSTRAIN_EXPECT_OK(control_->ListJobs(&context, request, &response));
     return response.jobs_size();
   }
 
@@ -196,9 +184,9 @@ TEST_F(CoordinatorTest, JobsWithoutACheckpointDirGetTheDeploymentsOne) {
   Start();
   const std::string job = kValid;
   absl::StatusOr<std::string> plain = Submit(job);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  PSTRAIN_ASSERT_OK(plain);
   absl::StatusOr<std::string> own = Submit(job + "checkpoint: {dir: /data/ckpt}\n");
-  ASSERT_TRUE(own.ok()) << own.status();
+  PSTRAIN_ASSERT_OK(own);
   EXPECT_EQ(Get(*plain)->spec().checkpoint().dir(), "/var/lib/pstrain/checkpoints");
   EXPECT_EQ(Get(*own)->spec().checkpoint().dir(), "/data/ckpt");
 }
@@ -216,7 +204,7 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsGetUniqueIdsThatSurviveARestart) {
         std::string yaml = kValid;
         yaml += "name: job-" + std::to_string(j) + "\n";
         absl::StatusOr<std::string> id = Submit(yaml);
-        EXPECT_TRUE(id.ok()) << id.status();
+        PSTRAIN_EXPECT_OK(id);
         absl::MutexLock lock(&mu);
         if (id.ok()) ids.push_back(*id);
       }
@@ -232,14 +220,14 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsGetUniqueIdsThatSurviveARestart) {
   std::set<std::string> names;
   for (const std::string& id : ids) {
     absl::StatusOr<v1::Job> job = Get(id);
-    ASSERT_TRUE(job.ok()) << id;
+    PSTRAIN_ASSERT_OK(job) << id;
     EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
     names.insert(job->spec().name());
   }
   EXPECT_EQ(names.size(), static_cast<size_t>(kJobs));
   // New ids continue after the recovered ones.
   absl::StatusOr<std::string> next = Submit(kValid);
-  ASSERT_TRUE(next.ok());
+  PSTRAIN_ASSERT_OK(next);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), *next), 0);
 }
 
@@ -252,14 +240,14 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   Start(dir.path(), absl::Seconds(2));
   absl::StatusOr<std::string> first =
       Submit(std::string(kValid) + "recovery: {replace_after_seconds: 1, wait_timeout_seconds: 2}\n");
-  ASSERT_TRUE(first.ok());
+  PSTRAIN_ASSERT_OK(first);
   const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   ASSERT_EQ(Get(*first)->state(), v1::JOB_STATE_RUNNING);
 
   Start(dir.path(), absl::Seconds(2));
   absl::StatusOr<v1::Job> job = Get(*first);
-  ASSERT_TRUE(job.ok());
+  PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   // The worker comes back under its id; its heartbeat carries the job.
   EXPECT_EQ(Register(v1::NODE_ROLE_WORKER, "", worker), worker);
@@ -268,7 +256,7 @@ TEST_F(CoordinatorTest, ARunningJobWaitsForItsNodesAfterARestart) {
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+  PSTRAIN_ASSERT_OK(membership_->Heartbeat(&context, heartbeat, &response));
   ASSERT_EQ(response.worker_jobs_size(), 1);
   EXPECT_EQ(response.worker_jobs(0).job_id(), *first);
   // The server never does: the job fails, saying why.
@@ -294,7 +282,7 @@ TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt)
     v1::RegisterResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    ASSERT_TRUE(membership_->Register(&context, request, &response).ok());
+    PSTRAIN_ASSERT_OK(membership_->Register(&context, request, &response));
     EXPECT_EQ(response.node_id(), "worker-0");
   }
   // Another process asking for the id while this one is alive must wait.
@@ -310,7 +298,7 @@ TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt)
   v1::ListNodesResponse nodes;
   grpc::ClientContext list_context;
   SetTimeout(list_context, absl::Seconds(10));
-  ASSERT_TRUE(control_->ListNodes(&list_context, v1::ListNodesRequest(), &nodes).ok());
+  PSTRAIN_ASSERT_OK(control_->ListNodes(&list_context, v1::ListNodesRequest(), &nodes));
   ASSERT_EQ(nodes.nodes_size(), 1);
   EXPECT_EQ(nodes.nodes(0).pid(), 42);
 }
@@ -318,9 +306,9 @@ TEST_F(CoordinatorTest, ANodeKeepsTheIdItProposesAndAnotherProcessMustWaitForIt)
 TEST_F(CoordinatorTest, PagesDoNotRepeatJobsSubmittedBetweenThem) {
   testing::TempDir dir;
   ASSERT_NO_FATAL_FAILURE(Start(dir.path()));  // ids job-000001, ...
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Submit(kValid).ok());
+  for (int i = 0; i < 5; ++i) PSTRAIN_ASSERT_OK(Submit(kValid));
   // Newer jobs arrive between pages.
-  const std::vector<std::string> seen = ListAllIds(2, [&] { EXPECT_TRUE(Submit(kValid).ok()); });
+  const std::vector<std::string> seen = ListAllIds(2, [&] { PSTRAIN_EXPECT_OK(Submit(kValid)); });
   EXPECT_EQ(seen, (std::vector<std::string>{"job-000005", "job-000004", "job-000003",
                                             "job-000002", "job-000001"}));
   v1::ListJobsRequest request;
@@ -341,10 +329,10 @@ TEST_F(CoordinatorTest, JobsWaitForRoomOnTheServers) {
   v1::RegisterResponse registered;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(membership_->Register(&context, small, &registered).ok());
+  PSTRAIN_ASSERT_OK(membership_->Register(&context, small, &registered));
   Register(v1::NODE_ROLE_WORKER, "");
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok());
+  PSTRAIN_ASSERT_OK(id);
   absl::StatusOr<v1::Job> job = Get(*id);
   EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
   EXPECT_TRUE(absl::StrContains(job->reason(), "waiting for room")) << job->reason();
@@ -355,7 +343,7 @@ TEST_F(CoordinatorTest, JobsWaitForRoomOnTheServers) {
 
 TEST_F(CoordinatorTest, JobWaitsForNodesAndCanBeCancelledAndWatched) {
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok()) << id.status();
+  PSTRAIN_ASSERT_OK(id);
   EXPECT_EQ(Get(*id)->state(), v1::JOB_STATE_PENDING);  // no nodes registered
 
   v1::CancelJobRequest cancel;
@@ -363,7 +351,7 @@ TEST_F(CoordinatorTest, JobWaitsForNodesAndCanBeCancelledAndWatched) {
   v1::Job cancelled;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(control_->CancelJob(&context, cancel, &cancelled).ok());
+  PSTRAIN_ASSERT_OK(control_->CancelJob(&context, cancel, &cancelled));
   EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
 
   // A watch of an ended job: its snapshot, then the stream ends.
@@ -377,7 +365,7 @@ TEST_F(CoordinatorTest, JobWaitsForNodesAndCanBeCancelledAndWatched) {
   ASSERT_TRUE(event.has_snapshot());
   EXPECT_EQ(event.snapshot().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_FALSE(reader->Read(&event));
-  EXPECT_TRUE(reader->Finish().ok());
+  PSTRAIN_EXPECT_OK(reader->Finish());
 }
 
 TEST_F(CoordinatorTest, UnknownIdsAndBadRegistrations) {
@@ -405,18 +393,18 @@ TEST_F(CoordinatorTest, UnknownIdsAndBadRegistrations) {
 
 TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok());
+  PSTRAIN_ASSERT_OK(id);
   const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   absl::StatusOr<v1::Job> job = Get(*id);
-  ASSERT_TRUE(job.ok());
+  PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
 
   v1::HeartbeatRequest heartbeat = HeartbeatOf(worker);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+  PSTRAIN_ASSERT_OK(membership_->Heartbeat(&context, heartbeat, &response));
   ASSERT_EQ(response.worker_jobs_size(), 1);
   EXPECT_EQ(response.worker_jobs(0).job_id(), *id);
   EXPECT_EQ(response.worker_jobs(0).server_addresses(0), "127.0.0.1:1");
@@ -428,11 +416,11 @@ TEST_F(CoordinatorTest, AJobStartsWhenNodesRegisterAndTheirHeartbeatsCarryIt) {
 // checked as for every heartbeat.
 TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok());
+  PSTRAIN_ASSERT_OK(id);
   const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   Register(v1::NODE_ROLE_WORKER, "");
   absl::StatusOr<v1::Job> job = Get(*id);
-  ASSERT_TRUE(job.ok());
+  PSTRAIN_ASSERT_OK(job);
   ASSERT_EQ(job->state(), v1::JOB_STATE_RUNNING);
   v1::HeartbeatRequest heartbeat = HeartbeatOf(server);
   v1::HeldJob* held = heartbeat.add_held();
@@ -442,13 +430,13 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+  PSTRAIN_ASSERT_OK(membership_->Heartbeat(&context, heartbeat, &response));
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (job.ok() && job->state() == v1::JOB_STATE_RUNNING && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(10));
     job = Get(*id);
   }
-  ASSERT_TRUE(job.ok());
+  PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job->reason(),
             "server 0: 10 steps in a row were skipped (max_skipped_steps)");
@@ -460,10 +448,10 @@ TEST_F(CoordinatorTest, AServersErrorFailsTheJobWithItsReason) {
 // but the ids do not repeat: nodes may still hold the old process's jobs.
 TEST_F(CoordinatorTest, JobIdsAreNotReusedAcrossRestartsWithoutAStateDir) {
   absl::StatusOr<std::string> first = Submit(kValid);
-  ASSERT_TRUE(first.ok());
+  PSTRAIN_ASSERT_OK(first);
   ASSERT_NO_FATAL_FAILURE(Start());
   absl::StatusOr<std::string> second = Submit(kValid);
-  ASSERT_TRUE(second.ok());
+  PSTRAIN_ASSERT_OK(second);
   EXPECT_NE(*first, *second);
   EXPECT_TRUE(absl::EndsWith(*second, "-000001")) << *second;
 }
@@ -493,18 +481,18 @@ TEST_F(CoordinatorTest, OnlyTheNewestFinishedJobsAreRemembered) {
   std::vector<std::string> ids;
   for (int i = 0; i < 4; ++i) {
     absl::StatusOr<std::string> id = Submit(kValid);
-    ASSERT_TRUE(id.ok());
+    PSTRAIN_ASSERT_OK(id);
     ids.push_back(*id);
   }
   absl::StatusOr<std::string> pending = Submit(kValid);  // stays: not finished
-  ASSERT_TRUE(pending.ok());
+  PSTRAIN_ASSERT_OK(pending);
   for (const std::string& id : ids) {
     v1::CancelJobRequest cancel;
     cancel.set_job_id(id);
     v1::Job job;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    ASSERT_TRUE(control_->CancelJob(&context, cancel, &job).ok());
+    PSTRAIN_ASSERT_OK(control_->CancelJob(&context, cancel, &job));
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (CountJobs() > 3 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
@@ -519,7 +507,7 @@ TEST_F(CoordinatorTest, OnlyTheNewestFinishedJobsAreRemembered) {
   EXPECT_EQ(CountJobs(), 3);
   EXPECT_EQ(Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<std::string> next = Submit(kValid);
-  ASSERT_TRUE(next.ok());
+  PSTRAIN_ASSERT_OK(next);
   EXPECT_EQ(*next, "job-000006");
 
   EXPECT_EQ(ListAllIds(1), (std::vector<std::string>{"job-000006", "job-000005", "job-000004",
@@ -539,7 +527,7 @@ TEST_F(CoordinatorTest, HeartbeatRepliesCarryNewJobsWithinTheirBudget) {
     const std::string server = Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
     for (int i = 0; i < 5; ++i) {
       Register(v1::NODE_ROLE_WORKER, "");
-      EXPECT_TRUE(Submit(spec).ok());
+      PSTRAIN_EXPECT_OK(Submit(spec));
     }
     std::vector<int> counts;
     v1::HeartbeatRequest heartbeat = HeartbeatOf(server);
@@ -547,7 +535,7 @@ TEST_F(CoordinatorTest, HeartbeatRepliesCarryNewJobsWithinTheirBudget) {
       v1::HeartbeatResponse response;
       grpc::ClientContext context;
       SetTimeout(context, absl::Seconds(10));
-      EXPECT_TRUE(membership_->Heartbeat(&context, heartbeat, &response).ok());
+      PSTRAIN_EXPECT_OK(membership_->Heartbeat(&context, heartbeat, &response));
       int fresh = 0;
       for (const v1::ServerAssignment& a : response.server_jobs()) {
         if (!a.has_plan()) continue;
@@ -565,12 +553,12 @@ TEST_F(CoordinatorTest, HeartbeatRepliesCarryNewJobsWithinTheirBudget) {
   v1::ListJobsResponse jobs;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  ASSERT_TRUE(control_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  PSTRAIN_ASSERT_OK(control_->ListJobs(&context, v1::ListJobsRequest(), &jobs));
   ASSERT_GT(jobs.jobs_size(), 0);
   const v1::JobSpec& normalized = jobs.jobs(0).spec();
   absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
       kernels::ModelTensors(ModelShapeOf(normalized)), normalized.chunk_bytes(), 1);
-  ASSERT_TRUE(plan.ok());
+  PSTRAIN_ASSERT_OK(plan);
   const int64_t job_bytes = static_cast<int64_t>(normalized.ByteSizeLong() + plan->ByteSizeLong());
   EXPECT_EQ(new_jobs_per_heartbeat(2 * job_bytes), (std::vector<int>{2, 2, 1}));
   EXPECT_EQ(new_jobs_per_heartbeat(2 * job_bytes - 1), (std::vector<int>{1, 1, 1, 1, 1}));
@@ -584,7 +572,7 @@ TEST_F(CoordinatorTest, AStalledUploadIsCancelledAndAnotherCanBegin) {
   Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok());
+  PSTRAIN_ASSERT_OK(id);
   ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
   v1::UploadModelRequest first;
   first.set_node_id(worker);
@@ -618,17 +606,10 @@ TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
   testing::TempDir dir;
   ASSERT_NO_FATAL_FAILURE(Start(dir.path() + "/state"));
   const auto submit = [&](const std::string& yaml, const std::string& request_id) {
-    v1::SubmitJobRequest request;
-    request.set_spec_yaml(yaml);
-    request.set_request_id(request_id);
-    v1::SubmitJobResponse response;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    absl::Status s = FromGrpcStatus(control_->SubmitJob(&context, request, &response));
-    return s.ok() ? absl::StatusOr<std::string>(response.job_id()) : s;
+    return testing::SubmitJobYaml(*control_, yaml, absl::Seconds(10), /*token=*/"", request_id);
   };
   absl::StatusOr<std::string> first = submit(kValid, "req-1");
-  ASSERT_TRUE(first.ok()) << first.status();
+  PSTRAIN_ASSERT_OK(first);
   EXPECT_EQ(submit(kValid, "req-1").value_or(""), *first);
   EXPECT_EQ(submit(std::string(kValid) + "seed: 9\n", "req-1").status().code(),
             absl::StatusCode::kAlreadyExists);
@@ -639,7 +620,7 @@ TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
   ASSERT_NO_FATAL_FAILURE(Start(dir.path() + "/state"));
   EXPECT_EQ(submit(kValid, "req-1").value_or(""), *first);
   absl::StatusOr<std::string> other = submit(kValid, "req-2");
-  ASSERT_TRUE(other.ok());
+  PSTRAIN_ASSERT_OK(other);
   EXPECT_NE(*other, *first);
   EXPECT_EQ(CountJobs(), 2);
 }
@@ -648,7 +629,7 @@ TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
 // and the watchers that stay undisturbed.
 TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   absl::StatusOr<std::string> id = Submit(kValid);
-  ASSERT_TRUE(id.ok());
+  PSTRAIN_ASSERT_OK(id);
   Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
   const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
   ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
@@ -665,7 +646,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
     while (reader->Read(&event)) {
       if (event.has_state()) last_state = event.state().state();
     }
-    EXPECT_TRUE(reader->Finish().ok());
+    PSTRAIN_EXPECT_OK(reader->Finish());
   });
   std::vector<std::thread> leavers;
   for (int i = 0; i < 30; ++i) {
@@ -703,13 +684,13 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
     v1::ReportProgressResponse response;
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(10));
-    ASSERT_TRUE(membership_->ReportProgress(&context, report, &response).ok());
+    PSTRAIN_ASSERT_OK(membership_->ReportProgress(&context, report, &response));
   }
   for (std::thread& t : leavers) t.join();
   full_watch.join();
   EXPECT_EQ(last_state, v1::JOB_STATE_SUCCEEDED);
   absl::StatusOr<v1::Job> job = Get(*id);
-  ASSERT_TRUE(job.ok());
+  PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
 }
@@ -732,7 +713,7 @@ TEST_F(CoordinatorTest, ANodesSessionCarriesNudgesAndItsEndFreesTheId) {
     ASSERT_LT(absl::Now(), give_up);
     absl::SleepFor(absl::Milliseconds(10));
   }
-  ASSERT_TRUE(Submit(kValid).ok());
+  PSTRAIN_ASSERT_OK(Submit(kValid));
   v1::SessionEvent event;
   EXPECT_TRUE(reader->Read(&event)) << "no nudge";
   context.TryCancel();  // as the process's death closes its connection
@@ -833,7 +814,7 @@ TEST_F(CoordinatorTest, ReadsDoNotWaitForTheDisk) {
   v1::ListNodesResponse nodes;
   grpc::ClientContext context;
   SetTimeout(context, absl::Seconds(10));
-  EXPECT_TRUE(control_->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok());
+  PSTRAIN_EXPECT_OK(control_->ListNodes(&context, v1::ListNodesRequest(), &nodes));
   fs.Release();
   submitter.join();
   PSTRAIN_ASSERT_OK(second.status());
@@ -871,7 +852,7 @@ TEST_F(CoordinatorTest, AFullDiskRefusesWritesAndLosesNothingAcknowledged) {
   Start(dir.path());
   EXPECT_EQ(CountJobs(), 2);
   EXPECT_EQ(Get(*kept)->state(), v1::JOB_STATE_PENDING);
-  EXPECT_TRUE(Get(*later).ok());
+  PSTRAIN_EXPECT_OK(Get(*later));
 }
 
 // A job file of 64 MiB (a long data.dir, which gRPC's message limit lets
@@ -915,7 +896,7 @@ TEST_F(CoordinatorTest, AHugeJobFileIsRefusedAndEveryOtherJobSurvivesARestart) {
   EXPECT_TRUE(absl::StartsWith(status.error_message(), "data.dir")) << status.error_message();
   Start(dir.path());
   EXPECT_EQ(CountJobs(), 1);
-  EXPECT_TRUE(Get(*kept).ok());
+  PSTRAIN_EXPECT_OK(Get(*kept));
 }
 
 }  // namespace

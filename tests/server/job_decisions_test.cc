@@ -38,11 +38,11 @@ class JobDecisionsTest : public ::testing::Test {
         "model: {type: mlp, hidden: [32]}\noptimizer: {type: sgd, learning_rate: 0.1}\n"
         "batch_size: 8\nsteps: 10\nnum_workers: ",
         workers, "\nnum_servers: ", servers, "\n", extra));
-    EXPECT_TRUE(spec.ok()) << spec.status();
+    PSTRAIN_EXPECT_OK(spec);
     absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(*spec);
-    EXPECT_TRUE(normalized.ok()) << normalized.status();
+    PSTRAIN_EXPECT_OK(normalized);
     absl::StatusOr<v1::PartitionPlan> plan = PlanFor(*normalized);
-    EXPECT_TRUE(plan.ok()) << plan.status();
+    PSTRAIN_EXPECT_OK(plan);
     const std::string id = table_.NextId("job-");
     v1::Job job;
     job.set_id(id);

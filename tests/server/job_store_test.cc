@@ -34,7 +34,7 @@ std::string Contents(const std::string& path) {
 std::unique_ptr<JobStore> Open(const std::string& dir, std::vector<v1::Job>* jobs,
                                FileSystem* fs = PosixFileSystem()) {
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(fs, dir, jobs);
-  EXPECT_TRUE(store.ok()) << store.status();
+  PSTRAIN_EXPECT_OK(store);
   return store.ok() ? std::move(*store) : nullptr;
 }
 

@@ -105,7 +105,7 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     spec_ = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.1f, 2, 8, 2, 10);
     plan_ = PlanFor(spec_);
     servers_ = std::make_unique<InProcessServers>(2, server::ShardStore::Options(), client_limits_);
-    ASSERT_TRUE(servers_->AddJob("job-1", spec_, plan_).ok());
+    PSTRAIN_ASSERT_OK(servers_->AddJob("job-1", spec_, plan_));
     const int mapped_before = SharedMemoryMappings();
     transport_ = NewTransport();
     // Shared memory is really used, not a silent fall back to a socket:
@@ -167,7 +167,7 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
       const ExchangeResult r =
           Exchange(transport, server, worker::ParameterMethod::kPush,
                    {Frame(StepEnd(chunk, step, 0)), Frame(StepEnd(chunk, step, 1))});
-      ASSERT_TRUE(r.status.ok()) << r.status;
+      PSTRAIN_ASSERT_OK(r.status);
       ASSERT_EQ(r.replies.size(), 2u);
       EXPECT_EQ(r.replies[0].kind(), v1::FRAME_KIND_ACK);
     }
@@ -231,7 +231,7 @@ class ParameterServiceTest : public ::testing::TestWithParam<Transport> {
     std::vector<std::pair<int64_t, std::vector<float>>> out;
     for (const v1::ChunkInfo& c : plan_.chunks()) {
       auto snap = servers_->server(c.server()).store().ReadChunk("job-1", c.id());
-      EXPECT_TRUE(snap.ok());
+      PSTRAIN_EXPECT_OK(snap);
       out.emplace_back(snap->version, snap->values);
     }
     return out;
@@ -289,12 +289,12 @@ TEST_P(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   // Worker 0 pushes its step-0 gradient with Push: acknowledged at once.
   ExchangeResult pushed =
       Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))});
-  ASSERT_TRUE(pushed.status.ok()) << pushed.status;
+  PSTRAIN_ASSERT_OK(pushed.status);
   ASSERT_EQ(pushed.replies.size(), 1u);
   EXPECT_EQ(pushed.replies[0].kind(), v1::FRAME_KIND_ACK);
   // A repeated push of the same step is acknowledged but not summed twice.
-  ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))})
-                  .status.ok());
+  PSTRAIN_ASSERT_OK(
+      Exchange(*transport_, 0, worker::ParameterMethod::kPush, {Frame(Push(own_chunk_))}).status);
   EXPECT_EQ(servers_->server(0).store().ReadChunk("job-1", own_chunk_)->version, 0);
 
   // Both workers' step ends may come before their pushes: applied nothing
@@ -304,7 +304,7 @@ TEST_P(ParameterServiceTest, PushAcksWithoutWaitingAndPullWaitsForTheVersion) {
   // Worker 1's push-and-wait completes the step: version 1 comes back.
   ExchangeResult waited = Exchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                                    {Frame(Push(own_chunk_, 0, 1))});
-  ASSERT_TRUE(waited.status.ok()) << waited.status;
+  PSTRAIN_ASSERT_OK(waited.status);
   ASSERT_EQ(waited.replies.size(), 1u);
   EXPECT_EQ(waited.replies[0].kind(), v1::FRAME_KIND_VALUES);
   EXPECT_EQ(waited.replies[0].version(), 1);
@@ -340,7 +340,7 @@ std::vector<std::string> JobErrors(InProcessServers& servers, const std::string&
 TEST_P(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_max_skipped_steps(3);
-  ASSERT_TRUE(servers_->AddJob("job-nan", spec, plan_).ok());
+  PSTRAIN_ASSERT_OK(servers_->AddJob("job-nan", spec, plan_));
   Workers workers = Connect("job-nan");
   const auto step = [&](int64_t step, int odd_chunk, std::array<float, 2> odd) {
     PushStep(workers, step, 0.01f, odd_chunk, odd);
@@ -390,7 +390,7 @@ TEST_P(ParameterServiceTest, ANonFiniteGradientSkipsTheStepOnEveryServer) {
 TEST_P(ParameterServiceTest, AnUpdateComputedAheadIsPublishedOnlyByTheStepEnds) {
   const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 0.01f, 2, 8, 2, 10);
   ASSERT_EQ(PlanFor(spec).SerializeAsString(), plan_.SerializeAsString());
-  for (const char* job : {"ahead", "after"}) ASSERT_TRUE(servers_->AddJob(job, spec, plan_).ok());
+  for (const char* job : {"ahead", "after"}) PSTRAIN_ASSERT_OK(servers_->AddJob(job, spec, plan_));
   const auto read = [&](const std::string& job) {
     return *servers_->server(0).store().ReadChunk(job, own_chunk_);
   };
@@ -465,7 +465,7 @@ TEST_P(ParameterServiceTest, APushAboveItsStepEndIsNotApplied) {
 TEST_P(ParameterServiceTest, AsyncANonFiniteStepOfAWorkerIsSkippedOnEveryServer) {
   v1::JobSpec spec = spec_;
   spec.set_mode(v1::MODE_ASYNC);
-  ASSERT_TRUE(servers_->AddJob("job-async", spec, plan_).ok());
+  PSTRAIN_ASSERT_OK(servers_->AddJob("job-async", spec, plan_));
   std::vector<float> params(plan_.total_floats());
   const auto push = [&](uint32_t w, float odd) {
     worker::ParameterClient::Options options;
@@ -503,7 +503,7 @@ TEST_P(ParameterServiceTest, TheServersApplyTheScheduledRateOfEachStep) {
   schedule.set_warmup_steps(2);
   schedule.set_decay_every_steps(3);
   schedule.set_decay_factor(0.5f);
-  ASSERT_TRUE(servers_->AddJob("job-lr", spec, plan_).ok());
+  PSTRAIN_ASSERT_OK(servers_->AddJob("job-lr", spec, plan_));
   Workers workers = Connect("job-lr");
   // Warm-up 0.05, 0.1; then 0.1 for three steps, 0.05 for three, 0.025.
   const double expected[] = {0.05, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025};
@@ -547,9 +547,9 @@ TEST_P(ParameterServiceTest, DestroyingAClientEndsItsUnfinishedExchanges) {
   std::unique_ptr<worker::ParameterTransport> other =
       NewTransport();
   for (const v1::ChunkInfo& c : plan_.chunks()) {
-    ASSERT_TRUE(Exchange(*other, c.server(), worker::ParameterMethod::kPush,
-                         {Frame(Push(c.id(), 0, 1))})
-                    .status.ok());
+    PSTRAIN_ASSERT_OK(Exchange(*other, c.server(), worker::ParameterMethod::kPush,
+                               {Frame(Push(c.id(), 0, 1))})
+                          .status);
   }
   ASSERT_NO_FATAL_FAILURE(EndStep(*other, 0));
   absl::SleepFor(absl::Milliseconds(200));
@@ -562,13 +562,13 @@ TEST_P(ParameterServiceTest, PushCompletingTheBarrierWakesParkedWaits) {
   auto parked = StartExchange(*transport_, 0, worker::ParameterMethod::kPushPull,
                               {Frame(Push(own_chunk_, 0, 0))});
   ASSERT_NO_FATAL_FAILURE(WaitUntilParked());
-  ASSERT_TRUE(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
-                       {Frame(Push(own_chunk_, 0, 1))})
-                  .status.ok());
+  PSTRAIN_ASSERT_OK(Exchange(*transport_, 0, worker::ParameterMethod::kPush,
+                             {Frame(Push(own_chunk_, 0, 1))})
+                        .status);
   EXPECT_EQ(servers_->server(0).store().OpenWaits(), 1);  // the step ends are to come
   ASSERT_NO_FATAL_FAILURE(EndStep(*transport_, 0));
   const ExchangeResult result = parked->Await();
-  EXPECT_TRUE(result.status.ok()) << result.status;
+  PSTRAIN_EXPECT_OK(result.status);
   ASSERT_EQ(result.replies.size(), 1u);
   EXPECT_EQ(result.replies[0].version(), 1);
 }
@@ -594,7 +594,7 @@ TEST_P(ParameterServiceTest, ThousandsOfPullsOnOneStreamAreAllAnswered) {
     frames.push_back(EncodeFrame(h, nullptr));
   }
   ExchangeResult r = Exchange(*transport_, 0, worker::ParameterMethod::kPull, std::move(frames));
-  ASSERT_TRUE(r.status.ok()) << r.status;
+  PSTRAIN_ASSERT_OK(r.status);
   EXPECT_EQ(r.replies.size(), static_cast<size_t>(kPulls));
 }
 
@@ -678,7 +678,7 @@ TEST(SameMachineAddressTest, IsTheServersOwnSocket) {
   tcp_only.local_socket = false;
   absl::StatusOr<std::unique_ptr<server::ParameterServer>> plain =
       server::ParameterServer::Create(tcp_only);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  PSTRAIN_ASSERT_OK(plain);
   EXPECT_EQ(worker::SameMachineAddress((*plain)->address()), (*plain)->address());
   (*plain)->Shutdown(absl::Seconds(1));
 }

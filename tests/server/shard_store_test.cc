@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/shard_store.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/test_util.h"
 
 namespace pstrain::server {
 namespace {
@@ -48,7 +49,7 @@ class PeerMemory {
   // The frame of `header` and `values`, parsed where it lies.
   Frame Write(const v1::ChunkHeader& header, const std::vector<float>& values) {
     std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(EncodeFrame(header, values.data()).Dump(&slices).ok());
+    PSTRAIN_EXPECT_OK(EncodeFrame(header, values.data()).Dump(&slices));
     bytes_.clear();
     for (const grpc::Slice& s : slices) bytes_.insert(bytes_.end(), s.begin(), s.end());
     payload_bytes_ = values.size() * sizeof(float);
@@ -72,8 +73,8 @@ class BorrowedPushTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const v1::ServerAssignment a = fuzz::SmallJobAssignment("job", "sync");
-    ASSERT_TRUE(owned_.AddJob(a).ok());
-    ASSERT_TRUE(borrowed_.AddJob(a).ok());
+    PSTRAIN_ASSERT_OK(owned_.AddJob(a));
+    PSTRAIN_ASSERT_OK(borrowed_.AddJob(a));
     for (const v1::ChunkInfo& c : a.plan().chunks()) {
       if (c.server() == 0) chunks_.push_back(c);
     }
@@ -97,24 +98,24 @@ class BorrowedPushTest : public ::testing::Test {
       std::vector<float> g = Gradient(c, step, worker);
       if (poison != 0 && c.id() == chunks_[0].id()) g[g.size() / 2] = poison;
       const absl::Status owned = owned_.Push(*Frame::Parse(EncodeFrame(h, g.data())), nullptr);
-      ASSERT_TRUE(owned.ok()) << owned;
+      PSTRAIN_ASSERT_OK(owned);
       const absl::Status borrowed =
           borrowed_.Push(peer_.Write(h, g), nullptr, /*payload_borrowed=*/true);
-      ASSERT_TRUE(borrowed.ok()) << borrowed;
+      PSTRAIN_ASSERT_OK(borrowed);
       peer_.Scribble();
     }
   }
   void EndBoth(int64_t step, uint32_t worker) {
     for (ShardStore* store : {&owned_, &borrowed_}) {
       const absl::Status s = store->EndStep(StepEnd(chunks_[0].id(), step, worker));
-      ASSERT_TRUE(s.ok()) << s;
+      PSTRAIN_ASSERT_OK(s);
     }
   }
   std::vector<std::vector<float>> Values(const ShardStore& store, int64_t version) const {
     std::vector<std::vector<float>> values;
     for (const v1::ChunkInfo& c : chunks_) {
       const auto chunk = store.ReadChunk("job", c.id());
-      EXPECT_TRUE(chunk.ok());
+      PSTRAIN_EXPECT_OK(chunk);
       if (!chunk.ok()) return {};
       EXPECT_EQ(chunk->version, version) << "chunk " << c.id();
       values.push_back(chunk->values);
@@ -196,7 +197,7 @@ TEST(ShardStoreTest, FramesOfAWorkerOutsideTheJobAreRefused) {
   const v1::ServerAssignment a = fuzz::SmallJobAssignment("job", "sync");
   ASSERT_EQ(a.num_workers(), 2u);
   ShardStore store({});
-  ASSERT_TRUE(store.AddJob(a).ok());
+  PSTRAIN_ASSERT_OK(store.AddJob(a));
   const auto chunk = absl::c_find_if(a.plan().chunks(),
                                      [](const v1::ChunkInfo& c) { return c.server() == 0; });
   ASSERT_NE(chunk, a.plan().chunks().end());
@@ -219,8 +220,8 @@ TEST(ShardStoreTest, FramesOfAWorkerOutsideTheJobAreRefused) {
   for (const uint32_t worker : {0u, 1u}) {
     const v1::ChunkHeader push =
         PushHeader(chunk->id(), 0, worker, static_cast<uint32_t>(chunk->size()));
-    ASSERT_TRUE(store.Push(*Frame::Parse(EncodeFrame(push, g.data())), waiter).ok());
-    ASSERT_TRUE(store.EndStep(StepEnd(chunk->id(), 0, worker)).ok());
+    PSTRAIN_ASSERT_OK(store.Push(*Frame::Parse(EncodeFrame(push, g.data())), waiter));
+    PSTRAIN_ASSERT_OK(store.EndStep(StepEnd(chunk->id(), 0, worker)));
   }
   EXPECT_EQ(waiter->answered, 2);
   EXPECT_EQ(store.ReadChunk("job", chunk->id())->version, 1);

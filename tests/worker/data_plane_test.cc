@@ -5,6 +5,7 @@
 #include "common/chunk_codec.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
+#include "tests/test_util.h"
 #include "worker/in_process.h"
 
 namespace pstrain::testing {
@@ -23,10 +24,10 @@ class DataPlaneTest : public ::testing::Test {
   Trained Train(const v1::JobSpec& spec, const RunOptions& run) {
     const v1::PartitionPlan plan = PlanFor(spec);
     InProcessServers servers(spec.num_servers());
-    EXPECT_TRUE(servers.AddJob("job-dp", spec, plan).ok());
+    PSTRAIN_EXPECT_OK(servers.AddJob("job-dp", spec, plan));
     Trained out;
     out.workers = RunWorkers("job-dp", spec, plan, servers.addresses(), data_, run);
-    EXPECT_TRUE(out.workers.status.ok()) << out.workers.status;
+    PSTRAIN_EXPECT_OK(out.workers.status);
     out.server_params = servers.Gather("job-dp", plan);
     return out;
   }

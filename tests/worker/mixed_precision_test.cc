@@ -9,6 +9,7 @@
 #include "common/job_spec.h"
 #include "kernels/model.h"
 #include "tests/cluster_util.h"
+#include "tests/test_util.h"
 #include "worker/in_process.h"
 
 namespace pstrain::testing {
@@ -38,15 +39,15 @@ class MixedPrecisionTest : public ::testing::Test {
   Run Train(const v1::JobSpec& spec) {
     prometheus::Registry registry;
     auto metrics = worker::WorkerMetrics::Create(registry, absl::Minutes(1));
-    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    PSTRAIN_EXPECT_OK(metrics);
     const v1::PartitionPlan plan = PlanFor(spec);
     InProcessServers servers(2);
-    EXPECT_TRUE(servers.AddJob("job-fp16", spec, plan).ok());
+    PSTRAIN_EXPECT_OK(servers.AddJob("job-fp16", spec, plan));
     RunOptions options;
     options.metrics = metrics->get();
     Run run;
     run.result = RunWorkers("job-fp16", spec, plan, servers.addresses(), data_, options);
-    EXPECT_TRUE(run.result.status.ok()) << run.result.status;
+    PSTRAIN_EXPECT_OK(run.result.status);
     EXPECT_EQ(servers.Gather("job-fp16", plan), run.result.params);
     const prometheus::Labels labels = {{"job_id", "job-fp16"}};
     run.overflows = (*metrics)->overflows->Add(labels).Value();
@@ -96,7 +97,7 @@ TEST_F(MixedPrecisionTest, WithoutOverflowsFp16TrainsWhatFp32Does) {
   fp32.clear_loss_scale();
   const std::shared_ptr<const Dataset> train = *data_->FashionMnist(kFashionDir, true);
   absl::StatusOr<std::vector<float>> reference = worker::TrainInProcess(fp32, kSteps, *train);
-  ASSERT_TRUE(reference.ok()) << reference.status();
+  PSTRAIN_ASSERT_OK(reference);
   // fp16 keeps 11 significant bits of the products' inputs: each tensor's
   // training (its values' change from the initial ones) differs from fp32's
   // by a few percent, where sums of the batch's deltas cancel (the biases).

@@ -10,6 +10,7 @@
 #include "kernels/reducer.h"
 #include "worker/in_process.h"
 #include "tests/cluster_util.h"
+#include "tests/test_util.h"
 #include "worker/slice_layout.h"
 
 namespace pstrain::testing {
@@ -29,9 +30,9 @@ class MultiDeviceTest : public ::testing::Test {
   WorkersResult Train(const v1::JobSpec& spec, const RunOptions& run) {
     const v1::PartitionPlan plan = PlanFor(spec);
     InProcessServers servers(spec.num_servers());
-    EXPECT_TRUE(servers.AddJob("job-md", spec, plan).ok());
+    PSTRAIN_EXPECT_OK(servers.AddJob("job-md", spec, plan));
     WorkersResult result = RunWorkers("job-md", spec, plan, servers.addresses(), data_, run);
-    EXPECT_TRUE(result.status.ok()) << result.status;
+    PSTRAIN_EXPECT_OK(result.status);
     return result;
   }
 
@@ -40,8 +41,8 @@ class MultiDeviceTest : public ::testing::Test {
                                const RunOptions& b) {
     const WorkersResult with_a = Train(spec, a);
     const WorkersResult with_b = Train(spec, b);
-    ASSERT_TRUE(with_a.status.ok()) << with_a.status;
-    ASSERT_TRUE(with_b.status.ok()) << with_b.status;
+    PSTRAIN_ASSERT_OK(with_a.status);
+    PSTRAIN_ASSERT_OK(with_b.status);
     EXPECT_EQ(with_a.params, with_b.params);
   }
 
@@ -247,16 +248,16 @@ TEST(SliceLayoutTest, ReduceScatterAndAllGatherMatchAPlainSum) {
       for (int r = 0; r < k_ranks; ++r) {
         threads.emplace_back([&, r] {
           std::vector<float> send(layout.padded_floats(), 0.0f), recv(layout.slice_floats);
-          ASSERT_TRUE(layout.Pack(*device, grads[r].data(), send.data()).ok());
-          ASSERT_TRUE(reducer->ReduceScatter(r, send.data(), recv.data(), layout.slice_floats).ok());
-          ASSERT_TRUE(layout.UnpackSlice(*device, r, recv.data(), reduced[r].data()).ok());
+          PSTRAIN_ASSERT_OK(layout.Pack(*device, grads[r].data(), send.data()));
+          PSTRAIN_ASSERT_OK(
+              reducer->ReduceScatter(r, send.data(), recv.data(), layout.slice_floats));
+          PSTRAIN_ASSERT_OK(layout.UnpackSlice(*device, r, recv.data(), reduced[r].data()));
           // All-gather this rank's reduced slice back to everyone.
           std::vector<float> all(layout.padded_floats());
-          ASSERT_TRUE(reducer->AllGather(r, recv.data(), all.data(), layout.slice_floats).ok());
+          PSTRAIN_ASSERT_OK(reducer->AllGather(r, recv.data(), all.data(), layout.slice_floats));
           for (int s = 0; s < k_ranks; ++s) {
-            ASSERT_TRUE(layout.UnpackSlice(*device, s, all.data() + s * layout.slice_floats,
-                                           gathered[r].data())
-                            .ok());
+            PSTRAIN_ASSERT_OK(layout.UnpackSlice(*device, s, all.data() + s * layout.slice_floats,
+                                                 gathered[r].data()));
           }
         });
       }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain::worker {
 namespace {
@@ -63,7 +64,7 @@ TEST(RoutingTransportTest, AnExchangeGoesToTheFirstCarrierThatTakesItWhole) {
     transport.StartExchange(server, 0, ParameterMethod::kPushPull, Requests(3),
                             absl::InfiniteFuture(), nullptr, nullptr,
                             [&done](absl::Status s) {
-                              EXPECT_TRUE(s.ok()) << s;
+                              PSTRAIN_EXPECT_OK(s);
                               ++done;
                             });
   }

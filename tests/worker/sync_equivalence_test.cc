@@ -104,7 +104,7 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
     }
     const v1::PartitionPlan plan = PlanFor(spec);
     absl::StatusOr<std::vector<float>> reference = worker::TrainInProcess(spec, kSteps, *train_);
-    EXPECT_TRUE(reference.ok()) << reference.status();
+    PSTRAIN_EXPECT_OK(reference);
 
     InProcessServers servers(c.servers);
     PSTRAIN_EXPECT_OK(servers.AddJob("job-eq", spec, plan));
@@ -114,14 +114,14 @@ class SyncEquivalenceTest : public ::testing::TestWithParam<Case> {
       for (int w = 0; w < 2; ++w) {
         absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> grpc =
             worker::CreateGrpcTransport(servers.addresses());
-        EXPECT_TRUE(grpc.ok()) << grpc.status();
+        PSTRAIN_EXPECT_OK(grpc);
         transports.push_back(w == 1 ? std::make_unique<ZeroGradientTransport>(*std::move(grpc))
                                     : *std::move(grpc));
       }
       run.make_transport = [&transports](int w) { return transports[w].get(); };
     }
     WorkersResult result = RunWorkers("job-eq", spec, plan, servers.addresses(), data_, run);
-    EXPECT_TRUE(result.status.ok()) << result.status;
+    PSTRAIN_EXPECT_OK(result.status);
     EXPECT_EQ(result.steps_done, std::vector<int64_t>(2, kSteps));
     // What the servers hold is what worker 0 ended with.
     EXPECT_EQ(servers.Gather("job-eq", plan), result.params);
