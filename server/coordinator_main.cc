@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "common/file_system.h"
+#include "common/daemon_flags.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/process.h"
@@ -11,25 +11,11 @@
 #include "glog/logging.h"
 #include "server/coordinator.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50050",
-          "host:port for the control and membership APIs; port 0 picks a free port");
-ABSL_FLAG(std::string, advertise_address, "",
-          "what peers dial: host (with the bound port) or host:port; required when --listen "
-          "is a wildcard (0.0.0.0, [::]); default: the listen address");
-ABSL_FLAG(std::string, fs_fault_injection, "",
-          "testing only: make writes to files whose path contains PATTERN fail or crash the "
-          "process: no_space:PATTERN[:ROOM_BYTES], io_error:PATTERN or crash:PATTERN:BYTES");
-ABSL_FLAG(std::string, address_file, "",
-          "if set, write the bound host:port to this file once serving");
 ABSL_FLAG(std::string, state_dir, "",
           "directory for the durable job log and model files; empty: keep nothing");
 ABSL_FLAG(std::string, default_checkpoint_dir, "",
           "checkpoint directory of jobs whose file names none (checkpoint.dir): a path every "
           "server sees, e.g. a shared volume; empty: such jobs are not checkpointed");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
-ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
-ABSL_FLAG(int, metrics_job_grace_s, 300,
-          "seconds a finished job's metric series are still exported");
 ABSL_FLAG(std::string, prometheus_sd_file, "",
           "if set, keep a Prometheus file_sd targets file of every process's /metrics here");
 ABSL_FLAG(int, lease_s, 10, "seconds without a heartbeat after which a node is lost");
@@ -58,10 +44,13 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "no tokens (see docs/security.md)");
 
 int main(int argc, char** argv) {
+  constexpr absl::string_view kProgram = "pstrain-coordinator";
   pstrain::InitMain(argc, argv, "pstrain-coordinator [--listen=host:port] [flags]");
+  pstrain::ServiceFlags service = pstrain::ServiceFlagsFromFlags(kProgram, "127.0.0.1:50050");
+  const absl::Duration metrics_job_grace = pstrain::MetricsJobGraceFromFlags(kProgram);
   pstrain::server::Coordinator::Options options;
-  options.listen_address = absl::GetFlag(FLAGS_listen);
-  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.listen_address = service.listen;
+  options.advertise_address = service.advertise_address;
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.default_checkpoint_dir = absl::GetFlag(FLAGS_default_checkpoint_dir);
   if (!options.default_checkpoint_dir.empty() && options.default_checkpoint_dir[0] != '/') {
@@ -95,19 +84,9 @@ int main(int argc, char** argv) {
                  "--max_lost_nodes at least 0\n";
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<pstrain::FaultInjectingFileSystem>> faulty_fs =
-      pstrain::FaultInjectingFileSystem::FromSpec(absl::GetFlag(FLAGS_fs_fault_injection));
-  if (!faulty_fs.ok()) {
-    std::cerr << "pstrain-coordinator: --fs_fault_injection: " << faulty_fs.status().message() << "\n";
-    return 2;
-  }
-  if (*faulty_fs != nullptr) options.fs = faulty_fs->get();
-  if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
-    std::cerr << "--metrics_job_grace_s must be >= 0\n";
-    return 2;
-  }
+  if (service.faulty_fs != nullptr) options.fs = service.faulty_fs.get();
   std::unique_ptr<pstrain::TransportSecurity> security =
-      pstrain::TransportSecurityFromFlags("pstrain-coordinator", pstrain::PeerRole::kCoordinator);
+      pstrain::TransportSecurityFromFlags(kProgram, pstrain::PeerRole::kCoordinator);
   options.security = security.get();
   options.insecure = pstrain::InsecureFlag();
   pstrain::ExitIfOnlyCheckingFlags();
@@ -120,11 +99,9 @@ int main(int argc, char** argv) {
     options.auth_tokens = std::move(*tokens);
   }
   pstrain::StopOnSignal signals;
-  std::unique_ptr<pstrain::MetricsServer> metrics =
-      pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+  std::unique_ptr<pstrain::MetricsServer> metrics = pstrain::ServeMetricsFromFlags();
   absl::StatusOr<std::unique_ptr<pstrain::server::CoordinatorMetrics>> coordinator_metrics =
-      pstrain::server::CoordinatorMetrics::Create(
-          metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+      pstrain::server::CoordinatorMetrics::Create(metrics->registry(), metrics_job_grace);
   if (!coordinator_metrics.ok()) {
     std::cerr << "pstrain-coordinator: " << coordinator_metrics.status() << "\n";
     return 1;
@@ -139,7 +116,7 @@ int main(int argc, char** argv) {
     return coordinator.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   LOG(INFO) << "coordinator listening on " << (*coordinator)->address();
-  pstrain::PublishAddress(absl::GetFlag(FLAGS_address_file), (*coordinator)->address());
+  pstrain::PublishAddress(service.address_file, (*coordinator)->address());
   // Ready once its state is read back and it serves.
   metrics->SetReadiness([] { return absl::OkStatus(); });
   signals.Wait();

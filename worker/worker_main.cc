@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/cpu_affinity.h"
+#include "common/daemon_flags.h"
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/node_id.h"
@@ -20,16 +21,6 @@
 #include "worker/fault_injecting_transport.h"
 #include "worker/worker_node.h"
 
-ABSL_FLAG(std::string, coordinator, "", "coordinator host:port (required)");
-ABSL_FLAG(std::string, node_id, "",
-          "the node's id (e.g. server-1, a pod's name); default: $PSTRAIN_NODE_ID, else chosen at "
-          "random. A process started under the id of a lost node takes its place");
-ABSL_FLAG(int, coordinator_loss_exit_s, 0,
-          "exit when the coordinator has not answered for this many seconds; 0: never");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "host to serve /metrics on");
-ABSL_FLAG(int, metrics_port, 0, "port to serve /metrics on; 0 picks a free port (logged)");
-ABSL_FLAG(int, metrics_job_grace_s, 300,
-          "seconds a finished job's metric series are still exported");
 ABSL_FLAG(std::string, devices, "cpu:1",
           "devices to train on: cpu:N (N CPU devices, threads) or cuda:0,cuda:1,... (GPUs)");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads in this process");
@@ -40,12 +31,6 @@ ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
 ABSL_FLAG(bool, same_machine_sockets, pstrain::worker::GrpcTransportOptions().same_machine_sockets,
           "reach servers of this machine over their Unix sockets (found and verified through "
           "Hello) instead of TCP; plaintext only");
-ABSL_FLAG(bool, shared_memory, pstrain::worker::GrpcTransportOptions().shared_memory,
-          "reach servers of this machine through shared memory (found and verified through "
-          "Hello and a handshake) before any socket; plaintext only");
-ABSL_FLAG(bool, direct_tcp, pstrain::worker::GrpcTransportOptions().direct_tcp,
-          "reach other servers over direct TCP connections (found and verified through Hello "
-          "and a handshake) instead of gRPC streams; plaintext only");
 ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
           "bytes of each shared-memory pipe (one each way per server), a power of two in "
           "[64 KiB, 1 GiB]");
@@ -60,12 +45,6 @@ ABSL_FLAG(std::string, server_listen, "127.0.0.1:0",
           "--colocated_server: host:port its parameter service listens on");
 ABSL_FLAG(std::string, server_advertise_address, "",
           "--colocated_server: host[:port] workers dial, when --server_listen is a wildcard");
-ABSL_FLAG(std::string, checkpoint_root, "/var/lib/pstrain/checkpoints",
-          "--colocated_server: a job's checkpoint.dir must lie in this directory");
-ABSL_FLAG(int64_t, max_memory_bytes, -1,
-          "bytes a job may take in this process per device (the coordinator places only jobs "
-          "that fit); -1: 3/4 of the memory the process may use (the machine's, or the "
-          "cgroup's memory.max) over the devices; 0: unlimited");
 ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
           "a job's data.dir must lie in this directory (symbolic links resolved); empty: "
           "anywhere");
@@ -75,26 +54,19 @@ ABSL_FLAG(std::string, fault_injection, "",
           "(worker/fault_injecting_transport.h)");
 
 int main(int argc, char** argv) {
+  constexpr absl::string_view kProgram = "pstrain-worker";
   pstrain::InitMain(argc, argv, "pstrain-worker --coordinator=host:port [flags]");
-  pstrain::RunOnlyOnFlagCpus("pstrain-worker");  // before any thread starts
+  pstrain::RunOnlyOnFlagCpus(kProgram);  // before any thread starts
+  const pstrain::NodeFlags flags = pstrain::NodeFlagsFromFlags(kProgram);
+  const absl::Duration metrics_job_grace = pstrain::MetricsJobGraceFromFlags(kProgram);
   pstrain::worker::WorkerNode::Options options;
-  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  options.coordinator_loss_timeout = absl::Seconds(absl::GetFlag(FLAGS_coordinator_loss_exit_s));
+  options.coordinator_address = flags.coordinator;
+  options.coordinator_loss_timeout = flags.coordinator_loss_timeout;
   options.report_interval = absl::Milliseconds(absl::GetFlag(FLAGS_report_interval_ms));
-  absl::StatusOr<std::string> node_id =
-      pstrain::NodeIdFromFlagOrEnvironment(absl::GetFlag(FLAGS_node_id));
-  if (!node_id.ok()) {
-    std::cerr << "pstrain-worker: " << node_id.status().message() << "\n";
-    return 2;
-  }
   std::unique_ptr<pstrain::TransportSecurity> security =
-      pstrain::TransportSecurityFromFlags("pstrain-worker", pstrain::PeerRole::kWorker, *node_id);
+      pstrain::TransportSecurityFromFlags(kProgram, pstrain::PeerRole::kWorker, flags.node_id);
   options.security = security.get();
-  options.node_id = pstrain::CertifiedNodeId("pstrain-worker", security.get(), *node_id);
-  if (options.coordinator_address.empty()) {
-    std::cerr << "pstrain-worker: --coordinator is required\n";
-    return 2;
-  }
+  options.node_id = pstrain::CertifiedNodeId(kProgram, security.get(), flags.node_id);
   if (absl::GetFlag(FLAGS_colocated_server)) {
     if (security != nullptr) {
       std::cerr << "pstrain-worker: --colocated_server runs in plaintext only\n";
@@ -118,8 +90,8 @@ int main(int argc, char** argv) {
   transport.channels_per_server = absl::GetFlag(FLAGS_channels_per_server);
   transport.window = absl::GetFlag(FLAGS_stream_window);
   transport.same_machine_sockets = absl::GetFlag(FLAGS_same_machine_sockets);
-  transport.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  transport.direct_tcp = absl::GetFlag(FLAGS_direct_tcp);
+  transport.shared_memory = flags.shared_memory;
+  transport.direct_tcp = flags.direct_tcp;
   transport.shm.pipe_bytes = absl::GetFlag(FLAGS_shm_pipe_bytes);
   transport.shm_connections = absl::GetFlag(FLAGS_shm_connections);
   if (absl::Status s = pstrain::worker::ValidateGrpcTransportOptions(transport); !s.ok()) {
@@ -139,10 +111,6 @@ int main(int argc, char** argv) {
       pstrain::worker::ParseDevices(absl::GetFlag(FLAGS_devices));
   if (!devices.ok()) {
     std::cerr << "pstrain-worker: --" << devices.status().message() << "\n";
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_metrics_job_grace_s) < 0) {
-    std::cerr << "--metrics_job_grace_s must be >= 0\n";
     return 2;
   }
   // Before the GPUs are looked at: a manifest is checked where there are none.
@@ -165,21 +133,15 @@ int main(int argc, char** argv) {
   }
   options.devices = *devices;
   LOG(INFO) << "training on " << absl::GetFlag(FLAGS_devices);
-  options.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
-  if (options.max_memory_bytes < -1) {
-    std::cerr << "pstrain-worker: --max_memory_bytes must be -1, 0 or positive\n";
-    return 2;
-  }
+  options.max_memory_bytes = flags.max_memory_bytes;
   if (options.max_memory_bytes == -1) {
     options.max_memory_bytes =
         pstrain::AvailableMemoryBytes() / 4 * 3 / std::max<int64_t>(devices->indices.size(), 1);
   }
   pstrain::StopOnSignal signals;
-  std::unique_ptr<pstrain::MetricsServer> metrics =
-      pstrain::ServeMetrics(absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port));
+  std::unique_ptr<pstrain::MetricsServer> metrics = pstrain::ServeMetricsFromFlags();
   absl::StatusOr<std::unique_ptr<pstrain::worker::WorkerMetrics>> worker_metrics =
-      pstrain::worker::WorkerMetrics::Create(
-          metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+      pstrain::worker::WorkerMetrics::Create(metrics->registry(), metrics_job_grace);
   if (!worker_metrics.ok()) {
     std::cerr << "pstrain-worker: " << worker_metrics.status() << "\n";
     return 1;
@@ -191,8 +153,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::server::ParameterServer> server;
   if (absl::GetFlag(FLAGS_colocated_server)) {
     absl::StatusOr<std::unique_ptr<pstrain::server::ServerMetrics>> m =
-        pstrain::server::ServerMetrics::Create(
-            metrics->registry(), absl::Seconds(absl::GetFlag(FLAGS_metrics_job_grace_s)));
+        pstrain::server::ServerMetrics::Create(metrics->registry(), metrics_job_grace);
     if (!m.ok()) {
       std::cerr << "pstrain-worker: " << m.status() << "\n";
       return 1;
@@ -206,7 +167,7 @@ int main(int argc, char** argv) {
     s.node_id = options.node_id + "-server";
     s.colocated_with = options.node_id;
     s.insecure = pstrain::InsecureFlag();
-    s.store.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+    s.store.checkpoint_root = flags.checkpoint_root;
     s.store.metrics = server_metrics.get();
     s.rpc = &metrics->rpc();
     // Its series are on the worker's /metrics, which Prometheus scrapes
