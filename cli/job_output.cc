@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
+#include "common/status.h"
 
 namespace pstrain::cli {
 
@@ -88,6 +89,18 @@ std::string ResultSummary(const v1::Job& job) {
       "%s succeeded: test accuracy %.4f, final loss %.4f, %d steps in %.1f s (%.0f samples/s)",
       job.id(), r.test_accuracy(), r.final_loss(), r.steps(), r.train_seconds(),
       r.samples_per_second()) + (job.reason().empty() ? "" : " (" + job.reason() + ")");
+}
+
+absl::StatusOr<std::string> FetchModelFile(v1::Control::Stub& stub, grpc::ClientContext& context,
+                                           const std::string& job_id) {
+  v1::ExportModelRequest request;
+  request.set_job_id(job_id);
+  auto reader = stub.ExportModel(&context, request);
+  std::string bytes;
+  v1::ModelFileChunk piece;
+  while (reader->Read(&piece)) bytes += piece.data();
+  PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  return bytes;
 }
 
 absl::StatusOr<v1::Job> FollowJob(

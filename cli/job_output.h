@@ -22,6 +22,11 @@ absl::StatusOr<v1::Job> FollowJob(
     v1::Control::Stub& stub, const std::string& job_id, grpc::ClientContext& context,
     const std::function<void(const v1::JobEvent&, const v1::Job&)>& on_event);
 
+// A succeeded job's model file (ExportModel, on `context`), whole; the
+// coordinator's error (FAILED_PRECONDITION for a job without one).
+absl::StatusOr<std::string> FetchModelFile(v1::Control::Stub& stub, grpc::ClientContext& context,
+                                           const std::string& job_id);
+
 // Shows a job's progress: on a terminal, one line redrawn in place with a
 // bar; elsewhere, a line every `interval`.
 class ProgressDisplay {

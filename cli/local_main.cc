@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/job_output.h"
+#include "cli/launch.h"
 #include "cli/local_cluster.h"
 #include "common/clock.h"
 #include "common/cpu_affinity.h"
@@ -35,6 +36,9 @@
 #include "worker/in_process.h"
 
 ABSL_FLAG(std::string, job, "", "job file (YAML), e.g. examples/fashion_mlp.yaml");
+ABSL_FLAG(std::string, export, "",
+          "write the trained model to this file once the job succeeded (as psctl export "
+          "does); pstrain-local --eval FILE evaluates it");
 ABSL_FLAG(std::string, eval, "",
           "instead of training: evaluate this model file (psctl export) on the test set");
 ABSL_FLAG(std::string, data_dir, "",
@@ -151,6 +155,10 @@ int Run() {
     std::cerr << "pstrain-local: --job FILE (train) or --eval FILE (evaluate) is required\n";
     return kExitUsage;
   }
+  if (absl::Status s = CheckExportPath(absl::GetFlag(FLAGS_export)); !s.ok()) {
+    std::cerr << "pstrain-local: " << s.message() << "\n";
+    return kExitUsage;
+  }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_path);
   // Checkpoints go to the run directory unless the job file names a
   // directory: the job is checked as it will run (the run directory itself
@@ -180,15 +188,12 @@ int Run() {
   // Signals: stop following the job, then stop the cluster.
   absl::Mutex mu;
   int signal_received = 0;
-  std::string dead_child;                     // a child that is not restarted
-  grpc::ClientContext* watching = nullptr;  // the watch in progress
-  auto stop_watching = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (watching != nullptr) watching->TryCancel();
-  };
+  std::string dead_child;                 // a child that is not restarted
+  JobFollower* follower = nullptr;        // once the job is followed
   TerminationSignals signals([&](int signo) {
     absl::MutexLock lock(&mu);
     signal_received = signo;
-    stop_watching();
+    if (follower != nullptr) follower->Stop(absl::StrCat("signal ", signo));
   });
 
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -285,7 +290,7 @@ int Run() {
           std::fprintf(stderr, "%s\n", line.c_str());
           if (!absl::EndsWith(line, ", restarting") && dead_child.empty()) {
             dead_child = line;
-            stop_watching();
+            if (follower != nullptr) follower->Stop(line);
           }
         }
         if (!dead_child.empty()) return;
@@ -326,54 +331,22 @@ int Run() {
 
   ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
                           absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
-  // Follows the job to its end; a coordinator that restarts ends a watch,
-  // and the next one starts with the job as it is.
-  absl::StatusOr<v1::Job> job;
-  int signo = 0;
-  std::string dead;
-  absl::Time unreachable_since = absl::InfiniteFuture();
-  while (true) {
-    grpc::ClientContext context;
-    authorize(context);
-    {
-      absl::MutexLock lock(&mu);
-      signo = signal_received;
-      dead = dead_child;
-      if (signo != 0 || !dead.empty()) break;
-      watching = &context;
-    }
-    job = FollowJob(*stub, submitted.job_id(), context,
-                    [&](const v1::JobEvent& event, const v1::Job& now) {
-                      display.OnEvent(event, now);
-                    });
-    {
-      absl::MutexLock lock(&mu);
-      watching = nullptr;
-      signo = signal_received;
-      dead = dead_child;
-    }
-    if (signo != 0 || !dead.empty()) break;
-    if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
-    const absl::Time now = MonotonicNow();
-    if (job.ok() || job.status().code() == absl::StatusCode::kUnavailable) {
-      unreachable_since = std::min(unreachable_since, now);
-      if (now - unreachable_since < absl::Minutes(2)) {
-        absl::SleepFor(absl::Milliseconds(200));
-        continue;
-      }
-    }
-    break;
+  JobFollower following(stub.get(), authorize);
+  {
+    absl::MutexLock lock(&mu);
+    follower = &following;
+    if (signal_received != 0) following.Stop(absl::StrCat("signal ", signal_received));
+    if (!dead_child.empty()) following.Stop(dead_child);
   }
-  if (job.ok()) {
-    // The job as the coordinator has it (its recoveries, checkpoints).
-    v1::GetJobRequest get;
-    get.set_job_id(job->id());
-    v1::Job full;
-    grpc::ClientContext get_context;
-    SetTimeout(get_context, absl::Seconds(10));
-    get_context.set_wait_for_ready(true);
-    authorize(get_context);
-    if (stub->GetJob(&get_context, get, &full).ok()) job = std::move(full);
+  const absl::StatusOr<v1::Job> job =
+      following.Follow(submitted.job_id(), display, /*patience=*/absl::Minutes(2));
+  int signo;
+  std::string dead;
+  {
+    absl::MutexLock lock(&mu);
+    follower = nullptr;
+    signo = signal_received;
+    dead = dead_child;
   }
   if (signo != 0) {
     std::cerr << "pstrain-local: signal " << signo << ", stopping the cluster\n";
@@ -383,19 +356,11 @@ int Run() {
     std::cerr << "pstrain-local: a process exited: " << dead << "\n";
     return finish(kExitFailed);
   }
-  if (!job.ok()) {
-    std::cerr << "pstrain-local: watching the job: " << job.status().message() << "\n";
-    return finish(kExitFailed);
-  }
-  if (job->state() != v1::JOB_STATE_SUCCEEDED) {
-    std::cerr << "pstrain-local: job " << job->id() << " "
-              << v1::JobState_Name(job->state()) << ": " << job->reason() << " (logs in "
-              << run_dir << ")\n";
-    return finish(kExitFailed);
-  }
-  const int code = finish(0);
-  PrintResult(*job);
-  return code;
+  return EndLaunch({.program = "pstrain-local",
+                    .run_dir = run_dir,
+                    .export_path = absl::GetFlag(FLAGS_export),
+                    .stop = finish},
+                   *stub, authorize, job, "");
 }
 
 }  // namespace

@@ -574,15 +574,11 @@ class Psctl {
   }
 
   int Export(const std::string& id, const std::string& path) {
-    v1::ExportModelRequest request;
-    request.set_job_id(id);
     grpc::ClientContext context;
     Prepare(context, cmd_.timeout + absl::Minutes(5));
-    auto reader = stub_->ExportModel(&context, request);
-    std::string bytes;
-    v1::ModelFileChunk piece;
-    while (reader->Read(&piece)) bytes += piece.data();
-    if (grpc::Status s = reader->Finish(); !s.ok()) return Failed(s);
+    absl::StatusOr<std::string> model = FetchModelFile(*stub_, context, id);
+    if (!model.ok()) return Failed(ToGrpcStatus(model.status()));
+    const std::string& bytes = *model;
     if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) {
       std::cerr << "psctl: " << s.message() << "\n";
       return kExitUnavailable;

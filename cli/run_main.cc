@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/job_output.h"
+#include "cli/launch.h"
 #include "cli/local_cluster.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(int, servers, 1, "parameter servers of the local cluster: the job's nu
 ABSL_FLAG(std::string, job, "",
           "job file (YAML) whose model is external; its num_workers and num_servers, if "
           "given, must match --workers and --servers. Empty: the script gives its own");
+ABSL_FLAG(std::string, export, "",
+          "write the trained model to this file once the job succeeded (as psctl export "
+          "does)");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of an existing cluster's coordinator: join it instead of starting one");
 ABSL_FLAG(std::string, run_dir, "",
@@ -58,11 +62,6 @@ namespace {
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-std::string ExecutableDir() {
-  std::error_code error;
-  return std::filesystem::read_symlink("/proc/self/exe", error).parent_path().string();
-}
-
 // One worker process of the launch and its restarts.
 struct Script {
   SpawnOptions spawn;
@@ -79,6 +78,10 @@ int Run(const std::vector<std::string>& command) {
   }
   if (workers < 1 || workers > 1024 || servers < 1 || servers > 256) {
     std::cerr << "pstrain-run: --workers must be in [1, 1024] and --servers in [1, 256]\n";
+    return kExitUsage;
+  }
+  if (absl::Status s = CheckExportPath(absl::GetFlag(FLAGS_export)); !s.ok()) {
+    std::cerr << "pstrain-run: " << s.message() << "\n";
     return kExitUsage;
   }
   const std::string job_file = absl::GetFlag(FLAGS_job);
@@ -164,16 +167,12 @@ int Run(const std::vector<std::string>& command) {
     }
   }
 
-  absl::Mutex mu;
-  grpc::ClientContext* watching = nullptr;  // guarded by mu
-  std::string failure;                      // guarded by mu: why the run cannot succeed
+  auto stub = v1::Control::NewStub(MakeChannel(coordinator));
+  // Stopped with the reason the run cannot succeed, by the supervisor.
+  JobFollower follower(stub.get(), nullptr);
   std::atomic<bool> job_ended{false};
   std::atomic<bool> done{false};
-  auto give_up = [&](const std::string& why) {
-    absl::MutexLock lock(&mu);
-    if (failure.empty()) failure = why;
-    if (watching != nullptr) watching->TryCancel();
-  };
+  auto give_up = [&](const std::string& why) { follower.Stop(why); };
   // Starts every script, then watches them (and the cluster): a script that
   // fails while the job runs is started again under its node id.
   std::thread supervisor([&] {
@@ -246,16 +245,12 @@ int Run(const std::vector<std::string>& command) {
     return code;
   };
 
-  auto stub = v1::Control::NewStub(MakeChannel(coordinator));
   // The job: the one the scripts submitted under the run's request id.
   std::string job_id;
   const absl::Time find_deadline =
       MonotonicNow() + absl::Seconds(absl::GetFlag(FLAGS_find_job_timeout_s));
   while (job_id.empty()) {
-    {
-      absl::MutexLock lock(&mu);
-      if (!failure.empty()) break;
-    }
+    if (!follower.stopped().empty()) break;
     if (MonotonicNow() > find_deadline) {
       give_up("the worker processes submitted no job in time");
       break;
@@ -277,44 +272,14 @@ int Run(const std::vector<std::string>& command) {
     std::fflush(stdout);
     ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
                             absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
-    while (true) {
-      grpc::ClientContext context;
-      {
-        absl::MutexLock lock(&mu);
-        if (!failure.empty()) break;
-        watching = &context;
-      }
-      job = FollowJob(*stub, job_id, context, [&](const v1::JobEvent& event, const v1::Job& now) {
-        display.OnEvent(event, now);
-      });
-      {
-        absl::MutexLock lock(&mu);
-        watching = nullptr;
-      }
-      if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
-      absl::SleepFor(absl::Milliseconds(200));
-    }
+    job = follower.Follow(job_id, display, /*patience=*/absl::InfiniteDuration());
     job_ended = true;
-    v1::GetJobRequest get;
-    get.set_job_id(job_id);
-    v1::Job full;
-    grpc::ClientContext get_context;
-    SetTimeout(get_context, absl::Seconds(10));
-    if (stub->GetJob(&get_context, get, &full).ok()) job = std::move(full);
   }
-  std::string why;
-  {
-    absl::MutexLock lock(&mu);
-    why = failure;
-  }
-  if (!job.ok() || job->state() != v1::JOB_STATE_SUCCEEDED) {
-    if (job.ok()) why = absl::StrCat("job ", job->id(), " ", EnumName(job->state()), ": ", job->reason());
-    std::cerr << "pstrain-run: " << why << " (logs in " << run_dir << ")\n";
-    return finish(kExitFailed);
-  }
-  const int code = finish(0);
-  PrintResult(*job);
-  return code;
+  return EndLaunch({.program = "pstrain-run",
+                    .run_dir = run_dir,
+                    .export_path = absl::GetFlag(FLAGS_export),
+                    .stop = finish},
+                   *stub, nullptr, job, follower.stopped());
 }
 
 }  // namespace

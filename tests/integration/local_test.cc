@@ -159,6 +159,34 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
   EXPECT_NE(fields.at("last_checkpoint_step"), "0");
 }
 
+// --export keeps what was trained: the model file a user loads again
+// (pstrain-local --eval) evaluates to the job's accuracy; a path that cannot
+// be written is refused before anything runs.
+TEST(LocalTest, TheTrainedModelIsExported) {
+  TempDir dir;
+  std::string yaml = kJob;
+  yaml.replace(yaml.find("epochs: 100"), 11, "epochs: 1");
+  const std::string job = dir.Write("job.yaml", yaml);
+  const std::string model = dir.path() + "/model.pstm";
+  ProcessResult trained = RunProcess(
+      {BinDir() + "/pstrain-local", "--job", job, "--export", model}, absl::Minutes(5));
+  ASSERT_EQ(trained.exit_code(), 0) << trained.err;
+  EXPECT_TRUE(absl::StrContains(trained.out, "wrote " + model + ": ")) << trained.out;
+  const auto result = ResultFields(trained.out);
+  ProcessResult evaluated =
+      RunProcess({BinDir() + "/pstrain-local", "--eval", model}, absl::Minutes(2));
+  ASSERT_EQ(evaluated.exit_code(), 0) << evaluated.err;
+  EXPECT_TRUE(absl::StrContains(
+      evaluated.out, absl::StrCat("\"test_accuracy\":", result.at("test_accuracy"), ",")))
+      << evaluated.out << "\n" << trained.out;
+
+  ProcessResult refused = RunProcess(
+      {BinDir() + "/pstrain-local", "--job", job, "--export", dir.path() + "/no/such/dir/m.pstm"},
+      absl::Minutes(1));
+  EXPECT_EQ(refused.exit_code(), 2) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "--export")) << refused.err;
+}
+
 // colocated_servers: no server processes, the shards in the workers'; the
 // same result bitwise as with servers of their own, also after a worker's
 // process (and with it a shard) is killed and restarted.

@@ -14,9 +14,9 @@ from conftest import pstrain_run
 import train_worker
 
 
-def run_job(out_dir, *script_args, workers=2):
-    done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run"],
-                       [out_dir] + list(script_args))
+def run_job(out_dir, *script_args, workers=2, launcher_args=()):
+    done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run"]
+                       + list(launcher_args), [out_dir] + list(script_args))
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return result, [dict(np.load(os.path.join(out_dir, "worker-%d.npz" % w))) for w in range(workers)]
@@ -53,10 +53,21 @@ def global_batches(workers):
 BOUNDS = {"sgd": (1e-5, 1e-4), "adam": (1e-5, 5e-4)}
 
 
+def exported_values(path):
+    """The values of a model file (pstrain-run --export), flat."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"PSTM"
+    header_bytes = int.from_bytes(data[8:12], "little")
+    return np.frombuffer(data[12 + header_bytes:], dtype="<f4")
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
     with tempfile.TemporaryDirectory() as out:
-        result, workers = run_job(out, "--optimizer", optimizer)
+        model_file = os.path.join(out, "model.pstm")
+        result, workers = run_job(out, "--optimizer", optimizer,
+                                  launcher_args=["--export", model_file])
         assert result["steps"] == 50
         for w in workers:
             assert len(w["indices"][0]) == 32
@@ -64,9 +75,12 @@ def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
         for name, (relative, largest) in differences(workers[0], reference).items():
             assert relative <= BOUNDS[optimizer][0], (name, relative)
             assert largest <= BOUNDS[optimizer][1], (name, largest)
-        # Both workers end with the same model, bitwise.
+        # Both workers end with the same model, bitwise, and --export kept it.
         for name in reference:
             assert np.array_equal(workers[0][name], workers[1][name])
+        exported = exported_values(model_file)
+        flat = np.concatenate([workers[0][name].ravel() for name in reference])
+        assert np.array_equal(exported, flat.astype(np.float32))
 
 
 def model_of(worker):

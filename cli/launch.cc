@@ -1,0 +1,119 @@
+#include "cli/launch.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/enum_names.h"
+#include "common/files.h"
+#include "common/rpc.h"
+
+namespace pstrain::cli {
+
+absl::StatusOr<v1::Job> JobFollower::Follow(const std::string& job_id, ProgressDisplay& display,
+                                            absl::Duration patience) {
+  absl::StatusOr<v1::Job> job = absl::CancelledError("not followed");
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  while (true) {
+    grpc::ClientContext context;
+    if (authorize_) authorize_(context);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stopped_.empty()) break;
+      watching_ = &context;
+    }
+    job = FollowJob(*stub_, job_id, context, [&](const v1::JobEvent& event, const v1::Job& now) {
+      display.OnEvent(event, now);
+    });
+    {
+      absl::MutexLock lock(&mu_);
+      watching_ = nullptr;
+      if (!stopped_.empty()) break;
+    }
+    if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
+    const absl::Time now = MonotonicNow();
+    if (job.ok() || job.status().code() == absl::StatusCode::kUnavailable) {
+      unreachable_since = std::min(unreachable_since, now);
+      if (now - unreachable_since < patience) {
+        absl::SleepFor(absl::Milliseconds(200));
+        continue;
+      }
+    }
+    break;
+  }
+  if (job.ok()) {
+    // The job as the coordinator has it (its recoveries, checkpoints).
+    v1::GetJobRequest get;
+    get.set_job_id(job->id());
+    v1::Job full;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    context.set_wait_for_ready(true);
+    if (authorize_) authorize_(context);
+    if (stub_->GetJob(&context, get, &full).ok()) job = std::move(full);
+  }
+  return job;
+}
+
+void JobFollower::Stop(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_.empty()) stopped_ = why;
+  if (watching_ != nullptr) watching_->TryCancel();
+}
+
+std::string JobFollower::stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
+absl::Status CheckExportPath(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  if (access(dir.empty() ? "." : dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--export ", path, ": cannot write in ", dir.empty() ? "." : dir, ": ",
+                     std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+int EndLaunch(const LaunchEnd& end, v1::Control::Stub& stub, const Authorize& authorize,
+              const absl::StatusOr<v1::Job>& job, const std::string& failure) {
+  std::string why = failure;
+  if (job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED) {
+    if (end.export_path.empty()) {
+      const int code = end.stop(0);
+      PrintResult(*job);
+      return code;
+    }
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Minutes(5));
+    if (authorize) authorize(context);
+    absl::StatusOr<std::string> model = FetchModelFile(stub, context, job->id());
+    absl::Status written =
+        model.ok() ? WriteFileAtomically(end.export_path, *model) : model.status();
+    if (written.ok()) {
+      const int code = end.stop(0);
+      std::printf("wrote %s: %zu bytes (%s)\n", end.export_path.c_str(), model->size(),
+                  job->id().c_str());
+      PrintResult(*job);
+      return code;
+    }
+    why = absl::StrCat("--export ", end.export_path, ": ", written.message());
+  } else if (job.ok()) {
+    why = absl::StrCat("job ", job->id(), " ", EnumName(job->state()), ": ", job->reason());
+  } else if (why.empty()) {
+    why = absl::StrCat("watching the job: ", job.status().message());
+  }
+  std::cerr << end.program << ": " << why << " (logs in " << end.run_dir << ")\n";
+  return end.stop(1);
+}
+
+}  // namespace pstrain::cli
