@@ -60,22 +60,17 @@ class DirectStream final : public ReplyingStream {
                std::string client, std::function<void()> on_end)
       : sender_(std::move(sender)),
         id_(id),
-        load_(load),
-        client_(std::move(client)),
-        on_end_(std::move(on_end)) {}
-  ~DirectStream() override { load_->Paid(client_, owed_); }
+        on_end_(std::move(on_end)),
+        owed_(load, std::move(client)) {}
 
   absl::Status ExpectReply() override {
-    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
     absl::MutexLock lock(&mu_);
-    ++owed_;
-    return absl::OkStatus();
+    return owed_.Owe();
   }
   void Reply(grpc::ByteBuffer frame) override {
     absl::MutexLock lock(&mu_);
     if (ended_) return;
-    --owed_;
-    load_->Paid(client_, 1);
+    owed_.Pay();
     // The last reply goes with the stream's end.
     if (!EndIfDone(&frame)) sender_->Send(kDirectReply, id_, &frame);
   }
@@ -101,7 +96,7 @@ class DirectStream final : public ReplyingStream {
  private:
   // Ends the stream if it is done (after `last_reply`); true if it did.
   bool EndIfDone(const grpc::ByteBuffer* last_reply = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!last_request_ || owed_ != 0) return false;
+    if (!last_request_ || owed_.count() != 0) return false;
     End(absl::OkStatus(), last_reply);
     return true;
   }
@@ -123,11 +118,9 @@ class DirectStream final : public ReplyingStream {
 
   const std::shared_ptr<DirectSender> sender_;
   const uint32_t id_;
-  ClientLoad* const load_;
-  const std::string client_;
   const std::function<void()> on_end_;
   mutable absl::Mutex mu_;
-  int64_t owed_ ABSL_GUARDED_BY(mu_) = 0;
+  OwedReplies owed_ ABSL_GUARDED_BY(mu_);
   bool last_request_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -27,20 +27,15 @@ class ChunkStream;
 class StreamState final : public ReplyingStream {
  public:
   StreamState(ChunkStream* reactor, ClientLoad* load, std::string client)
-      : reactor_(reactor), load_(load), client_(std::move(client)) {}
-  // The replies still owed are released once the store holds no wait of
-  // the stream any more.
-  ~StreamState() override { load_->Paid(client_, replies_owed_); }
+      : reactor_(reactor), owed_(load, std::move(client)) {}
 
   bool Abandoned() const override {
     absl::MutexLock lock(&mu_);
     return reactor_ == nullptr || !error_.ok();
   }
   absl::Status ExpectReply() override {
-    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
     absl::MutexLock lock(&mu_);
-    ++replies_owed_;
-    return absl::OkStatus();
+    return owed_.Owe();
   }
   void Reply(grpc::ByteBuffer frame) override;
   void Fail(const absl::Status& status) override;
@@ -69,7 +64,7 @@ class StreamState final : public ReplyingStream {
   // Decides, under mu_, whether to finish now; the caller finishes outside.
   bool ShouldFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_ || writing_ || read_starting_ || reactor_ == nullptr) return false;
-    if (!error_.ok() || (reads_done_ && replies_owed_ == 0)) {
+    if (!error_.ok() || (reads_done_ && owed_.count() == 0)) {
       finishing_ = true;
       return true;
     }
@@ -78,21 +73,21 @@ class StreamState final : public ReplyingStream {
   void FinishNow();
   // Over the limits (divided by `slack`)?
   bool Congested(int slack) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return replies_owed_ > kMaxRepliesOwed / slack ||
+    return owed_.count() > kMaxRepliesOwed / slack ||
            queued_bytes_ > kMaxQueuedReplyBytes / slack;
   }
 
   mutable absl::Mutex mu_;
   ChunkStream* reactor_ ABSL_GUARDED_BY(mu_);
-  ClientLoad* const load_;
-  const std::string client_;
   std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front is being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   bool read_starting_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t replies_owed_ ABSL_GUARDED_BY(mu_) = 0;
+  // The replies still owed are released once the store holds no wait of
+  // the stream any more (it is destroyed).
+  OwedReplies owed_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
@@ -157,8 +152,7 @@ void StreamState::Reply(grpc::ByteBuffer frame) {
   {
     absl::MutexLock lock(&mu_);
     if (reactor_ == nullptr || finishing_) return;
-    --replies_owed_;
-    load_->Paid(client_, 1);
+    owed_.Pay();
     queued_bytes_ += static_cast<int64_t>(frame.Length());
     queue_.push_back(std::move(frame));
     if (writing_) return;

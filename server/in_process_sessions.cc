@@ -18,25 +18,18 @@ class InProcessStream final : public ReplyingStream {
  public:
   InProcessStream(ClientLoad* load, std::string client, InProcessService::ReplyFn on_reply,
                   InProcessService::DoneFn on_done)
-      : load_(load),
-        client_(std::move(client)),
-        on_reply_(std::move(on_reply)),
-        on_done_(std::move(on_done)) {}
-  ~InProcessStream() override { load_->Paid(client_, owed_); }
+      : on_reply_(std::move(on_reply)), on_done_(std::move(on_done)), owed_(load, std::move(client)) {}
 
   absl::Status ExpectReply() override {
-    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
     absl::MutexLock lock(&mu_);
-    ++owed_;
-    return absl::OkStatus();
+    return owed_.Owe();
   }
   // Under the stream's lock: a Cancel waits for a reply being handed over,
   // and nothing is handed over after it.
   void Reply(grpc::ByteBuffer frame) override {
     absl::MutexLock lock(&mu_);
     if (ended_) return;
-    --owed_;
-    load_->Paid(client_, 1);
+    owed_.Pay();
     on_reply_(frame);
     EndIfDone();
   }
@@ -58,7 +51,7 @@ class InProcessStream final : public ReplyingStream {
 
  private:
   void EndIfDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (last_request_ && owed_ == 0) End(absl::OkStatus());
+    if (last_request_ && owed_.count() == 0) End(absl::OkStatus());
   }
   void End(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ended_) return;
@@ -69,12 +62,10 @@ class InProcessStream final : public ReplyingStream {
     on_done_ = nullptr;
   }
 
-  ClientLoad* const load_;
-  const std::string client_;
   mutable absl::Mutex mu_;
   InProcessService::ReplyFn on_reply_ ABSL_GUARDED_BY(mu_);
   InProcessService::DoneFn on_done_ ABSL_GUARDED_BY(mu_);
-  int64_t owed_ ABSL_GUARDED_BY(mu_) = 0;
+  OwedReplies owed_ ABSL_GUARDED_BY(mu_);
   bool last_request_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };

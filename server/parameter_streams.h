@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
+#include "common/status.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "server/shard_store.h"
 
@@ -88,6 +89,32 @@ class ClientLoad {
   const ClientLimits limits_;
   absl::Mutex mu_;
   std::map<std::string, Load> clients_ ABSL_GUARDED_BY(mu_);
+};
+
+// The replies a stream owes its client, counted in the client's budget: one
+// more for each request (Owe), one fewer for each reply (Pay); what is
+// still owed when the stream goes (waits the store dropped) is paid then.
+// Not thread-safe: a stream calls it under its own lock.
+class OwedReplies {
+ public:
+  OwedReplies(ClientLoad* load, std::string client) : load_(load), client_(std::move(client)) {}
+  ~OwedReplies() { load_->Paid(client_, owed_); }
+  // RESOURCE_EXHAUSTED past the client's limit (nothing owed then).
+  absl::Status Owe() {
+    PSTRAIN_RETURN_IF_ERROR(load_->Owe(client_));
+    ++owed_;
+    return absl::OkStatus();
+  }
+  void Pay() {
+    --owed_;
+    load_->Paid(client_, 1);
+  }
+  int64_t count() const { return owed_; }
+
+ private:
+  ClientLoad* const load_;
+  const std::string client_;
+  int64_t owed_ = 0;
 };
 
 // A stream as the store and the request handling see it, whatever carries

@@ -14,22 +14,16 @@
 // Expects (or asserts) that `expr`, an absl::Status, an absl::StatusOr or
 // a grpc::Status, is OK; a failure shows the expression and the status.
 // More may be streamed in, as into EXPECT_TRUE: PSTRAIN_ASSERT_OK(s) << id;
-#define PSTRAIN_EXPECT_OK(expr)                                                          \
-  switch (0)                                                                             \
-  case 0:                                                                                \
-  default:                                                                               \
-    if (const ::absl::Status pstrain_status_ = ::pstrain::testing::StatusOf(expr);        \
-        pstrain_status_.ok()) {                                                          \
-    } else                                                                               \
-      ADD_FAILURE() << #expr << ": " << pstrain_status_ << " "
-#define PSTRAIN_ASSERT_OK(expr)                                                          \
-  switch (0)                                                                             \
-  case 0:                                                                                \
-  default:                                                                               \
-    if (const ::absl::Status pstrain_status_ = ::pstrain::testing::StatusOf(expr);        \
-        pstrain_status_.ok()) {                                                          \
-    } else                                                                               \
-      FAIL() << #expr << ": " << pstrain_status_ << " "
+#define PSTRAIN_EXPECT_OK(expr) PSTRAIN_CHECK_OK_(expr, ADD_FAILURE())
+#define PSTRAIN_ASSERT_OK(expr) PSTRAIN_CHECK_OK_(expr, FAIL())
+#define PSTRAIN_CHECK_OK_(expr, fail)                                                  \
+  switch (0)                                                                           \
+  case 0:                                                                              \
+  default:                                                                             \
+    if (const ::absl::Status pstrain_status_ = ::pstrain::testing::StatusOf(expr);      \
+        pstrain_status_.ok()) {                                                        \
+    } else                                                                             \
+      fail << #expr << ": " << pstrain_status_ << " "
 
 namespace pstrain::testing {
 

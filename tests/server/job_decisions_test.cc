@@ -55,6 +55,14 @@ class JobDecisionsTest : public ::testing::Test {
     return id;
   }
 
+  // The node's process (incarnation) heartbeats.
+  void Beat(const std::string& id, uint64_t incarnation) {
+    v1::HeartbeatRequest beat;
+    beat.set_node_id(id);
+    beat.set_incarnation(incarnation);
+    PSTRAIN_ASSERT_OK(registry_.Heartbeat(beat));
+  }
+
   // One pass of the control loop's recovery, installed; the jobs that
   // start a new generation.
   std::vector<std::string> Recover() {
@@ -110,11 +118,8 @@ TEST_F(JobDecisionsTest, ARestartedServerStartsANewGenerationAndALostWorkerFails
   EXPECT_TRUE(Recover().empty()) << "nothing happened";
 
   // server-0's process is gone (its lease lapsed); a new one takes its id.
-  v1::HeartbeatRequest beat;
-  beat.set_node_id("worker-0");
-  beat.set_incarnation(20);
   clock_.Advance(absl::Seconds(11));
-  PSTRAIN_ASSERT_OK(registry_.Heartbeat(beat));
+  Beat("worker-0", 20);
   registry_.ExpireLeases();
   AddNode("server-0", v1::NODE_ROLE_SERVER, 11);
   EXPECT_EQ(Recover(), std::vector<std::string>{id});
@@ -123,11 +128,8 @@ TEST_F(JobDecisionsTest, ARestartedServerStartsANewGenerationAndALostWorkerFails
   EXPECT_EQ(Job(id).history(1).reason(), "server 0 (node server-0) was restarted");
 
   // worker-0 stops heartbeating: its lease lapses and the job fails.
-  v1::HeartbeatRequest server_beat;
-  server_beat.set_node_id("server-0");
-  server_beat.set_incarnation(11);
   clock_.Advance(absl::Seconds(11));
-  PSTRAIN_ASSERT_OK(registry_.Heartbeat(server_beat));
+  Beat("server-0", 11);
   registry_.ExpireLeases();
   EXPECT_TRUE(Recover().empty());
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_FAILED);
@@ -145,13 +147,8 @@ TEST_F(JobDecisionsTest, AnElasticJobGoesOnWithoutALostWorkerAndTakesAnIdleOne) 
 
   // worker-1 is lost; the others go on heartbeating.
   clock_.Advance(absl::Seconds(11));
-  for (const auto& [node, incarnation] :
-       {std::pair<std::string, uint64_t>{"server-0", 10}, {"worker-0", 20}}) {
-    v1::HeartbeatRequest beat;
-    beat.set_node_id(node);
-    beat.set_incarnation(incarnation);
-    PSTRAIN_ASSERT_OK(registry_.Heartbeat(beat));
-  }
+  Beat("server-0", 10);
+  Beat("worker-0", 20);
   registry_.ExpireLeases();
   EXPECT_EQ(Recover(), std::vector<std::string>{id});
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
