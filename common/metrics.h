@@ -2,8 +2,9 @@
 // process CPU and memory, RPC counts and latencies (client and server, by
 // method and status code), and per-job series that expire after a job ends.
 //
-// Each component declares its own metrics in one struct built once at
-// start-up from the registry it is given (server/server_metrics.h,
+// Each component declares its own metrics once, in a table (below,
+// "Declaring a component's metrics once"), from which its struct, built at
+// start-up from the registry it is given, follows (server/server_metrics.h,
 // worker/worker_metrics.h, server/coordinator_metrics.h); the names follow
 // Prometheus conventions (pstrain_ prefix, base units, _total counters) and
 // labels stay bounded: job_id, role, node, method, code, phase, state.

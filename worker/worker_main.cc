@@ -32,7 +32,7 @@ ABSL_FLAG(bool, same_machine_sockets, pstrain::worker::GrpcTransportOptions().sa
           "reach servers of this machine over their Unix sockets (found and verified through "
           "Hello) instead of TCP; plaintext only");
 ABSL_FLAG(int64_t, shm_pipe_bytes, pstrain::ShmOptions().pipe_bytes,
-          "bytes of each shared-memory pipe (one each way per server), a power of two in "
+          "bytes of each shared-memory pipe (one each way per connection), a power of two in "
           "[64 KiB, 1 GiB]");
 ABSL_FLAG(int, shm_connections, pstrain::worker::GrpcTransportOptions().shm_connections,
           "shared-memory connections per server, in [1, 16]: a large exchange's streams are "
