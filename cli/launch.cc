@@ -18,7 +18,7 @@
 namespace pstrain::cli {
 
 absl::StatusOr<v1::Job> JobFollower::Follow(const std::string& job_id, ProgressDisplay& display,
-                                            absl::Duration patience) {
+                                            absl::Duration patience, bool retry_every_error) {
   absl::StatusOr<v1::Job> job = absl::CancelledError("not followed");
   absl::Time unreachable_since = absl::InfiniteFuture();
   while (true) {
@@ -39,7 +39,7 @@ absl::StatusOr<v1::Job> JobFollower::Follow(const std::string& job_id, ProgressD
     }
     if (job.ok() && job->state() >= v1::JOB_STATE_SUCCEEDED) break;
     const absl::Time now = MonotonicNow();
-    if (job.ok() || job.status().code() == absl::StatusCode::kUnavailable) {
+    if (job.ok() || retry_every_error || job.status().code() == absl::StatusCode::kUnavailable) {
       unreachable_since = std::min(unreachable_since, now);
       if (now - unreachable_since < patience) {
         absl::SleepFor(absl::Milliseconds(200));

@@ -30,9 +30,12 @@ class JobFollower {
   // Follows the job's events (shown by `display`) until it ends, Stop is
   // called, or the coordinator has been unreachable for `patience` (a
   // coordinator that restarts ends a watch; the next starts with the job as
-  // it is then). Returns the job as the coordinator has it at the end.
+  // it is then). With `retry_every_error` any failed watch is tried again
+  // (within `patience`), not only one that found the coordinator
+  // unreachable. Returns the job as the coordinator has it at the end.
   absl::StatusOr<v1::Job> Follow(const std::string& job_id, ProgressDisplay& display,
-                                 absl::Duration patience) ABSL_LOCKS_EXCLUDED(mu_);
+                                 absl::Duration patience, bool retry_every_error)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Ends Follow soon, for `why` (the first reason stays). Thread-safe.
   void Stop(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Why Stop was called; empty if it was not.

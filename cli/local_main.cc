@@ -339,7 +339,8 @@ int Run() {
     if (!dead_child.empty()) following.Stop(dead_child);
   }
   const absl::StatusOr<v1::Job> job =
-      following.Follow(submitted.job_id(), display, /*patience=*/absl::Minutes(2));
+      following.Follow(submitted.job_id(), display, /*patience=*/absl::Minutes(2),
+                       /*retry_every_error=*/false);
   int signo;
   std::string dead;
   {

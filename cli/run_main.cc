@@ -272,7 +272,9 @@ int Run(const std::vector<std::string>& command) {
     std::fflush(stdout);
     ProgressDisplay display(stdout, isatty(STDOUT_FILENO),
                             absl::Seconds(absl::GetFlag(FLAGS_progress_interval_s)));
-    job = follower.Follow(job_id, display, /*patience=*/absl::InfiniteDuration());
+    // Until the job ends or the worker processes do (Stop).
+    job = follower.Follow(job_id, display, /*patience=*/absl::InfiniteDuration(),
+                          /*retry_every_error=*/true);
     job_ended = true;
   }
   return EndLaunch({.program = "pstrain-run",

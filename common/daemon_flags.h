@@ -1,8 +1,10 @@
 // The flags that pstrain's daemons share, defined once, as tls_flags.h
 // defines the TLS ones (the exception to "flags live in main()": one
-// definition instead of two or three copies). A daemon that links this file
-// has them all and reads them through the functions below, which check them
-// and, for a bad value, exit 2 with a line on stderr that names the flag:
+// definition instead of two or three copies). Each group below is defined in
+// a file of its own (metrics_flags.cc, node_flags.cc, service_flags.cc), so
+// a daemon registers only the groups whose functions it calls. These check
+// the flags and, for a bad value, exit 2 with a line on stderr that names
+// the flag:
 //   every daemon              --metrics_host, --metrics_port,
 //                             --metrics_job_grace_s
 //   nodes (server, worker)    --coordinator, --node_id,

@@ -22,6 +22,11 @@ namespace pstrain {
 
 bool OnlyCheckingFlags() { return absl::GetFlag(FLAGS_check_flags); }
 
+void ExitForBadFlag(absl::string_view program, absl::string_view what) {
+  std::cerr << program << ": " << what << "\n";
+  std::exit(2);
+}
+
 void ExitIfOnlyCheckingFlags() {
   if (!OnlyCheckingFlags()) return;
   std::cout << "flags ok" << std::endl;

@@ -29,6 +29,9 @@ void SkipMutexDeadlockDetection();
 // in alternate runs of `pstrain-bench transport`). InitMain calls this.
 void KeepFreedMemoryForReuse();
 
+// For a flag with a bad value: prints "PROGRAM: WHAT" to stderr and exits 2.
+[[noreturn]] void ExitForBadFlag(absl::string_view program, absl::string_view what);
+
 // Call once a daemon has checked its flags and before it starts anything:
 // with --check_flags it prints "flags ok" and exits 0, so that a manifest's
 // command line can be tried against the real binary's flag parser (an

@@ -8,15 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
+#include "common/job_yaml.h"
 #include "common/status.h"
 
 namespace pstrain {
 
 namespace {
-
-absl::Status FieldError(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
 // model.tensors of an external model.
 absl::Status CheckExternalModel(const v1::ModelSpec& model) {

@@ -18,6 +18,11 @@
 #include "google/protobuf/reflection.h"
 
 namespace pstrain {
+
+absl::Status FieldError(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
 namespace {
 
 using google::protobuf::EnumDescriptor;
@@ -25,10 +30,6 @@ using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
-
-absl::Status FieldError(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 
 std::string Join(const std::string& path, const std::string& key) {
   return path.empty() ? key : absl::StrCat(path, ".", key);

@@ -22,6 +22,10 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 // Reads and parses a job file; NOT_FOUND if it cannot be read.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
+// INVALID_ARGUMENT "PATH: WHAT" for the field at `path` ("model.hidden[1]"),
+// the form of every error about a job's fields.
+absl::Status FieldError(const std::string& path, absl::string_view what);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_JOB_YAML_H_

@@ -1,10 +1,9 @@
 #include "common/tls_flags.h"
 
-#include <cstdlib>
-#include <iostream>
 #include <tuple>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/init.h"
 #include "common/node_id.h"
 
@@ -27,26 +26,21 @@ std::unique_ptr<TransportSecurity> TransportSecurityFromFlags(absl::string_view 
         std::tuple{"--tls_key", absl::GetFlag(FLAGS_tls_key), &files.key},
         std::tuple{"--tls_ca", absl::GetFlag(FLAGS_tls_ca), &files.ca}}) {
     absl::StatusOr<std::string> expanded = ExpandNodeId(flag, value, node_id);
-    if (!expanded.ok()) {
-      std::cerr << program << ": " << expanded.status().message() << "\n";
-      std::exit(2);
-    }
+    if (!expanded.ok()) ExitForBadFlag(program, expanded.status().message());
     *path = *std::move(expanded);
   }
   // --check_flags checks the command line, not the files it names (a
   // manifest is checked where its Secrets are not mounted).
   if (files.empty() || OnlyCheckingFlags()) return nullptr;
   absl::StatusOr<std::unique_ptr<TransportSecurity>> security = TransportSecurity::Load(files);
-  if (!security.ok()) {
-    std::cerr << program << ": " << security.status().message() << "\n";
-    std::exit(2);
-  }
+  if (!security.ok()) ExitForBadFlag(program, security.status().message());
   const PeerIdentity& identity = (*security)->identity();
   if (identity.role != role) {
-    std::cerr << program << ": --tls_cert names '" << identity.name << "', a "
-              << PeerRoleName(identity.role) << "; this process needs a " << PeerRoleName(role)
-              << "'s certificate (see deploy/tls/make-dev-certs.sh)\n";
-    std::exit(2);
+    ExitForBadFlag(program,
+                   absl::StrCat("--tls_cert names '", identity.name, "', a ",
+                                PeerRoleName(identity.role), "; this process needs a ",
+                                PeerRoleName(role),
+                                "'s certificate (see deploy/tls/make-dev-certs.sh)"));
   }
   return std::move(*security);
 }
@@ -56,9 +50,9 @@ std::string CertifiedNodeId(absl::string_view program, const TransportSecurity* 
   if (security == nullptr) return node_id;
   const std::string& name = security->identity().name;
   if (!node_id.empty() && node_id != name) {
-    std::cerr << program << ": the node id '" << node_id << "' is not the name of --tls_cert ('"
-              << name << "'): a node runs under its certificate's name\n";
-    std::exit(2);
+    ExitForBadFlag(program, absl::StrCat("the node id '", node_id,
+                                         "' is not the name of --tls_cert ('", name,
+                                         "'): a node runs under its certificate's name"));
   }
   return name;
 }

@@ -1,6 +1,5 @@
 #include "server/chunk_waits.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "common/job_spec.h"
@@ -23,12 +22,10 @@ ChunkWait PullWait(const v1::ChunkHeader& request, std::shared_ptr<ChunkWaiter> 
   return w;
 }
 
-WaitState StateOf(const ChunkWait& wait, int64_t version, const std::vector<int64_t>& clock) {
-  if (version < wait.min_version || clock[wait.request.worker()] < wait.own_clock) {
-    return WaitState::kWaiting;
-  }
-  const int64_t slowest = *std::min_element(clock.begin(), clock.end());
-  return slowest < wait.min_clock ? WaitState::kHeldBySlowest : WaitState::kAnswerable;
+WaitState StateOf(const ChunkWait& wait, int64_t version, int64_t own_clock,
+                  int64_t slowest_clock) {
+  if (version < wait.min_version || own_clock < wait.own_clock) return WaitState::kWaiting;
+  return slowest_clock < wait.min_clock ? WaitState::kHeldBySlowest : WaitState::kAnswerable;
 }
 
 }  // namespace pstrain::server

@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -72,9 +71,11 @@ enum class WaitState {
   kHeldBySlowest,   // only other workers' clocks hold it back
   kAnswerable,
 };
-// Where a wait stands with a chunk at `version` whose workers' clocks are
-// `clock` (indexed by worker; the request's worker must be in range).
-WaitState StateOf(const ChunkWait& wait, int64_t version, const std::vector<int64_t>& clock);
+// Where a wait stands with a chunk at `version` whose clock of the
+// request's worker is `own_clock` and whose slowest worker's is
+// `slowest_clock`.
+WaitState StateOf(const ChunkWait& wait, int64_t version, int64_t own_clock,
+                  int64_t slowest_clock);
 
 }  // namespace pstrain::server
 

@@ -120,7 +120,8 @@ void AnswerWaits(DenseChunk& chunk, v1::DType wire_dtype) {
   };
   for (ChunkWait& w : chunk.waiting) {
     if (w.waiter->Abandoned()) continue;
-    const WaitState state = StateOf(w, chunk.version, chunk.clock);
+    const WaitState state =
+        StateOf(w, chunk.version, chunk.clock[w.request.worker()], slowest);
     if (state != WaitState::kAnswerable) {
       if (state == WaitState::kHeldBySlowest && w.held_since == absl::InfiniteFuture()) {
         w.held_since = time_now();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/model_file.h"
 #include "common/rpc.h"
 #include "common/status.h"
@@ -149,7 +150,7 @@ void MembershipService::EndUpload(const std::string& job_id, uint64_t upload) {
 absl::Status MembershipService::FinishUpload(const std::string& job_id, uint64_t upload,
                                              std::string bytes) {
   PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, DecodeModelFile(bytes));
-  v1::JobSpec spec;
+  int64_t total_floats;
   {
     absl::MutexLock lock(&state_.mu);
     if (!state_.uploads.IsOpen(job_id, upload)) {
@@ -157,9 +158,9 @@ absl::Status MembershipService::FinishUpload(const std::string& job_id, uint64_t
     }
     const JobRecord* record = state_.jobs.Find(job_id);
     if (record == nullptr) return UnknownJob(job_id);
-    spec = record->job.spec();
+    total_floats = NumParamsOf(record->job.spec());
   }
-  PSTRAIN_RETURN_IF_ERROR(CheckUploadedModel(file.header, job_id, spec));
+  PSTRAIN_RETURN_IF_ERROR(CheckUploadedModel(file.header, job_id, total_floats));
   if (absl::Status s = state_.models.Put(job_id, std::move(bytes)); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot keep the model file: ", s.message()));
   }

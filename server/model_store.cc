@@ -168,8 +168,8 @@ absl::StatusOr<int64_t> UploadLimit(const v1::Job& job, const std::string& node_
 }
 
 absl::Status CheckUploadedModel(const v1::ModelFileHeader& header, const std::string& job_id,
-                                const v1::JobSpec& spec) {
-  if (header.job_id() != job_id || header.total_floats() != NumParamsOf(spec)) {
+                                int64_t total_floats) {
+  if (header.job_id() != job_id || header.total_floats() != total_floats) {
     return absl::InvalidArgumentError("the model file does not belong to this job");
   }
   return absl::OkStatus();

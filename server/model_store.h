@@ -107,10 +107,10 @@ class UploadTable {
 // PERMISSION_DENIED). Returns the largest file accepted.
 absl::StatusOr<int64_t> UploadLimit(const v1::Job& job, const std::string& node_id);
 
-// Whether an uploaded model file is of the job: its id, and as many
-// parameters as the job's model. INVALID_ARGUMENT if not.
+// Whether an uploaded model file is of the job: its id, and the
+// `total_floats` parameters of the job's model. INVALID_ARGUMENT if not.
 absl::Status CheckUploadedModel(const v1::ModelFileHeader& header, const std::string& job_id,
-                                const v1::JobSpec& spec);
+                                int64_t total_floats);
 
 // Reactors for the two streams; they delete themselves when done.
 // `certified_node_id`: the id the caller's certificate carries, which the

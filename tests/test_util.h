@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/rpc.h"
+#include "common/status.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 
@@ -25,6 +28,15 @@
     } else                                                                             \
       fail << #expr << ": " << pstrain_status_ << " "
 
+// `lhs = value of expr` (an absl::StatusOr<T>), or a fatal failure that
+// shows the expression and its status.
+#define PSTRAIN_ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  PSTRAIN_ASSERT_OK_AND_ASSIGN_(PSTRAIN_CONCAT_(pstrain_statusor_, __LINE__), lhs, expr)
+#define PSTRAIN_ASSERT_OK_AND_ASSIGN_(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  PSTRAIN_ASSERT_OK(tmp);                            \
+  lhs = std::move(tmp).value()
+
 namespace pstrain::testing {
 
 // The status PSTRAIN_EXPECT_OK and PSTRAIN_ASSERT_OK check.
@@ -33,11 +45,7 @@ template <typename T>
 absl::Status StatusOf(const absl::StatusOr<T>& value) {
   return value.status();
 }
-inline absl::Status StatusOf(const grpc::Status& status) {
-  return status.ok() ? absl::OkStatus()
-                     : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                    status.error_message());
-}
+inline absl::Status StatusOf(const grpc::Status& status) { return FromGrpcStatus(status); }
 
 // Where Debian's dataset-fashion-mnist puts the files.
 inline const char* kFashionDir = "/usr/share/datasets/fashion-mnist";

@@ -1,14 +1,11 @@
 #include "pstrain/client.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <functional>
 #include <optional>
-#include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
 #include "common/clock.h"
@@ -22,7 +19,6 @@
 #include "common/status.h"
 #include "common/tls.h"
 #include "glog/logging.h"
-#include "pstrain/v1/control.grpc.pb.h"
 #include "worker/client_control.h"
 #include "worker/generation.h"
 #include "worker/parameter_client.h"
@@ -235,24 +231,24 @@ class Client::Impl {
       // A tensor that took no part in the loss has a zero gradient.
       if (!pushed) PSTRAIN_RETURN_IF_ERROR(PushGradient(t, zeros_->data(), descs_[t].size, zeros_));
     }
-    std::optional<worker::StepExchanges> exchanges;
     {
       absl::MutexLock lock(&push_mu_);
-      exchanges = std::exchange(pending_, worker::StepExchanges(params_.get()));
+      // deferred_ holds none (FinishDeferred): it takes the step's
+      // exchanges, and pending_ goes on with its buffers.
+      std::swap(*pending_, *deferred_);
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
     // The step end first: the pushes' replies wait for it (a lost one is
     // sent again before anything waits for them).
-    exchanges->AddFirst(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
+    deferred_->AddFirst(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
     // The last step's values are awaited here: a recovery found after the
     // program's loop is over could not send it back.
     if (!await_values && step_ + 1 < TotalSteps(spec_)) {
       // The next forward pass awaits each tensor's values (AwaitValues).
-      deferred_ = std::move(exchanges);
       RecordStep(loss, samples, wait_start);
       return step_;
     }
-    const absl::Status status = exchanges->FinishAll();
+    const absl::Status status = FinishAll(deferred_->Take());
     if (!status.ok()) {
       PSTRAIN_RETURN_IF_ERROR(Recover(status));
       return step_;
@@ -364,7 +360,7 @@ class Client::Impl {
   absl::Status FinishDeferred() {
     if (!deferred_.has_value() || deferred_->empty()) return absl::OkStatus();
     const absl::Time start = MonotonicNow();
-    const absl::Status status = deferred_->FinishAll();
+    const absl::Status status = FinishAll(deferred_->Take());
     awaited_seconds_ += absl::ToDoubleSeconds(MonotonicNow() - start);
     if (status.ok()) return status;
     PSTRAIN_RETURN_IF_ERROR(Recover(status));
@@ -372,9 +368,9 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
-  // Finishes every exchange; the first error (`status` if it is one).
-  absl::Status FinishAll(std::vector<std::unique_ptr<ParameterClient::Pending>> pending,
-                         absl::Status status = absl::OkStatus()) {
+  // Finishes every exchange, also after an error; the first error.
+  absl::Status FinishAll(std::vector<std::unique_ptr<ParameterClient::Pending>> pending) {
+    absl::Status status;
     for (auto& p : pending) {
       absl::Status s = params_->Finish(std::move(p));
       if (status.ok()) status = s;
@@ -486,7 +482,7 @@ class Client::Impl {
       pending_.emplace(params_.get());
       pushed_.assign(descs_.size(), false);
     }
-    deferred_.reset();
+    deferred_.emplace(params_.get());
     awaited_seconds_ = 0;
     step_ = assignment_.resume_step();
     first_step_ = step_;
@@ -622,7 +618,8 @@ class Client::Impl {
   std::vector<bool> pushed_ ABSL_GUARDED_BY(push_mu_);
   std::optional<worker::StepExchanges> pending_ ABSL_GUARDED_BY(push_mu_);
   // The last step's exchanges, their values still arriving (EndStep
-  // without awaiting them), and the time spent awaiting them since.
+  // without awaiting them), and the time spent awaiting them since; both
+  // are the generation's (EnterNextGeneration).
   std::optional<worker::StepExchanges> deferred_;
   double awaited_seconds_ = 0;
   bool step_discarded_ = false;  // a recovery happened while it was computed

@@ -10,8 +10,8 @@ GradientPusher::GradientPusher(ParameterClient* client, StepExchanges* exchanges
                                Options options)
     : client_(client),
       exchanges_(exchanges),
-      options_(std::move(options)),
-      first_unpushed_(options_.first_chunks) {}
+      first_unpushed_(std::move(options.first_chunks)),
+      options_(std::move(options)) {}
 
 void GradientPusher::PushUpTo(int layer, int last_chunk) {
   const int first_chunk = first_unpushed_[layer];

@@ -45,8 +45,9 @@ class GradientPusher {
  private:
   ParameterClient* const client_;
   StepExchanges* const exchanges_;
+  // By layer, from options.first_chunks (moved, before options_).
+  std::vector<int> first_unpushed_;
   const Options options_;
-  std::vector<int> first_unpushed_;  // by layer
   // Final chunks not sent yet, their bytes, and their layers.
   std::vector<uint32_t> queued_;
   int64_t queued_bytes_ = 0;

@@ -29,10 +29,10 @@ const char* MethodName(ParameterMethod method) {
 // and hands on every reply. Deletes itself when done.
 class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ExchangeCall(GrpcCarrier* transport, std::vector<grpc::ByteBuffer> requests, int window,
+  ExchangeCall(GrpcCarrier* carrier, std::vector<grpc::ByteBuffer> requests, int window,
                int64_t window_bytes, Carrier::SentFn on_sent,
                Carrier::ReplyFn on_reply, Carrier::DoneFn on_done)
-      : transport_(transport),
+      : carrier_(carrier),
         requests_(std::move(requests)),
         window_(WindowOf(requests_, window, window_bytes)),
         on_sent_(std::move(on_sent)),
@@ -113,7 +113,7 @@ class ExchangeCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     return &requests_[written_];
   }
 
-  GrpcCarrier* const transport_;
+  GrpcCarrier* const carrier_;
   grpc::ClientContext context_;
   const std::vector<grpc::ByteBuffer> requests_;
   const int window_;
@@ -133,12 +133,12 @@ void ExchangeCall::OnDone(const grpc::Status& status) {
   // channel would be destroyed here, on one of gRPC's callback threads, and
   // if it were the process's last callback user that thread would tear
   // down the very queue it is polling. So the context goes first, while the
-  // transport still holds its channels; then the transport may be
-  // destroyed, on the application's thread, and drops them there.
-  GrpcCarrier* transport = transport_;
-  transport->Forget(this);
+  // carrier still holds its channels; then the carrier may be destroyed,
+  // on the application's thread, and drops them there.
+  GrpcCarrier* carrier = carrier_;
+  carrier->Forget(this);
   delete this;
-  transport->Release();
+  carrier->Release();
 }
 
 GrpcCarrier::GrpcCarrier(const std::vector<std::string>& dial_addresses,
@@ -147,7 +147,7 @@ GrpcCarrier::GrpcCarrier(const std::vector<std::string>& dial_addresses,
       window_(options.window),
       window_bytes_(options.window_bytes) {
   // gRPC shares one connection between all channels of a process with
-  // equal arguments, whichever transport made them: every channel gets a
+  // equal arguments, whichever carrier made them: every channel gets a
   // pool index of its own, process-wide.
   static std::atomic<int> next_pool_index{0};
   for (const std::string& address : dial_addresses) {

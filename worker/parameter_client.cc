@@ -510,9 +510,7 @@ bool StepExchanges::AwaitInOrder(uint32_t first, uint32_t last, int64_t end) {
 }
 
 absl::Status StepExchanges::FinishAll() {
-  std::vector<std::unique_ptr<ParameterClient::Pending>> pending = std::move(pending_);
-  pending_.clear();
-  for (auto& p : pending) PSTRAIN_RETURN_IF_ERROR(client_->Finish(std::move(p)));
+  for (auto& p : Take()) PSTRAIN_RETURN_IF_ERROR(client_->Finish(std::move(p)));
   return absl::OkStatus();
 }
 

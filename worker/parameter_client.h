@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -234,6 +235,10 @@ class StepExchanges {
   // none: the first error ends it (the rest are dropped; the client's
   // destruction waits for their streams).
   absl::Status FinishAll();
+  // The exchanges in order, for the caller to finish; leaves none.
+  std::vector<std::unique_ptr<ParameterClient::Pending>> Take() {
+    return std::exchange(pending_, {});
+  }
 
  private:
   ParameterClient* client_;

@@ -61,8 +61,6 @@ class StepLog {
   double TrainSeconds(absl::Time now) const;
   // The mean time per step of each phase over `steps` steps.
   v1::StepTimes MeanStepTimes(int64_t steps) const;
-  // Seconds of each phase over the generation so far.
-  const StepPhases& phase_totals() const { return phase_totals_; }
 
   // Whether `interval` has passed since the report window began.
   bool WindowDue(absl::Time now, absl::Duration interval) const {

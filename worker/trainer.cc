@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <array>
 #include <condition_variable>
 #include <thread>
 

@@ -13,21 +13,6 @@
 
 namespace pstrain::testing {
 
-absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
-                                          absl::Duration timeout, const std::string& token,
-                                          const std::string& request_id) {
-  v1::SubmitJobRequest request;
-  request.set_spec_yaml(yaml);
-  request.set_request_id(request_id);
-  v1::SubmitJobResponse response;
-  grpc::ClientContext context;
-  SetTimeout(context, timeout);
-  AddBearerToken(context, token);
-  absl::Status s = FromGrpcStatus(control.SubmitJob(&context, request, &response));
-  if (!s.ok()) return s;
-  return response.job_id();
-}
-
 void ClusterFixture::StartCluster(int servers, int workers, cli::LocalCluster::Options options) {
   options.bin_dir = BinDir();
   options.run_dir = dir_.path();

@@ -19,12 +19,6 @@
 
 namespace pstrain::testing {
 
-// Submits the job file `yaml` through `control` within `timeout`, with the bearer `token` and
-// the `request_id` where not empty; the new job's id.
-absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
-                                          absl::Duration timeout, const std::string& token = "",
-                                          const std::string& request_id = "");
-
 class ClusterFixture : public ::testing::Test {
  protected:
   // Starts a cluster and waits until all its nodes have registered. With

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/http_client.h"
 #include "common/process.h"
+#include "common/rpc.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -165,6 +166,20 @@ void MakeDevCertificates(const std::vector<std::string>& args,
   argv.insert(argv.end(), args.begin(), args.end());
   ProcessResult made = RunProcess(argv);
   EXPECT_EQ(made.exit_code(), 0) << made.err;
+}
+
+absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
+                                          absl::Duration timeout, const std::string& token,
+                                          const std::string& request_id) {
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(yaml);
+  request.set_request_id(request_id);
+  v1::SubmitJobResponse response;
+  grpc::ClientContext context;
+  SetTimeout(context, timeout);
+  AddBearerToken(context, token);
+  PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(control.SubmitJob(&context, request, &response)));
+  return response.job_id();
 }
 
 }  // namespace pstrain::testing

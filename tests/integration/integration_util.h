@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "pstrain/v1/control.grpc.pb.h"
 
 namespace pstrain::testing {
 
@@ -62,6 +63,12 @@ bool IsAlive(pid_t pid);
 // Reaps the child `pid` once it exits; its wait status, or nullopt if it
 // still runs at `deadline` (it is left running).
 std::optional<int> ReapBefore(pid_t pid, absl::Time deadline);
+
+// Submits the job file `yaml` through `control` within `timeout`, with
+// the bearer `token` and the `request_id` where not empty; the new job's id.
+absl::StatusOr<std::string> SubmitJobYaml(v1::Control::Stub& control, const std::string& yaml,
+                                          absl::Duration timeout, const std::string& token = "",
+                                          const std::string& request_id = "");
 
 }  // namespace pstrain::testing
 

@@ -1,6 +1,9 @@
 // The one predicate that answers a chunk's waits, in each mode.
 #include "server/chunk_waits.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 
@@ -12,6 +15,12 @@ v1::ChunkHeader Request(uint32_t worker, int64_t step) {
   h.set_worker(worker);
   h.set_step(step);
   return h;
+}
+
+// StateOf for a chunk whose workers' clocks are `clock` (by worker).
+WaitState StateOf(const ChunkWait& w, int64_t version, const std::vector<int64_t>& clock) {
+  return StateOf(w, version, clock[w.request.worker()],
+                 *std::min_element(clock.begin(), clock.end()));
 }
 
 TEST(ChunkWaitsTest, ASyncPushWaitsForTheStepOfEveryWorker) {

@@ -16,7 +16,6 @@
 #include "kernels/model.h"
 #include "pstrain/v1/control.grpc.pb.h"
 #include "pstrain/v1/membership.grpc.pb.h"
-#include "tests/integration/cluster_fixture.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util.h"
 

@@ -33,23 +33,22 @@ class JobDecisionsTest : public ::testing::Test {
 
   // Submits a job of `workers` workers and `servers` servers and schedules
   // it; returns its id.
-  std::string Submit(int workers, int servers, const std::string& extra = "") {
-    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
-        "model: {type: mlp, hidden: [32]}\noptimizer: {type: sgd, learning_rate: 0.1}\n"
-        "batch_size: 8\nsteps: 10\nnum_workers: ",
-        workers, "\nnum_servers: ", servers, "\n", extra));
-    PSTRAIN_EXPECT_OK(spec);
-    absl::StatusOr<v1::JobSpec> normalized = NormalizeJobSpec(*spec);
-    PSTRAIN_EXPECT_OK(normalized);
-    absl::StatusOr<v1::PartitionPlan> plan = PlanFor(*normalized);
-    PSTRAIN_EXPECT_OK(plan);
+  absl::StatusOr<std::string> Submit(int workers, int servers, const std::string& extra = "") {
+    PSTRAIN_ASSIGN_OR_RETURN(
+        const v1::JobSpec spec,
+        ParseJobSpecYaml(absl::StrCat(
+            "model: {type: mlp, hidden: [32]}\noptimizer: {type: sgd, learning_rate: 0.1}\n"
+            "batch_size: 8\nsteps: 10\nnum_workers: ",
+            workers, "\nnum_servers: ", servers, "\n", extra)));
+    PSTRAIN_ASSIGN_OR_RETURN(const v1::JobSpec normalized, NormalizeJobSpec(spec));
+    PSTRAIN_ASSIGN_OR_RETURN(const v1::PartitionPlan plan, PlanFor(normalized));
     const std::string id = table_.NextId("job-");
     v1::Job job;
     job.set_id(id);
-    *job.mutable_spec() = *normalized;
+    *job.mutable_spec() = normalized;
     job.set_state(v1::JOB_STATE_PENDING);
     Txn txn(&table_, kNowMs);
-    txn.Add(std::move(job), *plan);
+    txn.Add(std::move(job), plan);
     ScheduleJobs(txn, registry_);
     table_.Install(txn);
     return id;
@@ -82,7 +81,7 @@ class JobDecisionsTest : public ::testing::Test {
 TEST_F(JobDecisionsTest, APendingJobStartsOnceItsNodesAreThere) {
   AddNode("server-0", v1::NODE_ROLE_SERVER, 10);
   AddNode("worker-0", v1::NODE_ROLE_WORKER, 20);
-  const std::string id = Submit(2, 1);
+  PSTRAIN_ASSERT_OK_AND_ASSIGN(const std::string id, Submit(2, 1));
   EXPECT_EQ(Job(id).state(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(Job(id).reason(), "waiting for 2 free workers (1 free)");
 
@@ -103,7 +102,7 @@ TEST_F(JobDecisionsTest, APendingJobStartsOnceItsNodesAreThere) {
 
   // The workers are busy: the next job waits, and only its reason changes,
   // in memory.
-  const std::string second = Submit(1, 1);
+  PSTRAIN_ASSERT_OK_AND_ASSIGN(const std::string second, Submit(1, 1));
   EXPECT_EQ(Job(second).state(), v1::JOB_STATE_PENDING);
   Txn again(&table_, kNowMs);
   ScheduleJobs(again, registry_);
@@ -113,7 +112,8 @@ TEST_F(JobDecisionsTest, APendingJobStartsOnceItsNodesAreThere) {
 TEST_F(JobDecisionsTest, ARestartedServerStartsANewGenerationAndALostWorkerFailsTheJob) {
   AddNode("server-0", v1::NODE_ROLE_SERVER, 10);
   AddNode("worker-0", v1::NODE_ROLE_WORKER, 20);
-  const std::string id = Submit(1, 1, "recovery: {on_worker_loss: fail}\n");
+  PSTRAIN_ASSERT_OK_AND_ASSIGN(const std::string id,
+                               Submit(1, 1, "recovery: {on_worker_loss: fail}\n"));
   ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(Recover().empty()) << "nothing happened";
 
@@ -142,7 +142,8 @@ TEST_F(JobDecisionsTest, AnElasticJobGoesOnWithoutALostWorkerAndTakesAnIdleOne) 
   AddNode("server-0", v1::NODE_ROLE_SERVER, 10);
   AddNode("worker-0", v1::NODE_ROLE_WORKER, 20);
   AddNode("worker-1", v1::NODE_ROLE_WORKER, 21);
-  const std::string id = Submit(2, 1, "recovery: {on_worker_loss: elastic}\n");
+  PSTRAIN_ASSERT_OK_AND_ASSIGN(const std::string id,
+                               Submit(2, 1, "recovery: {on_worker_loss: elastic}\n"));
   ASSERT_EQ(Job(id).state(), v1::JOB_STATE_RUNNING);
 
   // worker-1 is lost; the others go on heartbeating.

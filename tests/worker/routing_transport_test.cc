@@ -3,11 +3,16 @@
 // the next.
 #include "worker/routing_transport.h"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/direct_connection.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
+#include "worker/direct_carrier.h"
 
 namespace pstrain::worker {
 namespace {
@@ -87,6 +92,44 @@ TEST(RoutingTransportTest, AnExchangeNoCarrierTakesEndsUnavailable) {
   transport.StartExchange(0, 0, ParameterMethod::kPull, Requests(1), absl::InfiniteFuture(),
                           nullptr, nullptr, [&status](absl::Status s) { status = s; });
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(RoutingTransportTest, ADirectConnectionThatEndedLeavesTheExchangeWholeToTheNext) {
+  // A server that takes a direct TCP connection and drops it at once.
+  constexpr uint64_t kInstance = 42;
+  absl::StatusOr<std::unique_ptr<DirectListener>> listener = DirectListener::ListenTcp(
+      "127.0.0.1", kInstance, {}, [](std::unique_ptr<DirectConnection>) {});
+  PSTRAIN_ASSERT_OK(listener);
+  absl::StatusOr<std::unique_ptr<DirectConnection>> connection = DirectConnection::ConnectTcp(
+      "127.0.0.1", (*listener)->port(), kInstance, {}, absl::Seconds(10));
+  PSTRAIN_ASSERT_OK(connection);
+  std::vector<std::vector<std::unique_ptr<DirectConnection>>> by_server(1);
+  by_server[0].push_back(*std::move(connection));
+  auto fallback = std::make_unique<RecordingCarrier>(std::vector<bool>{true});
+  RecordingCarrier* fallback_seen = fallback.get();
+  std::vector<std::unique_ptr<Carrier>> carriers;
+  carriers.push_back(std::make_unique<DirectCarrier>(std::move(by_server)));
+  carriers.push_back(std::move(fallback));
+
+  std::atomic<int> started = 0;
+  std::atomic<int> done = 0;
+  {
+    RoutingTransport transport(std::move(carriers), {false}, /*channels_per_server=*/1);
+    // Until the worker's end has seen the connection end, an exchange may
+    // still go to it (and end with an error).
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(30);
+    while (fallback_seen->servers.empty() && MonotonicNow() < deadline) {
+      ++started;
+      transport.StartExchange(0, 0, ParameterMethod::kPushPull, Requests(3),
+                              absl::InfiniteFuture(), nullptr, nullptr,
+                              [&done](absl::Status) { ++done; });
+      if (fallback_seen->servers.empty()) absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(fallback_seen->servers, std::vector<int>{0}) << "the direct carrier never declined";
+    EXPECT_EQ(fallback_seen->request_counts, std::vector<size_t>{3})
+        << "the direct carrier that declined kept none of the requests";
+  }
+  EXPECT_EQ(done, started) << "every exchange ended once, on either carrier";
 }
 
 }  // namespace
