@@ -1,5 +1,9 @@
 #include "cli/job_output.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,6 +14,27 @@
 #include "common/status.h"
 
 namespace pstrain::cli {
+namespace {
+
+// A job's script metrics by name (a protobuf map has no order).
+std::vector<std::pair<std::string, double>> SortedMetrics(
+    const google::protobuf::Map<std::string, double>& metrics) {
+  std::vector<std::pair<std::string, double>> sorted(metrics.begin(), metrics.end());
+  std::sort(sorted.begin(), sorted.end());
+  return sorted;
+}
+
+// {"auc":0.791,"mse":0.0123}
+std::string MetricsJson(const google::protobuf::Map<std::string, double>& metrics) {
+  std::string json;
+  for (const auto& [name, value] : SortedMetrics(metrics)) {
+    absl::StrAppend(&json, json.empty() ? "" : ",", JsonQuote(name), ":",
+                    absl::StrFormat("%.9g", value));
+  }
+  return absl::StrCat("{", json, "}");
+}
+
+}  // namespace
 
 std::string StepTimesSummary(const v1::StepTimes& t) {
   const double total = t.compute_seconds() + t.reduce_seconds() + t.push_seconds() +
@@ -79,16 +104,28 @@ std::string Printable(absl::string_view s) {
   return out;
 }
 
+
+std::string MetricsText(const google::protobuf::Map<std::string, double>& metrics) {
+  std::string text;
+  for (const auto& [name, value] : SortedMetrics(metrics)) {
+    absl::StrAppend(&text, text.empty() ? "" : ", ", name, absl::StrFormat(" %.6g", value));
+  }
+  return text;
+}
+
 std::string ResultSummary(const v1::Job& job) {
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
     return absl::StrCat(job.id(), " ", EnumName(job.state()),
                         job.reason().empty() ? "" : ": ", job.reason());
   }
   const v1::JobResult& r = job.result();
-  return absl::StrFormat(
-      "%s succeeded: test accuracy %.4f, final loss %.4f, %d steps in %.1f s (%.0f samples/s)",
-      job.id(), r.test_accuracy(), r.final_loss(), r.steps(), r.train_seconds(),
-      r.samples_per_second()) + (job.reason().empty() ? "" : " (" + job.reason() + ")");
+  std::string measures;
+  if (r.evaluated()) measures = absl::StrFormat("test accuracy %.4f, ", r.test_accuracy());
+  if (!r.metrics().empty()) absl::StrAppend(&measures, MetricsText(r.metrics()), ", ");
+  return absl::StrFormat("%s succeeded: %sfinal loss %.4f, %d steps in %.1f s (%.0f samples/s)",
+                         job.id(), measures, r.final_loss(), r.steps(), r.train_seconds(),
+                         r.samples_per_second()) +
+         (job.reason().empty() ? "" : " (" + job.reason() + ")");
 }
 
 absl::StatusOr<std::string> FetchModelFile(v1::Control::Stub& stub, grpc::ClientContext& context,
@@ -169,9 +206,12 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
       if (now - last_ < (terminal_ ? absl::Milliseconds(100) : interval_)) break;
       last_ = now;
       const v1::Progress& p = event.progress();
-      const std::string text = absl::StrFormat(
+      std::string text = absl::StrFormat(
           "epoch %d/%d  step %d/%d  loss %.4f  %.0f samples/s", p.epoch() + 1, p.total_epochs(),
           p.step(), p.total_steps(), p.loss(), p.samples_per_second());
+      for (const auto& [name, value] : SortedMetrics(p.metrics())) {
+        absl::StrAppend(&text, "  ", name, absl::StrFormat(" %.4g", value));
+      }
       if (terminal_) {
         constexpr int kWidth = 24;
         const double done = p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps() : 0;
@@ -209,11 +249,12 @@ std::string ResultJson(const v1::Job& job) {
   return absl::StrFormat(
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
-      "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d}",
+      "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d,"
+      "\"metrics\":%s}",
       JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(EnumName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
       r.samples_per_second(), r.final_loss(), r.test_accuracy(), job.recoveries(),
-      job.last_checkpoint_step());
+      job.last_checkpoint_step(), MetricsJson(r.metrics()));
 }
 
 void PrintResult(const v1::Job& job) {

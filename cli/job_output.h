@@ -52,8 +52,12 @@ std::string ModelSummary(const v1::JobSpec& spec);
 std::string WorkerBatchSummary(const v1::JobSpec& spec);
 // "sync", "async", or "ssp (staleness 2)".
 std::string ModeSummary(const v1::JobSpec& spec);
-// "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404 steps in 16.9 s (10623 samples/s)".
+// "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404 steps in 16.9 s (10623 samples/s)";
+// the test accuracy if the final model was evaluated, the script's own
+// metrics if it gave any ("..., mse 0.0123, final loss ...").
 std::string ResultSummary(const v1::Job& job);
+// A job's script metrics: "auc 0.791, mse 0.0123" (by name).
+std::string MetricsText(const google::protobuf::Map<std::string, double>& metrics);
 // "compute 2.10 ms, reduce 0.00 ms, push 0.31 ms, wait 1.20 ms, pull 0.42 ms
 // (4.03 ms per step)".
 std::string StepTimesSummary(const v1::StepTimes& times);
@@ -64,7 +68,8 @@ std::string StepTimesSummary(const v1::StepTimes& times);
 std::string Printable(absl::string_view s);
 // `s` as a JSON string literal, quotes included.
 std::string JsonQuote(const std::string& s);
-// The one-line JSON result of a job that ended (pstrain-local, pstrain-run).
+// The one-line JSON result of a job that ended (pstrain-local, pstrain-run);
+// "metrics" holds the script's own, by name.
 std::string ResultJson(const v1::Job& job);
 
 // What the launchers print on stdout at the end of a job that succeeded:

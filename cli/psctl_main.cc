@@ -410,12 +410,16 @@ class Psctl {
                                              eval->step(), eval->test_accuracy(),
                                              eval->test_loss())});
     }
-    if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    const bool succeeded = job.state() == v1::JOB_STATE_SUCCEEDED;
+    const auto& metrics = succeeded ? job.result().metrics() : job.progress().metrics();
+    if (!metrics.empty()) rows.push_back({"metrics:", MetricsText(metrics)});
+    if (succeeded) {
       const v1::JobResult& r = job.result();
-      rows.push_back({"result:", absl::StrFormat("test accuracy %.4f, test loss %.4f, final "
-                                                 "loss %.4f",
-                                                 r.test_accuracy(), r.test_loss(),
-                                                 r.final_loss())});
+      rows.push_back(
+          {"result:", (r.evaluated() ? absl::StrFormat("test accuracy %.4f, test loss %.4f, ",
+                                                       r.test_accuracy(), r.test_loss())
+                                     : "") +
+                          absl::StrFormat("final loss %.4f", r.final_loss())});
       rows.push_back({"training:", absl::StrFormat("%d steps in %.1f s, %.0f samples/s",
                                                    r.steps(), r.train_seconds(),
                                                    r.samples_per_second())});
@@ -457,7 +461,9 @@ class Psctl {
                                                      : "-",
                       job.progress().step() > 0 ? absl::StrFormat("%.4f", job.progress().loss())
                                                 : "-",
-                      done ? absl::StrFormat("%.4f", job.result().test_accuracy()) : "-",
+                      done && job.result().evaluated()
+                          ? absl::StrFormat("%.4f", job.result().test_accuracy())
+                          : "-",
                       Ago(job.create_time_ms())});
     }
     PrintTable(rows);

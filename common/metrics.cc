@@ -446,6 +446,11 @@ void ExpiringSeries::Add(const std::string& job_id, std::function<void()> remove
   e.removals.push_back(std::move(remove));
 }
 
+void ExpiringSeries::AddRemoval(const std::string& job_id, std::function<void()> remove) {
+  absl::MutexLock lock(&mu_);
+  jobs_[job_id].removals.push_back(std::move(remove));
+}
+
 void ExpiringSeries::JobEnded(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

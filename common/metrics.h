@@ -211,6 +211,8 @@ class ExpiringSeries {
 
   // One binding of `job_id`'s series; `remove` runs when they expire.
   void Add(const std::string& job_id, std::function<void()> remove);
+  // Another series of a bound job, removed with the others.
+  void AddRemoval(const std::string& job_id, std::function<void()> remove);
   // Ends one binding.
   void JobEnded(const std::string& job_id);
   // Removes what is due; call periodically.

@@ -29,10 +29,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
 CoordinatorMetrics::Job CoordinatorMetrics::BindJob(const std::string& job_id) {
   const prometheus::Labels labels = {{"job_id", job_id}};
   Job j;
+  j.job_id = job_id;
   PSTRAIN_BIND_JOB_METRICS(PSTRAIN_COORDINATOR_METRICS)
   j.running->Set(1);
   expiring.Add(job_id, [this, j] { PSTRAIN_REMOVE_JOB_METRICS(PSTRAIN_COORDINATOR_METRICS) });
   return j;
+}
+
+void CoordinatorMetrics::SetScriptMetric(Job& job, const std::string& name, double value) {
+  auto [it, added] = job.script.try_emplace(name, nullptr);
+  if (added) {
+    it->second = &script_metrics->Add({{"job_id", job.job_id}, {"name", name}});
+    expiring.AddRemoval(job.job_id,
+                        [family = script_metrics, gauge = it->second] { family->Remove(gauge); });
+  }
+  it->second->Set(value);
 }
 
 }  // namespace pstrain::server

@@ -27,6 +27,9 @@ namespace pstrain::server {
             "Test-set accuracy of a job's latest evaluation: during training "                 \
             "(eval_every_steps), then of the final model.")                                    \
   JOB_GAUGE(test_loss, "pstrain_job_test_loss", "Mean test-set loss of a job's latest evaluation.") \
+  FAMILY_GAUGE(script_metrics, "pstrain_job_metric",                                           \
+               "A job's own metric, given by its script (label name): the mean over its "      \
+               "workers of their latest values.")                                              \
   JOB_GAUGE(last_checkpoint, "pstrain_job_last_checkpoint_step",                               \
             "The step of a job's latest complete checkpoint.")                                 \
   JOB_GAUGE(generation, "pstrain_job_generation",                                              \
@@ -53,8 +56,13 @@ struct CoordinatorMetrics {
   // One job's series, bound when it starts (running set to 1).
   struct Job {
     PSTRAIN_JOB_METRIC_FIELDS(PSTRAIN_COORDINATOR_METRICS)
+    std::string job_id;
+    // pstrain_job_metric by name, bound as the script gives names; they
+    // expire with the job's other series.
+    std::map<std::string, prometheus::Gauge*> script;
   };
   Job BindJob(const std::string& job_id);
+  void SetScriptMetric(Job& job, const std::string& name, double value);
 
   ExpiringSeries expiring;
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "common/job_spec.h"
 
@@ -13,6 +16,7 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
   if (worker.finished()) return;
   worker.set_step(std::max(worker.step(), r.step()));
   worker.set_loss(r.loss());
+  for (const auto& [name, value] : r.metrics()) (*worker.mutable_metrics())[name] = value;
   if (r.seconds() > 0) worker.set_samples_per_second(r.samples() / r.seconds());
   if (r.finished()) {
     worker.set_finished(true);
@@ -38,6 +42,7 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
       StepsPerEpoch(job->spec())));
   p.set_loss(reported > 0 ? static_cast<float>(loss_sum / reported) : 0.0f);
   if (!r.finished()) p.set_samples_per_second(rate);
+  if (!r.metrics().empty()) *p.mutable_metrics() = MeanScriptMetrics(*job);
 
   if (r.evaluated()) {
     v1::Evaluation eval;
@@ -51,6 +56,7 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
     }
     *job->mutable_last_evaluation() = std::move(eval);
     if (r.finished()) {  // the final model's
+      job->mutable_result()->set_evaluated(true);
       job->mutable_result()->set_test_accuracy(r.test_accuracy());
       job->mutable_result()->set_test_loss(r.test_loss());
     }
@@ -58,6 +64,20 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
   if (r.finished() && !r.stopped_early().empty() && job->reason().empty()) {
     job->set_reason(r.stopped_early());
   }
+}
+
+google::protobuf::Map<std::string, double> MeanScriptMetrics(const v1::Job& job) {
+  std::map<std::string, std::pair<double, int>> sums;  // sum, workers
+  for (const v1::WorkerStatus& w : job.workers()) {
+    for (const auto& [name, value] : w.metrics()) {
+      auto& [sum, n] = sums[name];
+      sum += value;
+      ++n;
+    }
+  }
+  google::protobuf::Map<std::string, double> mean;
+  for (const auto& [name, sum_n] : sums) mean[name] = sum_n.first / sum_n.second;
+  return mean;
 }
 
 bool AllWorkersFinished(const v1::Job& job) {
@@ -91,6 +111,7 @@ v1::JobResult CompletedResult(const v1::Job& job) {
   result.set_train_seconds(seconds);
   result.set_samples_per_second(seconds > 0 ? samples / seconds : 0);
   result.set_final_loss(static_cast<float>(loss / n));
+  *result.mutable_metrics() = MeanScriptMetrics(job);
   return result;
 }
 

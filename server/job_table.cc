@@ -206,6 +206,13 @@ void JobTable::Publish(JobRecord& record, const v1::JobEvent& event, bool last) 
   for (auto& w : record.watchers) w->Publish(event, last);
 }
 
+void JobTable::SetScriptMetrics(JobRecord& record, const v1::Progress& progress) {
+  if (metrics_ == nullptr || !record.metrics.has_value()) return;
+  for (const auto& [name, value] : progress.metrics()) {
+    metrics_->SetScriptMetric(*record.metrics, name, value);
+  }
+}
+
 JobRecord& JobTable::Restore(v1::Job job) {
   last_number_ = std::max(last_number_, JobNumber(job.id()));
   const std::string id = job.id();

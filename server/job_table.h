@@ -141,6 +141,10 @@ class JobTable {
   // generation). Returns the jobs whose state or generation changed.
   std::vector<std::string> Install(Txn& txn);
 
+  // A running job's script metrics as Prometheus series
+  // (pstrain_job_metric), from its progress.
+  void SetScriptMetrics(JobRecord& record, const v1::Progress& progress);
+
   // Adds a job read back from the job store at start-up (its plan
   // recomputed) and returns its record.
   JobRecord& Restore(v1::Job job);

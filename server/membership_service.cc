@@ -8,6 +8,7 @@
 #include "common/job_spec.h"
 #include "common/model_file.h"
 #include "common/rpc.h"
+#include "common/script_metrics.h"
 #include "common/status.h"
 #include "glog/logging.h"
 #include "server/control_service.h"
@@ -293,6 +294,11 @@ absl::Status MembershipService::Progress(Txn& txn, const v1::ReportProgressReque
   }
   // A generation that is over: nothing of it counts any more.
   if (r.generation() != job.generation()) return absl::OkStatus();
+  if (!r.metrics().empty()) {
+    google::protobuf::Map<std::string, double> merged = job.workers(r.worker()).metrics();
+    for (const auto& [name, value] : r.metrics()) merged[name] = value;
+    PSTRAIN_RETURN_IF_ERROR(CheckScriptMetrics(merged));
+  }
   for (const v1::WorkerResumeState& state : r.checkpoint_states()) {
     if (state.worker() != r.worker() || state.generation() != job.generation()) continue;
     auto& states = record->reports.states[{state.step(), state.generation()}];
@@ -314,6 +320,7 @@ absl::Status MembershipService::Progress(Txn& txn, const v1::ReportProgressReque
       record->metrics->accuracy->Set(r.test_accuracy());
       record->metrics->test_loss->Set(r.test_loss());
     }
+    state_.jobs.SetScriptMetrics(*record, changed.progress());
   }
   v1::JobEvent event = txn.Event();
   *event.mutable_progress() = changed.progress();

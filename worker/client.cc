@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "common/node_id.h"
 #include "common/partition.h"
 #include "common/rpc.h"
+#include "common/script_metrics.h"
 #include "common/status.h"
 #include "common/tls.h"
 #include "glog/logging.h"
@@ -41,6 +43,25 @@ using worker::ParameterClient;
 }  // namespace
 
 int64_t DataPlaneCopiedBytes() { return CopiedPayloadBytes(); }
+
+absl::Status SetLogLevel(std::string_view level) {
+  static constexpr std::pair<std::string_view, int> kLevels[] = {
+      {"info", google::GLOG_INFO},
+      {"warning", google::GLOG_WARNING},
+      {"error", google::GLOG_ERROR},
+      {"off", google::NUM_SEVERITIES}};
+  for (const auto& [name, min_level] : kLevels) {
+    if (level != name) continue;
+    if (!google::IsGoogleLoggingInitialized()) {
+      FLAGS_logtostderr = true;  // no log files
+      google::InitGoogleLogging("pstrain");
+    }
+    FLAGS_minloglevel = min_level;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "log level '", std::string(level), "': one of info, warning, error, off"));
+}
 
 std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n) {
   return EpochOrder(seed, epoch, n);
@@ -316,6 +337,14 @@ class Client::Impl {
     return membership_->ReportProgress(report, absl::Seconds(60)).status();
   }
 
+  absl::Status ReportMetrics(const std::map<std::string, double>& metrics) {
+    google::protobuf::Map<std::string, double> merged = script_metrics_;
+    for (const auto& [name, value] : metrics) merged[name] = value;
+    PSTRAIN_RETURN_IF_ERROR(CheckScriptMetrics(merged));
+    script_metrics_ = std::move(merged);
+    return absl::OkStatus();
+  }
+
   absl::Status Fail(const std::string& message) {
     v1::ReportProgressRequest report = Report();
     report.set_error(message.empty() ? "the client failed the job" : message);
@@ -540,6 +569,7 @@ class Client::Impl {
     r.set_generation(assignment_.generation());
     r.set_step(step_);
     r.set_epoch(static_cast<int32_t>(step_ / StepsPerEpoch(spec_)));
+    *r.mutable_metrics() = script_metrics_;
     return r;
   }
 
@@ -627,6 +657,8 @@ class Client::Impl {
   // Progress.
   std::optional<worker::StepLog> log_;  // of the current generation
   absl::Time last_step_end_;
+  // The script's own metrics: the latest value of each name, in every report.
+  google::protobuf::Map<std::string, double> script_metrics_;
   ParameterClient::Stats stats_before_;  // the parameter client's, at the last step's end
 
   // BatchIndices' epoch order.
@@ -682,6 +714,9 @@ absl::Status Client::AwaitValues(int tensor) { return impl_->AwaitValues(tensor)
 absl::Status Client::Pull() { return impl_->Pull(); }
 absl::Status Client::Finish(std::optional<Evaluation> evaluation) {
   return impl_->Finish(evaluation);
+}
+absl::Status Client::ReportMetrics(const std::map<std::string, double>& metrics) {
+  return impl_->ReportMetrics(metrics);
 }
 absl::Status Client::Fail(const std::string& message) { return impl_->Fail(message); }
 

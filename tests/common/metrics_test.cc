@@ -75,6 +75,7 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_job_progress_steps", {T::Gauge, {"job_id"}}},
       {"pstrain_job_test_accuracy", {T::Gauge, {"job_id"}}},
       {"pstrain_job_test_loss", {T::Gauge, {"job_id"}}},
+      {"pstrain_job_metric", {T::Gauge, {"job_id", "name"}}},
       {"pstrain_job_last_checkpoint_step", {T::Gauge, {"job_id"}}},
       {"pstrain_job_generation", {T::Gauge, {"job_id"}}},
       {"pstrain_job_recoveries", {T::Gauge, {"job_id"}}},
@@ -111,7 +112,8 @@ TEST(MetricsTest, EveryFamilyOnceWithItsDocumentedNameTypeAndLabels) {
   m.shard->BindJob("job-1");
   m.shard->BindStraggler("job-1", 0);
   m.worker->BindJob("job-1");
-  m.coordinator->BindJob("job-1");
+  pstrain::server::CoordinatorMetrics::Job job = m.coordinator->BindJob("job-1");
+  m.coordinator->SetScriptMetric(job, "mse", 0.5);
   std::map<std::string, int> seen;
   for (const prometheus::MetricFamily& family : m.server->registry().Collect()) {
     ++seen[family.name];
@@ -181,6 +183,32 @@ TEST(MetricsTest, BindingAgainWithinTheGracePeriodKeepsTheSeries) {
       EXPECT_TRUE(family.metric.empty());
     }
   }
+}
+
+// A script's metrics, bound as it names them, leave with the job's other
+// series; setting one again changes its value, not the series.
+TEST(MetricsTest, AScriptsMetricsLeaveWithTheJob) {
+  AllMetrics m = BuildAll(/*serve=*/false, /*grace=*/absl::ZeroDuration());
+  pstrain::server::CoordinatorMetrics::Job job = m.coordinator->BindJob("job-1");
+  m.coordinator->SetScriptMetric(job, "mse", 0.5);
+  m.coordinator->SetScriptMetric(job, "auc", 0.75);
+  m.coordinator->SetScriptMetric(job, "mse", 0.25);
+  auto values = [&] {
+    std::map<std::string, double> by_name;
+    for (const auto& family : m.server->registry().Collect()) {
+      if (family.name != "pstrain_job_metric") continue;
+      for (const auto& metric : family.metric) {
+        for (const auto& label : metric.label) {
+          if (label.name == "name") by_name[label.value] = metric.gauge.value;
+        }
+      }
+    }
+    return by_name;
+  };
+  EXPECT_EQ(values(), (std::map<std::string, double>{{"auc", 0.75}, {"mse", 0.25}}));
+  m.coordinator->expiring.JobEnded("job-1");
+  m.coordinator->expiring.Sweep();
+  EXPECT_TRUE(values().empty());
 }
 
 TEST(MetricsTest, MethodsThatAreNotPstrainsAreLabelledUnknown) {

@@ -1,11 +1,13 @@
 """Fixtures of the Python package's tests: the pstrain binaries (ctest
 passes PSTRAIN_BIN_DIR and puts build/python on PYTHONPATH) and a cluster
 of a coordinator and parameter servers as real processes on 127.0.0.1."""
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
@@ -18,9 +20,10 @@ class Cluster:
         self.run_dir = run_dir
         self.processes = []
         address_file = os.path.join(run_dir, "coordinator.address")
+        self.targets_file = os.path.join(run_dir, "prometheus-targets.json")
         self._start("coordinator", [os.path.join(BIN_DIR, "pstrain-coordinator"),
                                     "--listen=127.0.0.1:0", "--address_file=" + address_file,
-                                    "--lease_s=10"])
+                                    "--prometheus_sd_file=" + self.targets_file, "--lease_s=10"])
         deadline = time.monotonic() + 60
         while not os.path.exists(address_file):
             assert time.monotonic() < deadline, "the coordinator did not start"
@@ -32,6 +35,23 @@ class Cluster:
                                           "--listen=127.0.0.1:0", "--coordinator=" + self.coordinator,
                                           "--node_id=server-%d" % s, "--checkpoint_root=" + run_dir,
                                           "--coordinator_loss_exit_s=30"])
+
+    def coordinator_metrics(self):
+        """The text of the coordinator's /metrics (its address from the
+        Prometheus targets file)."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with open(self.targets_file) as f:
+                    groups = json.load(f)
+                address = next(g["targets"][0] for g in groups
+                               if g["labels"]["role"] == "coordinator")
+                break
+            except (OSError, ValueError, StopIteration):
+                assert time.monotonic() < deadline, "no coordinator in the targets file"
+                time.sleep(0.05)
+        with urllib.request.urlopen("http://%s/metrics" % address, timeout=30) as response:
+            return response.read().decode()
 
     def _start(self, name, argv):
         log = open(os.path.join(self.run_dir, name + ".log"), "w")

@@ -2,6 +2,8 @@
 pstrain-run, and the client library called directly."""
 import json
 import os
+import re
+import subprocess
 import tempfile
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 
 import pstrain
 import pstrain.torch as pst
-from conftest import pstrain_run
+from conftest import BIN_DIR, pstrain_run
 import train_worker
 
 
@@ -181,3 +183,61 @@ def test_errors_are_exceptions_with_the_status(cluster):
         client.bind(0, np.zeros(6, np.float64))
     with pytest.raises(ValueError):
         pst.DistributedOptimizer(torch.nn.Linear(3, 2), client=client)  # not the job's tensors
+
+
+def test_the_scripts_own_metrics_reach_psctl_prometheus_and_the_result(cluster):
+    job = pstrain.submit_job(cluster.coordinator,
+                             "optimizer: {type: sgd, learning_rate: 0.1}\nbatch_size: 4\n"
+                             "steps: 5\nnum_workers: 1\nnum_servers: 2\n", [("w", [3])])
+    client = pstrain.Client(cluster.coordinator, job)
+    w = np.zeros(3, np.float32)
+    client.bind(0, w)
+    client.start()
+    client.report_metrics({"mse": 2.0})
+    for bad in ({"no-dashes": 1.0}, {"mse": float("nan")},
+                {"m%d" % i: 1.0 for i in range(33)}):
+        with pytest.raises(pstrain.Error) as e:
+            client.report_metrics(bad)
+        assert e.value.code == "INVALID_ARGUMENT" and "metrics" in e.value.message
+    grad = np.ones(3, np.float32)
+    while client.step < client.total_steps:
+        client.push(0, grad)
+        client.report_metrics({"mse": 1.0 / (client.step + 1)})
+        client.end_step(0.5, 4)
+    client.finish(metrics={"auc": 0.75})  # mse: the last step's, 0.2
+
+    psctl = subprocess.run([os.path.join(BIN_DIR, "psctl"), "--coordinator", cluster.coordinator,
+                            "get", job], capture_output=True, text=True, timeout=60)
+    assert psctl.returncode == 0, psctl.stderr
+    assert re.search(r"^metrics: +auc 0.75, mse 0.2$", psctl.stdout, re.MULTILINE), psctl.stdout
+    assert "test accuracy" not in psctl.stdout  # none was reported
+    as_json = subprocess.run([os.path.join(BIN_DIR, "psctl"), "--coordinator", cluster.coordinator,
+                              "-o", "json", "get", job], capture_output=True, text=True, timeout=60)
+    assert json.loads(as_json.stdout)["result"]["metrics"] == {"auc": 0.75, "mse": 0.2}
+    exposition = cluster.coordinator_metrics()
+    series = dict(re.findall(r'^pstrain_job_metric\{job_id="%s",name="(\w+)"\} (\S+)$' % job,
+                             exposition, re.MULTILINE))
+    assert {name: float(value) for name, value in series.items()} == {"auc": 0.75, "mse": 0.2}, \
+        exposition
+
+
+def test_a_jobs_summary_shows_the_scripts_metrics_and_no_library_log_lines():
+    with tempfile.TemporaryDirectory() as out:
+        done = pstrain_run(["--workers", "2", "--servers", "2", "--run_dir", out + "/run"],
+                           [out, "--steps", "20"])
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert 0.0 <= result["metrics"]["train_accuracy"] <= 1.0
+        assert 0.0 <= result["metrics"]["batch_accuracy"] <= 1.0
+        summary = [line for line in done.stdout.splitlines() if " succeeded: " in line][0]
+        assert "batch_accuracy" in summary and "train_accuracy" in summary, summary
+        assert "test accuracy" not in summary, summary
+        # The scripts' own output (pstrain-run keeps it in RUN_DIR/worker-N.log)
+        # has no log line of the library's (with PSTRAIN_LOG_LEVEL=info it has
+        # "I20261207 00:04:45.258678 ... registered with coordinator ...").
+        for w in range(2):
+            with open(os.path.join(out, "run", "worker-%d.log" % w)) as f:
+                log = f.read()
+            assert "InitGoogleLogging" not in log, log
+            assert not any(line[:1] in "IWE" and line[1:9].isdigit()
+                           for line in log.splitlines()), log

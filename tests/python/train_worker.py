@@ -30,6 +30,11 @@ def model():
                                torch.nn.Linear(HIDDEN, CLASSES))
 
 
+def accuracy(net, x, y):
+    with torch.no_grad():
+        return float((net(x).argmax(dim=1) == y).float().mean())
+
+
 def job_yaml(args):
     optimizer = ("{type: sgd, learning_rate: 0.05}" if args.optimizer == "sgd"
                  else "{type: adam, learning_rate: 0.001}")
@@ -67,8 +72,8 @@ def main():
         loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
         losses[step] = float(loss)
         (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
-        opt.step(loss, len(idx))
-    opt.finish(test_accuracy=0.0)
+        opt.step(loss, len(idx), metrics={"batch_accuracy": accuracy(net, x[idx], y[idx])})
+    opt.finish(metrics={"train_accuracy": accuracy(net, x, y)})
     steps = sorted(indices)
     np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
              steps=np.array(steps), indices=np.array([indices[s] for s in steps]),

@@ -1,9 +1,11 @@
 #include "server/coordinator.h"
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -692,6 +694,42 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
+}
+
+// A report whose script metrics are not acceptable is refused whole: the
+// worker's step and metrics stay as they were.
+TEST_F(CoordinatorTest, AReportWithBadScriptMetricsIsRefusedAndChangesNothing) {
+  absl::StatusOr<std::string> id = Submit(kValid);
+  PSTRAIN_ASSERT_OK(id);
+  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
+  ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  auto report = [&](int64_t step, const std::string& name, double value) {
+    v1::ReportProgressRequest r;
+    r.set_node_id(worker);
+    r.set_incarnation(incarnations_.at(worker));
+    r.set_generation(1);
+    r.set_job_id(*id);
+    r.set_worker(0);
+    r.set_step(step);
+    (*r.mutable_metrics())[name] = value;
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetTimeout(context, absl::Seconds(10));
+    return FromGrpcStatus(membership_->ReportProgress(&context, r, &response));
+  };
+  PSTRAIN_ASSERT_OK(report(3, "mse", 0.5));
+  for (const auto& [name, value] : {std::pair<std::string, double>{"no-dashes", 1.0},
+                                    {"mse", std::numeric_limits<double>::infinity()}}) {
+    const absl::Status refused = report(5, name, value);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "metrics")) << refused;
+  }
+  absl::StatusOr<v1::Job> job = Get(*id);
+  PSTRAIN_ASSERT_OK(job);
+  EXPECT_EQ(job->workers(0).step(), 3);
+  EXPECT_EQ(job->progress().metrics().at("mse"), 0.5);
+  EXPECT_EQ(job->progress().metrics_size(), 1);
 }
 
 // The session a node keeps open: the coordinator asks for a heartbeat

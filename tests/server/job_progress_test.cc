@@ -1,8 +1,12 @@
 #include "server/job_progress.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
+#include "common/script_metrics.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace pstrain::server {
 namespace {
@@ -101,6 +105,57 @@ TEST(JobProgressTest, EvaluationsAndAnEarlyStop) {
   EXPECT_EQ(r.steps(), 60);
   EXPECT_DOUBLE_EQ(r.samples_per_second(), 60.0 * 2 * 10 / 6);
   EXPECT_FLOAT_EQ(r.test_accuracy(), 0.8f);
+}
+
+// A script's metrics: each worker's latest value of each name; the job's
+// (progress, then result) the mean over the workers that gave the name.
+TEST(JobProgressTest, ScriptMetricsAreTheMeanOfTheWorkersLatestValues) {
+  v1::Job job = RunningJob(2);
+  v1::ReportProgressRequest r0 = Report(0, 10, 1.0f);
+  (*r0.mutable_metrics())["mse"] = 1.0;
+  (*r0.mutable_metrics())["auc"] = 0.5;
+  ApplyProgressReport(r0, &job);
+  v1::ReportProgressRequest r1 = Report(1, 10, 1.0f);
+  (*r1.mutable_metrics())["mse"] = 3.0;
+  ApplyProgressReport(r1, &job);
+  EXPECT_DOUBLE_EQ(job.progress().metrics().at("mse"), 2.0);
+  EXPECT_DOUBLE_EQ(job.progress().metrics().at("auc"), 0.5) << "worker 0 alone gave it";
+  v1::ReportProgressRequest last0 = Report(0, 100, 1.0f);
+  last0.set_finished(true);
+  (*last0.mutable_metrics())["mse"] = 5.0;  // auc stays 0.5
+  ApplyProgressReport(last0, &job);
+  v1::ReportProgressRequest last1 = Report(1, 100, 1.0f);
+  last1.set_finished(true);
+  ApplyProgressReport(last1, &job);
+  EXPECT_EQ(job.workers(0).metrics().at("auc"), 0.5);
+  const v1::JobResult result = CompletedResult(job);
+  EXPECT_DOUBLE_EQ(result.metrics().at("mse"), 4.0);
+  EXPECT_DOUBLE_EQ(result.metrics().at("auc"), 0.5);
+  EXPECT_FALSE(result.evaluated()) << "no test accuracy was reported";
+}
+
+TEST(JobProgressTest, ScriptMetricsWithBadNamesOrValuesAreRefused) {
+  google::protobuf::Map<std::string, double> metrics;
+  metrics["mse"] = 0.5;
+  metrics["_top_1"] = 0.9;
+  PSTRAIN_EXPECT_OK(CheckScriptMetrics(metrics));
+  for (const std::string& bad : {std::string(""), std::string("1st"), std::string("a-b"),
+                                 std::string("a b"), std::string(65, 'a'), std::string("\n")}) {
+    google::protobuf::Map<std::string, double> one;
+    one[bad] = 1;
+    EXPECT_EQ(CheckScriptMetrics(one).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  for (const double bad : {std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity()}) {
+    google::protobuf::Map<std::string, double> one;
+    one["mse"] = bad;
+    const absl::Status s = CheckScriptMetrics(one);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("mse"), absl::string_view::npos) << s;
+  }
+  google::protobuf::Map<std::string, double> many;
+  for (int i = 0; i <= kMaxScriptMetrics; ++i) many["m" + std::to_string(i)] = i;
+  EXPECT_EQ(CheckScriptMetrics(many).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

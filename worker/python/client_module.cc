@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +116,10 @@ PYBIND11_MODULE(_client, m) {
       },
       py::arg("seed"), py::arg("epoch"), py::arg("n"),
       "The order pstrain's sharding takes an epoch of n samples in (batch_indices cuts it).");
+  m.def(
+      "set_log_level", [](const std::string& level) { Check(pstrain::SetLogLevel(level)); },
+      py::arg("level"),
+      "The library's log lines on stderr from this level up: info, warning, error or off.");
   m.def("copied_payload_bytes", &pstrain::DataPlaneCopiedBytes,
         "Payload bytes the data plane has copied in this process (0: every push and pull "
         "went from and to the arrays' own memory).");
@@ -225,12 +230,25 @@ PYBIND11_MODULE(_client, m) {
            [](pstrain::Client& c) { Check(Unlocked([&] { return c.Pull(); })); })
       .def(
           "finish",
-          [](pstrain::Client& c, std::optional<double> accuracy, std::optional<double> loss) {
+          [](pstrain::Client& c, std::optional<double> accuracy, std::optional<double> loss,
+             const std::map<std::string, double>& metrics) {
+            Check(c.ReportMetrics(metrics));
             std::optional<pstrain::Evaluation> eval;
             if (accuracy.has_value()) eval = pstrain::Evaluation{*accuracy, loss.value_or(0)};
             Check(Unlocked([&] { return c.Finish(eval); }));
           },
-          py::arg("test_accuracy") = py::none(), py::arg("test_loss") = py::none())
+          py::arg("test_accuracy") = py::none(), py::arg("test_loss") = py::none(),
+          py::arg("metrics") = std::map<std::string, double>(),
+          "Ends this worker's part, with the script's final metrics ({name: value}); worker "
+          "0 reports the test accuracy and loss of the final model.")
+      .def(
+          "report_metrics",
+          [](pstrain::Client& c, const std::map<std::string, double>& metrics) {
+            Check(c.ReportMetrics(metrics));
+          },
+          py::arg("metrics"),
+          "The script's own metrics ({name: value}): the latest of each goes with the "
+          "progress reports and the final one; the job shows their mean over the workers.")
       .def(
           "fail",
           [](pstrain::Client& c, const std::string& message) {

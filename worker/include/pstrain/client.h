@@ -30,6 +30,7 @@
 #define PSTRAIN_CLIENT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,12 @@ PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& c
 // every push was sent from the gradient's own memory and every value was
 // written straight into the bound tensors.
 PSTRAIN_CLIENT_API int64_t DataPlaneCopiedBytes();
+
+// The library's log lines (glog's, to stderr) from `level` up: "info",
+// "warning", "error" or "off" (none); INVALID_ARGUMENT for another. A
+// program that initialized glog itself keeps its settings but this level.
+// The Python package sets PSTRAIN_LOG_LEVEL's, "error" by default.
+PSTRAIN_CLIENT_API absl::Status SetLogLevel(std::string_view level);
 
 // The order in which pstrain's sharding takes a training set of n samples
 // in `epoch` with the job's seed: a permutation of [0, n), of which the
@@ -201,6 +208,15 @@ class PSTRAIN_CLIENT_API Client {
   // waits for the final model, which becomes the job's model file (`psctl
   // export`), and reports `evaluation` with it.
   absl::Status Finish(std::optional<Evaluation> evaluation = std::nullopt);
+
+  // The program's own metrics (say {"mse", 0.12}, {"auc", 0.79}): the
+  // latest value of each name goes with this worker's progress reports and
+  // its final one (Finish). The job shows, of each name, the mean over the
+  // workers that gave it: in psctl get and watch, the result, and
+  // Prometheus (pstrain_job_metric{name=...}). Names are 1-64 of
+  // [A-Za-z0-9_] not starting with a digit, at most 32 in all; values are
+  // finite. INVALID_ARGUMENT otherwise, and nothing is kept of the call.
+  absl::Status ReportMetrics(const std::map<std::string, double>& metrics);
 
   // Fails the job with `message` (the script could not go on).
   absl::Status Fail(const std::string& message);

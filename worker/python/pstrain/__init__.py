@@ -10,7 +10,7 @@ worker of a pstrain job whose model is external.
         ...                                   # gradient of the mean loss
         client.push(0, gw * client.gradient_scale); client.push(1, ...)
         client.end_step(loss, len(idx))
-    client.finish(test_accuracy=acc)
+    client.finish(test_accuracy=acc, metrics={"mse": mse})  # metrics: any of the script's own
 
 pstrain.torch has the drop-in for a PyTorch script. Errors are
 pstrain.Error, whose .code is the status code ("INVALID_ARGUMENT", ...)
@@ -19,13 +19,19 @@ and .message the text.
 import os
 import re
 
-from pstrain._client import Client, Error, copied_payload_bytes, sample_order, submit_job
+from pstrain._client import (Client, Error, copied_payload_bytes, sample_order, set_log_level,
+                             submit_job)
 
 Error.code = property(lambda self: self.args[0], doc="the status code, e.g. 'NOT_FOUND'")
 Error.message = property(lambda self: self.args[1], doc="what went wrong")
 Error.__str__ = lambda self: "%s: %s" % (self.args[0], self.args[1])
 
-__all__ = ["Client", "Error", "copied_payload_bytes", "init", "sample_order", "submit_job"]
+__all__ = ["Client", "Error", "copied_payload_bytes", "init", "sample_order", "set_log_level",
+           "submit_job"]
+
+# The library's own log lines reach stderr from PSTRAIN_LOG_LEVEL up (info,
+# warning, error, off): errors only unless asked.
+set_log_level(os.environ.get("PSTRAIN_LOG_LEVEL", "error"))
 
 
 def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **options):

@@ -11,7 +11,7 @@ computes gradients.
         loss = F.cross_entropy(model(x), y)      # the mean loss of the batch
         loss.backward()                          # each gradient pushed as it is ready
         opt.step(loss)                           # the new values are in the parameters
-    opt.finish(test_accuracy=...)
+    opt.finish(test_accuracy=..., metrics={"auc": ...})  # metrics: any of the script's own
 
 A parameter's gradient is scaled in place by the worker's share of the
 global batch (client.gradient_scale: 1/W for W workers of equal batches in
@@ -96,11 +96,15 @@ class DistributedOptimizer:
             self._previous = []  # the push waited for the last step's exchanges
         return hook
 
-    def step(self, loss=None, samples=None):
+    def step(self, loss=None, samples=None, metrics=None):
         """Ends the step (parameters without a gradient push zeros) and waits
         for the new values; returns the step to compute next. `loss`: the
-        batch's mean loss (a tensor or a float) for the job's progress."""
+        batch's mean loss (a tensor or a float) for the job's progress;
+        `metrics`: the script's own ({name: value}, values floats or
+        one-element tensors), shown with the job's progress."""
         value = float(loss.detach()) if torch.is_tensor(loss) else float(loss or 0.0)
+        if metrics:
+            self.client.report_metrics(_floats(metrics))
         try:
             return self.client.end_step(value, samples or self.client.batch_size,
                                         await_values=not self._overlap)
@@ -119,10 +123,18 @@ class DistributedOptimizer:
             elif p.grad is not None:
                 p.grad.zero_()
 
-    def finish(self, test_accuracy=None, test_loss=None):
+    def finish(self, test_accuracy=None, test_loss=None, metrics=None):
         """After the job's last step: worker 0's final model becomes the
-        job's model file, with this evaluation."""
-        self.client.finish(test_accuracy=test_accuracy, test_loss=test_loss)
+        job's model file, with this evaluation; `metrics`: the script's own
+        final ones ({name: value}), in the job's result (the mean over the
+        workers that gave each)."""
+        self.client.finish(test_accuracy=test_accuracy, test_loss=test_loss,
+                           metrics=_floats(metrics or {}))
+
+
+def _floats(metrics):
+    return {name: float(value.detach()) if torch.is_tensor(value) else float(value)
+            for name, value in metrics.items()}
 
 
 class ShardSampler:
