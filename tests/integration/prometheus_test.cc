@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "pstrain/client.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/test_util.h"
@@ -183,6 +185,34 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
   while (prometheus.Scalar("sum(pstrain_jobs{state=\"succeeded\"})") != 1 ||
          prometheus.Scalar("sum(pstrain_worker_steps_total" + short_label + ")") != 400) {
     ASSERT_LT(absl::Now(), give_up + absl::Minutes(4)) << "the end was never scraped";
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+
+  // A job of the client library's whose program reports a metric of its
+  // own (pstrain_job_metric).
+  ConnectOptions connect;
+  connect.coordinator = cluster_->coordinator_address();
+  absl::StatusOr<std::string> external =
+      SubmitJob(connect,
+                "optimizer: {type: sgd, learning_rate: 0.1}\nbatch_size: 4\nsteps: 2\n"
+                "num_workers: 1\nnum_servers: 2\n",
+                {{"w", {3}}});
+  PSTRAIN_ASSERT_OK(external);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Join({.connect = connect, .job_id = *external});
+  PSTRAIN_ASSERT_OK(client);
+  std::vector<float> w(3, 0.0f), g(3, 1.0f);
+  PSTRAIN_ASSERT_OK((*client)->BindTensor(0, w.data(), 3));
+  PSTRAIN_ASSERT_OK((*client)->Start());
+  while ((*client)->step() < (*client)->total_steps()) {
+    PSTRAIN_ASSERT_OK((*client)->PushGradient(0, g.data(), 3));
+    PSTRAIN_ASSERT_OK((*client)->ReportMetrics({{"mse", 0.25}}));
+    PSTRAIN_ASSERT_OK((*client)->EndStep(1.0, 4));
+  }
+  PSTRAIN_ASSERT_OK((*client)->Finish());
+  while (prometheus.Scalar("pstrain_job_metric{job_id=\"" + *external + "\",name=\"mse\"}") !=
+         0.25) {
+    ASSERT_LT(absl::Now(), give_up + absl::Minutes(5)) << "the script's metric was never scraped";
     absl::SleepFor(absl::Milliseconds(200));
   }
 
