@@ -300,10 +300,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   PSTRAIN_RETURN_IF_ERROR(range("accumulate_steps", spec.accumulate_steps(), 1, 1024));
   if (external) {
-    // What pstrain's own workers do for built-in models, the client does.
-    if (spec.accumulate_steps() != 1) {
-      return FieldError("accumulate_steps", "an external model's client accumulates itself");
-    }
+    // What pstrain's own workers do for built-in models, the client does
+    // (accumulate_steps: it sums its micro-batches' gradients and pushes
+    // once a step).
     if (spec.precision() != v1::PRECISION_FP32) {
       return FieldError("precision", "an external model's client computes in its own precision");
     }

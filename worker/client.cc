@@ -687,9 +687,14 @@ int64_t Client::steps_per_epoch() const { return StepsPerEpoch(impl_->spec()); }
 uint64_t Client::seed() const { return impl_->spec().seed(); }
 std::string Client::mode() const { return EnumName(impl_->spec().mode()); }
 double Client::gradient_scale() const {
-  if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0;
-  return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch());
+  // The sum of accumulate_steps micro-batches' mean-loss gradients: each
+  // micro-batch counts for its share.
+  const double micro_batches = accumulate_steps();
+  if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0 / micro_batches;
+  return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch()) /
+         micro_batches;
 }
+int Client::accumulate_steps() const { return std::max(1, impl_->spec().accumulate_steps()); }
 int64_t Client::step() const { return impl_->step(); }
 const std::vector<TensorSpec>& Client::tensors() const { return impl_->tensors(); }
 absl::StatusOr<int> Client::TensorIndex(std::string_view name) const {

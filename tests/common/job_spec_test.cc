@@ -180,6 +180,10 @@ TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   // 1000 samples over a global batch of 128, 3 epochs.
   EXPECT_EQ(StepsPerEpoch(*spec), 7);
   EXPECT_EQ(TotalSteps(*spec), 21);
+  // The script accumulates micro-batches itself: 2 x 128 a step.
+  spec = NormalizeJobSpec(*ParseJobSpecYaml(External("[{name: w}]", "accumulate_steps: 2\n")));
+  PSTRAIN_ASSERT_OK(spec);
+  EXPECT_EQ(StepsPerEpoch(*spec), 3);
 }
 
 // The three modes' bounds and what a worker computing a step waits for.

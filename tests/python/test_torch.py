@@ -85,6 +85,17 @@ def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
         assert np.array_equal(exported, flat.astype(np.float32))
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulated_micro_batches_equal_one_process_with_the_global_batch(optimizer):
+    # 2 workers x 2 micro-batches of 16: one step of the global batch of 64.
+    with tempfile.TemporaryDirectory() as out:
+        _, workers = run_job(out, "--optimizer", optimizer, "--accumulate", "2")
+        reference = one_process(global_batches(workers), optimizer)
+        for name, (relative, largest) in differences(workers[0], reference).items():
+            assert relative <= BOUNDS[optimizer][0], (name, relative)
+            assert largest <= BOUNDS[optimizer][1], (name, largest)
+
+
 def model_of(worker):
     return {name: v for name, v in worker.items() if name not in ("steps", "indices", "losses")}
 

@@ -3,7 +3,7 @@ synthetic data through pstrain.torch. Writes what it trained to OUT_DIR:
 worker-W.npz with the final parameters and each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
-                  [--drop-worker 1] [--die-at STEP] [--overlap-values]
+                  [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
 """
 import argparse
 import os
@@ -38,8 +38,9 @@ def accuracy(net, x, y):
 def job_yaml(args):
     optimizer = ("{type: sgd, learning_rate: 0.05}" if args.optimizer == "sgd"
                  else "{type: adam, learning_rate: 0.001}")
-    text = "name: pytest\noptimizer: %s\nbatch_size: 32\nsteps: %d\nseed: 3\nmode: %s\n" % (
-        optimizer, args.steps, args.mode)
+    text = ("name: pytest\noptimizer: %s\nbatch_size: %d\naccumulate_steps: %d\nsteps: %d\n"
+            "seed: 3\nmode: %s\n" % (optimizer, 32 // args.accumulate, args.accumulate,
+                                       args.steps, args.mode))
     if args.mode == "ssp":
         text += "staleness: 1\n"
     return text + "checkpoint: {dir: %s/checkpoints, every_steps: 10}\n" % os.environ["PSTRAIN_RUN_DIR"]
@@ -54,6 +55,7 @@ def main():
     parser.add_argument("--drop-worker", type=int, default=-1)
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--overlap-values", action="store_true")
+    parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = data()
@@ -69,9 +71,12 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)  # as a crash would
         indices[step] = idx
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+        k = opt.client.accumulate_steps
+        for micro in range(k):  # each micro-batch's backward adds to the gradients
+            part = idx[micro * len(idx) // k:(micro + 1) * len(idx) // k]
+            loss = torch.nn.functional.cross_entropy(net(x[part]), y[part])
+            (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
         losses[step] = float(loss)
-        (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
         opt.step(loss, len(idx), metrics={"batch_accuracy": accuracy(net, x[idx], y[idx])})
     opt.finish(metrics={"train_accuracy": accuracy(net, x, y)})
     steps = sorted(indices)

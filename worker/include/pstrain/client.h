@@ -141,9 +141,15 @@ class PSTRAIN_CLIENT_API Client {
   int64_t steps_per_epoch() const;
   uint64_t seed() const;
   std::string mode() const;  // "sync", "async" or "ssp"
-  // What each worker multiplies the gradient of its mean loss by: its share
-  // of the global batch (batch_size / global_batch) where the servers sum
-  // the workers' pushes (sync, ssp); 1 in async mode.
+  // The micro-batches of a step (the job's accumulate_steps, k): the
+  // program cuts its step's batch (BatchIndices) into k of equal size, runs
+  // forward and backward on each, sums their gradients, and pushes each
+  // tensor once, after the last.
+  int accumulate_steps() const;
+  // What each worker multiplies the gradient of its mean loss by (the sum
+  // of its k micro-batches' mean-loss gradients with accumulation): its
+  // share of the global batch over k (batch_size / global_batch / k) where
+  // the servers sum the workers' pushes (sync, ssp); 1 / k in async mode.
   double gradient_scale() const;
   // The step to compute next.
   int64_t step() const;

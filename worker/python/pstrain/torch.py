@@ -17,7 +17,24 @@ A parameter's gradient is scaled in place by the worker's share of the
 global batch (client.gradient_scale: 1/W for W workers of equal batches in
 sync and ssp, 1 in async) and pushed from its own memory as soon as
 backward has accumulated it (a hook on its AccumulateGrad node), while
-backward goes on with the layers below. step() waits for the new values,
+backward goes on with the layers below.
+
+Gradient accumulation (the job's accumulate_steps, k): each step's batch
+is k micro-batches; the script runs forward and backward on each in turn
+(torch sums the gradients) and calls step() once:
+
+    k = opt.client.accumulate_steps
+    for indices in sampler:
+        opt.zero_grad()
+        for micro in range(k):
+            part = indices[micro * len(indices) // k:(micro + 1) * len(indices) // k]
+            loss = F.cross_entropy(model(x[part]), y[part])
+            loss.backward()                      # the k-th pushes the sum
+        opt.step(loss)
+
+A gradient is pushed once a step, after the k-th backward has added to it
+(scaled by gradient_scale, which divides by k too); step() pushes the ones
+that had fewer. step() waits for the new values,
 which the library writes into the parameters' own storage, in place (their
 data_ptr() never changes). The sampler reads the client's step each time,
 so after a recovery (the job gone back to a checkpoint) it goes on from
@@ -59,6 +76,7 @@ class DistributedOptimizer:
             raise ValueError("pstrain: the job's tensors %s are not the model's parameters %s"
                              % (self.client.tensors, shapes))
         self._pushed = []      # this step's pushed gradients, alive until step() returns
+        self._backwards = [0] * len(self._params)  # this step's, by parameter
         # overlap_values: the last step's, alive until its values are all in
         self._overlap = overlap_values
         self._previous = []
@@ -85,16 +103,23 @@ class DistributedOptimizer:
 
     def _push_hook(self, index, p):
         def hook(*_):
-            grad = p.grad
-            if grad is None:
+            if p.grad is None:
                 return
-            if not grad.is_contiguous() or grad.dtype != torch.float32:
-                p.grad = grad = grad.contiguous().float()
-            grad.mul_(self.client.gradient_scale)
-            self._pushed.append(grad)
-            self.client.push_address(index, grad.data_ptr(), grad.numel())
-            self._previous = []  # the push waited for the last step's exchanges
+            # Pushed once the step's last micro-batch has added to it (a
+            # second backward without accumulation pushes again: an error).
+            self._backwards[index] += 1
+            if self._backwards[index] >= self.client.accumulate_steps:
+                self._push(index, p)
         return hook
+
+    def _push(self, index, p):
+        grad = p.grad
+        if not grad.is_contiguous() or grad.dtype != torch.float32:
+            p.grad = grad = grad.contiguous().float()
+        grad.mul_(self.client.gradient_scale)
+        self._pushed.append(grad)
+        self.client.push_address(index, grad.data_ptr(), grad.numel())
+        self._previous = []  # the push waited for the last step's exchanges
 
     def step(self, loss=None, samples=None, metrics=None):
         """Ends the step (parameters without a gradient push zeros) and waits
@@ -106,10 +131,16 @@ class DistributedOptimizer:
         if metrics:
             self.client.report_metrics(_floats(metrics))
         try:
+            # A parameter that had a gradient in fewer than all of the
+            # step's micro-batches: its sum goes now.
+            for index, (_, p) in enumerate(self._params):
+                if 0 < self._backwards[index] < self.client.accumulate_steps:
+                    self._push(index, p)
             return self.client.end_step(value, samples or self.client.batch_size,
                                         await_values=not self._overlap)
         finally:
             self._previous, self._pushed = (self._pushed if self._overlap else []), []
+            self._backwards = [0] * len(self._params)
 
     def zero_grad(self, set_to_none=True):
         # A new gradient tensor each step: the pushed one is never written.
