@@ -104,7 +104,6 @@ std::string Printable(absl::string_view s) {
   return out;
 }
 
-
 std::string MetricsText(const google::protobuf::Map<std::string, double>& metrics) {
   std::string text;
   for (const auto& [name, value] : SortedMetrics(metrics)) {

@@ -134,6 +134,16 @@ class CoordinatorTest : public ::testing::Test {
     return response.jobs_size();
   }
 
+  // A kValid job running on a server and a worker: (its id, the worker).
+  void StartJob(std::string* id, std::string* worker) {
+    absl::StatusOr<std::string> submitted = Submit(kValid);
+    PSTRAIN_ASSERT_OK(submitted);
+    *id = *submitted;
+    Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
+    *worker = Register(v1::NODE_ROLE_WORKER, "");
+    ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  }
+
   std::string default_checkpoint_dir_;  // for the next Start()
   Coordinator::Options::Limits limits_;  // for the next Start()
   std::unique_ptr<Coordinator> coordinator_;
@@ -629,17 +639,14 @@ TEST_F(CoordinatorTest, ASubmitRetriedUnderItsRequestIdMakesOneJob) {
 // Watchers that come and go while progress streams in leave the coordinator
 // and the watchers that stay undisturbed.
 TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
-  absl::StatusOr<std::string> id = Submit(kValid);
-  PSTRAIN_ASSERT_OK(id);
-  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
-  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
-  ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  std::string id, worker;
+  ASSERT_NO_FATAL_FAILURE(StartJob(&id, &worker));
 
   // The watcher that stays: it must see the job succeed.
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
   std::thread full_watch([&] {
     v1::WatchJobRequest request;
-    request.set_job_id(*id);
+    request.set_job_id(id);
     grpc::ClientContext context;
     SetTimeout(context, absl::Seconds(60));
     auto reader = control_->WatchJob(&context, request);
@@ -653,7 +660,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   for (int i = 0; i < 30; ++i) {
     leavers.emplace_back([&, i] {
       v1::WatchJobRequest request;
-      request.set_job_id(*id);
+      request.set_job_id(id);
       grpc::ClientContext context;
       SetTimeout(context, absl::Seconds(60));
       auto reader = control_->WatchJob(&context, request);
@@ -671,7 +678,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
     report.set_node_id(worker);
     report.set_incarnation(incarnations_.at(worker));
     report.set_generation(1);
-    report.set_job_id(*id);
+    report.set_job_id(id);
     report.set_worker(0);
     report.set_step(std::min(i, 10));
     report.set_loss(1.0f / i);
@@ -690,7 +697,7 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
   for (std::thread& t : leavers) t.join();
   full_watch.join();
   EXPECT_EQ(last_state, v1::JOB_STATE_SUCCEEDED);
-  absl::StatusOr<v1::Job> job = Get(*id);
+  absl::StatusOr<v1::Job> job = Get(id);
   PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_FLOAT_EQ(job->result().test_accuracy(), 0.5f);
@@ -699,17 +706,14 @@ TEST_F(CoordinatorTest, WatchersLeavingMidStreamDoNotDisturbTheOthers) {
 // A report whose script metrics are not acceptable is refused whole: the
 // worker's step and metrics stay as they were.
 TEST_F(CoordinatorTest, AReportWithBadScriptMetricsIsRefusedAndChangesNothing) {
-  absl::StatusOr<std::string> id = Submit(kValid);
-  PSTRAIN_ASSERT_OK(id);
-  Register(v1::NODE_ROLE_SERVER, "127.0.0.1:1");
-  const std::string worker = Register(v1::NODE_ROLE_WORKER, "");
-  ASSERT_EQ(Get(*id)->state(), v1::JOB_STATE_RUNNING);
+  std::string id, worker;
+  ASSERT_NO_FATAL_FAILURE(StartJob(&id, &worker));
   auto report = [&](int64_t step, const std::string& name, double value) {
     v1::ReportProgressRequest r;
     r.set_node_id(worker);
     r.set_incarnation(incarnations_.at(worker));
     r.set_generation(1);
-    r.set_job_id(*id);
+    r.set_job_id(id);
     r.set_worker(0);
     r.set_step(step);
     (*r.mutable_metrics())[name] = value;
@@ -725,7 +729,7 @@ TEST_F(CoordinatorTest, AReportWithBadScriptMetricsIsRefusedAndChangesNothing) {
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
     EXPECT_TRUE(absl::StrContains(refused.message(), "metrics")) << refused;
   }
-  absl::StatusOr<v1::Job> job = Get(*id);
+  absl::StatusOr<v1::Job> job = Get(id);
   PSTRAIN_ASSERT_OK(job);
   EXPECT_EQ(job->workers(0).step(), 3);
   EXPECT_EQ(job->progress().metrics().at("mse"), 0.5);

@@ -87,8 +87,9 @@ PSTRAIN_CLIENT_API int64_t DataPlaneCopiedBytes();
 
 // The library's log lines (glog's, to stderr) from `level` up: "info",
 // "warning", "error" or "off" (none); INVALID_ARGUMENT for another. A
-// program that initialized glog itself keeps its settings but this level.
-// The Python package sets PSTRAIN_LOG_LEVEL's, "error" by default.
+// program that initializes glog itself does so before this call, and keeps
+// its settings but this level. The Python package sets PSTRAIN_LOG_LEVEL's,
+// "error" by default.
 PSTRAIN_CLIENT_API absl::Status SetLogLevel(std::string_view level);
 
 // The order in which pstrain's sharding takes a training set of n samples
