@@ -1,9 +1,12 @@
 #include "tests/cluster_util.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -156,15 +159,27 @@ int SharedMemoryMappings(int pid) {
 }
 
 int EstablishedTcpConnections(int port) {
+  // This process's sockets, by inode: another process's connection whose
+  // ephemeral port happens to be `port` (ctest runs tests side by side) is
+  // not counted.
+  std::set<std::string> own_sockets;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (!error && absl::StartsWith(target, "socket:[") && absl::EndsWith(target, "]")) {
+      own_sockets.insert(target.substr(8, target.size() - 9));
+    }
+  }
   int n = 0;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::ifstream lines(table);
     std::string line;
     std::getline(lines, line);  // the heading
     while (std::getline(lines, line)) {
-      // "  0: 0100007F:A1B2 0100007F:C3D4 01 ...": local, remote, state.
+      // "  0: 0100007F:A1B2 0100007F:C3D4 01 ... INODE ...": local, remote,
+      // state (01: ESTABLISHED), and the socket's inode tenth.
       std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (fields.size() < 4 || fields[3] != "01") continue;  // 01: ESTABLISHED
+      if (fields.size() < 10 || fields[3] != "01" || !own_sockets.contains(fields[9])) continue;
       for (int f : {1, 2}) {
         const std::string& address = fields[f];
         int at = 0;

@@ -83,9 +83,9 @@ WorkersResult RunWorkers(const std::string& job_id, const v1::JobSpec& spec,
 // `pid` (0: this one) now: a connection maps its region once on each side.
 int SharedMemoryMappings(int pid = 0);
 
-// Established TCP connections of this machine (network namespace) with
-// `port` at either end: a connection between two sockets of one process
-// counts twice.
+// Established TCP connections of this process's sockets with `port` at
+// either end: a connection between two sockets of the process counts
+// twice.
 int EstablishedTcpConnections(int port);
 
 // Per tensor differences of `actual` against `expected`.
