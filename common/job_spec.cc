@@ -48,6 +48,13 @@ absl::Status CheckExternalModel(const v1::ModelSpec& model) {
       return FieldError(field + ".name", absl::StrCat("'", t.name(), "' is listed twice"));
     }
     if (t.shape_size() > 8) return FieldError(field + ".shape", "at most 8 dimensions");
+    if (!v1::TensorDType_IsValid(t.dtype())) {
+      return FieldError(field + ".dtype", absl::StrCat("unknown value ", t.dtype()));
+    }
+    if (!t.buffer() && t.dtype() != v1::TENSOR_DTYPE_UNSPECIFIED &&
+        t.dtype() != v1::TENSOR_DTYPE_FLOAT32) {
+      return FieldError(field + ".dtype", "a parameter is float32; only a buffer has another");
+    }
     int64_t size = 1;
     for (int d = 0; d < t.shape_size(); ++d) {
       if (t.shape(d) < 1 || t.shape(d) > kMaxParams) {

@@ -67,6 +67,14 @@ kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
 std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec);
 // The floats of the job's flat parameter space.
 int64_t NumParamsOf(const v1::JobSpec& spec);
+// Bytes of one element of `dtype` (unspecified: float32's 4).
+int TensorDTypeBytes(v1::TensorDType dtype);
+// The dtype of a name as job files write it ("int64"); INVALID_ARGUMENT
+// naming the ones there are otherwise.
+absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name);
+// The floats an external tensor takes in the flat space: its elements, or a
+// buffer's bytes over 4 rounded up.
+int64_t FloatsOf(const v1::ExternalTensor& tensor);
 kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec);
 // Fashion-MNIST's 60000, or an external model's data.train_samples.
 int64_t TrainSamplesOf(const v1::JobSpec& spec);

@@ -3,8 +3,12 @@
 // the staleness bound.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 
@@ -54,11 +58,47 @@ std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec) {
     d.name = t.name();
     d.shape.assign(t.shape().begin(), t.shape().end());
     d.offset = offset;
-    d.size = 1;
-    for (int64_t dim : t.shape()) d.size *= dim;
+    d.size = FloatsOf(t);
+    d.buffer = t.buffer();
     offset += d.size;
   }
   return tensors;
+}
+
+int TensorDTypeBytes(v1::TensorDType dtype) {
+  switch (dtype) {
+    case v1::TENSOR_DTYPE_FLOAT64:
+    case v1::TENSOR_DTYPE_INT64:
+      return 8;
+    case v1::TENSOR_DTYPE_FLOAT16:
+    case v1::TENSOR_DTYPE_BFLOAT16:
+    case v1::TENSOR_DTYPE_INT16:
+      return 2;
+    case v1::TENSOR_DTYPE_INT8:
+    case v1::TENSOR_DTYPE_UINT8:
+    case v1::TENSOR_DTYPE_BOOL:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
+absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name) {
+  const google::protobuf::EnumDescriptor* e = v1::TensorDType_descriptor();
+  std::vector<std::string> names;
+  for (int i = 1; i < e->value_count(); ++i) {
+    names.push_back(EnumName(e->value(i)));
+    if (names.back() == name) return static_cast<v1::TensorDType>(e->value(i)->number());
+  }
+  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "': one of ",
+                                                 absl::StrJoin(names, ", ")));
+}
+
+int64_t FloatsOf(const v1::ExternalTensor& tensor) {
+  int64_t elements = 1;
+  for (int64_t dim : tensor.shape()) elements *= dim;
+  if (!tensor.buffer()) return elements;
+  return (elements * TensorDTypeBytes(tensor.dtype()) + 3) / 4;
 }
 
 int64_t NumParamsOf(const v1::JobSpec& spec) {

@@ -32,6 +32,7 @@ std::string EncodeModelFile(const std::string& job_id, const v1::JobSpec& spec,
     for (int64_t d : t.shape) info->add_shape(d);
     info->set_offset(t.offset);
     info->set_size(t.size);
+    info->set_buffer(t.buffer);
   }
   header.set_total_floats(static_cast<int64_t>(params.size()));
   header.set_payload_crc32(Crc32(params.data(), params.size() * sizeof(float)));

@@ -25,6 +25,7 @@ absl::StatusOr<v1::PartitionPlan> ComputePartitionPlan(
     for (int64_t d : desc.shape) info->add_shape(d);
     info->set_offset(desc.offset);
     info->set_size(desc.size);
+    info->set_buffer(desc.buffer);
     for (int64_t begin = 0; begin < desc.size; begin += chunk_floats) {
       v1::ChunkInfo* chunk = plan.add_chunks();
       chunk->set_id(plan.chunks_size() - 1);

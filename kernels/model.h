@@ -74,6 +74,7 @@ struct TensorDesc {
   int64_t size = 0;            // floats
   int64_t fan_in = 0;          // inputs of the layer it belongs to
   bool is_bias = false;
+  bool buffer = false;         // an external model's buffer: not trained
 };
 
 // The model's tensors in flat-space order: layer l's weight, then its bias,

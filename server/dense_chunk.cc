@@ -52,6 +52,20 @@ absl::Status ApplySum(const ShardJob& job, DenseChunk& chunk,
                       absl::Span<const Frame* const> grads, int64_t step, float* new_params,
                       float* state, ApplyPool* pool, bool check_sum = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
+  if (chunk.buffer) {
+    // Worker 0's values, bit for bit; another worker's push leaves them.
+    const auto from_worker0 = std::find_if(grads.begin(), grads.end(), [](const Frame* f) {
+      return f->header().worker() == 0;
+    });
+    if (from_worker0 == grads.end()) {
+      if (new_params != chunk.values->data()) {
+        std::copy(chunk.values->begin(), chunk.values->end(), new_params);
+      }
+    } else {
+      (*from_worker0)->ReadValues(0, chunk.size, new_params);
+    }
+    return absl::OkStatus();
+  }
   kernels::OptimizerSpan span;
   span.params = chunk.values->data();
   span.new_params = new_params;

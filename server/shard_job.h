@@ -40,6 +40,10 @@ struct DenseChunk {
   absl::Mutex mu;
   uint32_t id = 0;
   int64_t size = 0;  // floats
+  // A piece of an external model's buffer: an update keeps worker 0's push
+  // as it is (fp32 words that may hold any dtype's bytes), with no
+  // optimizer and no check that the values are finite.
+  bool buffer = false;
   const ServerMetrics::Job* metrics = nullptr;  // the job's series, if measured
   absl::Time step_started ABSL_GUARDED_BY(mu);  // sync: first push of the open step
   int64_t version ABSL_GUARDED_BY(mu) = 0;  // updates applied

@@ -122,6 +122,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     absl::MutexLock lock(&chunk->mu);
     chunk->id = info.id();
     chunk->size = info.size();
+    chunk->buffer = plan.tensors(static_cast<int>(info.tensor())).buffer();
     chunk->values = std::make_shared<std::vector<float>>(info.size());
     // A 16-bit wire's replies hold the casts, so fp32 updates are always
     // in place and need no spare.
@@ -167,7 +168,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
       chunk->awaiting_init = true;
       ++job->chunks_awaiting_init;
     }
-    if (DTypeBytes(job->wire_dtype) == 2) {
+    if (DTypeBytes(job->wire_dtype) == 2 && !chunk->buffer) {
       chunk->wire_values = std::make_shared<std::vector<uint16_t>>(chunk->size);
       chunk->wire_spare = std::make_shared<std::vector<uint16_t>>(chunk->size);
       CastForTheWire(*chunk, job->wire_dtype);
@@ -361,7 +362,7 @@ absl::Status ShardStore::Init(const Frame& frame) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
                                                    " values, the initial ones ", h.num_elements()));
   }
-  if (!std::isfinite(frame.MaxAbs())) {
+  if (!chunk->buffer && !std::isfinite(frame.MaxAbs())) {
     return absl::InvalidArgumentError(
         absl::StrCat("the initial values of chunk ", h.chunk(), " are not all finite"));
   }
@@ -412,6 +413,10 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk(), " has ", chunk->size,
                                                    " values, push has ", h.num_elements()));
   }
+  if (chunk->buffer && h.dtype() != v1::DTYPE_FP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", h.chunk(), " holds a buffer: its pushes are fp32 words"));
+  }
   PSTRAIN_RETURN_IF_ERROR(CheckWorker(*job, h));
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
 
@@ -438,7 +443,7 @@ absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
                                  chunk->received_count + 1 == static_cast<int>(job->num_workers) &&
                                  chunk->staged_values == nullptr;
       if (payload_borrowed && !read_in_place) frame = frame.OwnedCopy();
-      if (!read_in_place) chunk->gradient_bound += frame.MaxAbs();
+      if (!read_in_place && !chunk->buffer) chunk->gradient_bound += frame.MaxAbs();
       chunk->pushed[request.worker()] = std::move(frame);
       const absl::Time now = MonotonicNow();
       chunk->arrived[request.worker()] = now;
@@ -559,7 +564,8 @@ absl::Status ShardStore::ApplyHeldAsync(const std::shared_ptr<ShardJob>& job, De
   if (metrics != nullptr) {
     metrics->staleness->Observe(static_cast<double>(chunk.version - held->header().version()));
   }
-  if (!(ended_max_abs < kMaxGradientBound) || !(held->MaxAbs() < kMaxGradientBound)) {
+  if (!(ended_max_abs < kMaxGradientBound) ||
+      (!chunk.buffer && !(held->MaxAbs() < kMaxGradientBound))) {
     SkipUpdate(*job, chunk,
                absl::StrCat("worker ", worker, "'s gradient of step ", step,
                             " had a NaN or an infinity"));

@@ -11,6 +11,7 @@
 #include "common/chunk_codec.h"
 #include "common/clock.h"
 #include "common/dataset.h"
+#include "common/enum_names.h"
 #include "common/job_spec.h"
 #include "common/membership_client.h"
 #include "common/model_file.h"
@@ -31,14 +32,22 @@
 namespace pstrain {
 
 int64_t TensorSpec::size() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  v1::ExternalTensor e;
+  for (int64_t d : shape) e.add_shape(d);
+  e.set_buffer(buffer);
+  e.set_dtype(TensorDTypeOf(dtype).value_or(v1::TENSOR_DTYPE_FLOAT32));
+  return FloatsOf(e);
 }
 
 namespace {
 
 using worker::ParameterClient;
+
+// A tensor's dtype as TensorSpec names it.
+std::string DTypeName(const v1::ExternalTensor& tensor) {
+  if (!tensor.buffer() || tensor.dtype() == v1::TENSOR_DTYPE_UNSPECIFIED) return "float32";
+  return EnumName(tensor.dtype());
+}
 
 }  // namespace
 
@@ -65,6 +74,25 @@ absl::Status SetLogLevel(std::string_view level) {
 
 std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n) {
   return EpochOrder(seed, epoch, n);
+}
+
+absl::StatusOr<std::vector<ModelTensor>> ReadModel(const std::string& path) {
+  PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, ReadModelFile(path));
+  const v1::ModelSpec& model = file.header.spec().model();
+  std::vector<ModelTensor> tensors;
+  for (int t = 0; t < file.header.tensors_size(); ++t) {
+    const v1::TensorInfo& info = file.header.tensors(t);
+    ModelTensor& tensor = tensors.emplace_back();
+    tensor.spec.name = info.name();
+    tensor.spec.shape.assign(info.shape().begin(), info.shape().end());
+    if (info.buffer() && t < model.tensors_size()) {
+      tensor.spec.buffer = true;
+      tensor.spec.dtype = DTypeName(model.tensors(t));
+    }
+    tensor.values.assign(file.params.begin() + info.offset(),
+                         file.params.begin() + info.offset() + info.size());
+  }
+  return tensors;
 }
 
 class Client::Impl {
@@ -207,6 +235,17 @@ class Client::Impl {
                             std::shared_ptr<const void> keep_alive) {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
     PSTRAIN_RETURN_IF_ERROR(CheckTensor(tensor, size));
+    if (descs_[tensor].buffer && grad != nullptr) {
+      // A buffer's values, copied now: the program goes on with its own.
+      auto values = std::make_shared<std::vector<float>>(grad, grad + size);
+      return Push(tensor, values->data(), values);
+    }
+    return Push(tensor, grad, std::move(keep_alive));
+  }
+
+  // Starts the push of `tensor` (a gradient, or a buffer's values) and the
+  // pull of its new values.
+  absl::Status Push(int tensor, const float* grad, std::shared_ptr<const void> keep_alive) {
     if (grad == nullptr) return absl::InvalidArgumentError("null gradient");
     // The last step's values first: a retry of its pushes must still find
     // the gradients it reads, which the caller may reuse once this returns.
@@ -249,8 +288,16 @@ class Client::Impl {
         absl::MutexLock lock(&push_mu_);
         pushed = pushed_[t];
       }
-      // A tensor that took no part in the loss has a zero gradient.
-      if (!pushed) PSTRAIN_RETURN_IF_ERROR(PushGradient(t, zeros_->data(), descs_[t].size, zeros_));
+      if (pushed) continue;
+      if (descs_[t].buffer) {
+        // Its values as they are now, from a copy of their own: the new
+        // ones land in the bound memory while the push may still be sent.
+        auto values = std::make_shared<std::vector<float>>(bound_[t], bound_[t] + descs_[t].size);
+        PSTRAIN_RETURN_IF_ERROR(Push(static_cast<int>(t), values->data(), values));
+      } else {
+        // A tensor that took no part in the loss has a zero gradient.
+        PSTRAIN_RETURN_IF_ERROR(Push(static_cast<int>(t), zeros_->data(), zeros_));
+      }
     }
     {
       absl::MutexLock lock(&push_mu_);
@@ -463,7 +510,8 @@ class Client::Impl {
       descs_ = descs;
       int64_t widest = 0;
       for (const kernels::TensorDesc& d : descs_) {
-        tensors_.push_back({d.name, d.shape});
+        const v1::ExternalTensor& e = spec_.model().tensors(static_cast<int>(tensors_.size()));
+        tensors_.push_back({d.name, d.shape, e.buffer(), DTypeName(e)});
         widest = std::max(widest, d.size);
       }
       bound_.assign(descs_.size(), nullptr);

@@ -87,6 +87,13 @@ absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::
     v1::ExternalTensor* e = model.add_tensors();
     e->set_name(t.name);
     for (int64_t d : t.shape) e->add_shape(d);
+    e->set_buffer(t.buffer);
+    absl::StatusOr<v1::TensorDType> dtype = TensorDTypeOf(t.dtype);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.tensors[", model.tensors_size() - 1, "].", dtype.status().message()));
+    }
+    e->set_dtype(*dtype);
   }
   // Checked here first: the error names the field either way.
   PSTRAIN_RETURN_IF_ERROR(NormalizeJobSpec(spec).status());

@@ -52,6 +52,7 @@ ParameterClient::ParameterClient(Options options, ParameterTransport* transport)
   for (const v1::ChunkInfo& info : options_.plan.chunks()) {
     if (!has_chunk[info.server()]) step_end_chunks_.push_back(info.id());
     has_chunk[info.server()] = true;
+    buffer_chunk_.push_back(options_.plan.tensors(static_cast<int>(info.tensor())).buffer());
   }
   if (DTypeBytes(options_.wire_dtype) == 2) {
     wire_grad_ = std::make_shared<std::vector<uint16_t>>(options_.plan.total_floats());
@@ -147,11 +148,12 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
   const bool sync = options_.mode == v1::MODE_SYNC;
   // The payload: the gradient itself, or its cast for the wire (which is
   // indexed by flat offset), and where float `offset` of it lies.
-  std::shared_ptr<const void> payload = std::move(owner);
+  std::shared_ptr<const void> payload = owner;
   const char* base = reinterpret_cast<const char*>(grad.data);
   int64_t base_offset = grad.offset;
   if (wire_grad_ != nullptr) {
     for (uint32_t c : chunks) {
+      if (buffer_chunk_[c]) continue;
       const v1::ChunkInfo& info = options_.plan.chunks(c);
       const float* from = grad.data + (info.offset() - grad.offset);
       if (options_.wire_dtype == v1::DTYPE_BF16) {
@@ -169,12 +171,16 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
   auto chunk_bytes = [base, base_offset, value_bytes](const v1::ChunkInfo& info) {
     return base + (info.offset() - base_offset) * static_cast<int64_t>(value_bytes);
   };
-  auto make_request = [this, step, payload, chunk_bytes, sync](uint32_t c) {
+  auto make_request = [this, step, payload, chunk_bytes, sync, grad, owner](uint32_t c) {
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, c);
     h.set_step(step);
     h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
     h.set_num_elements(static_cast<uint32_t>(info.size()));
+    if (buffer_chunk_[c]) {
+      h.set_dtype(v1::DTYPE_FP32);
+      return EncodeFrameShared(h, grad.data + (info.offset() - grad.offset), owner);
+    }
     return EncodeFrameShared(h, chunk_bytes(info), payload);
   };
   // Sync: exactly version step+1. Async: whatever the server has now.
@@ -184,6 +190,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
   // on their way (the payload is not written until they are finished).
   float max_abs = 0;
   for (uint32_t c : chunks) {
+    if (buffer_chunk_[c]) continue;
     const v1::ChunkInfo& info = options_.plan.chunks(c);
     max_abs = std::max(max_abs, MaxAbsOf(options_.wire_dtype, chunk_bytes(info), info.size()));
   }

@@ -180,6 +180,9 @@ class ParameterClient {
   const int channels_;  // per server
   // Where step ends go: the lowest chunk of each server that has any.
   std::vector<uint32_t> step_end_chunks_;
+  // By chunk: a piece of an external model's buffer, pushed as fp32 words
+  // whatever the wire, and not a gradient (no part of the step end's bound).
+  std::vector<bool> buffer_chunk_;
   // 16-bit wire dtype: the pushed gradient, cast; null for fp32.
   std::shared_ptr<std::vector<uint16_t>> wire_grad_;
   // Written from transport threads, each chunk by the one reply that claims it.

@@ -180,6 +180,13 @@ TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   // 1000 samples over a global batch of 128, 3 epochs.
   EXPECT_EQ(StepsPerEpoch(*spec), 7);
   EXPECT_EQ(TotalSteps(*spec), 21);
+  // A buffer takes its bytes' floats: 3 int64s are 6 floats, 3 bools 1.
+  spec = NormalizeJobSpec(*ParseJobSpecYaml(
+      External("[{name: w}, {name: n, shape: [3], buffer: true, dtype: int64},\n"
+               "  {name: f, shape: [3], buffer: true, dtype: bool}]")));
+  PSTRAIN_ASSERT_OK(spec);
+  EXPECT_EQ(NumParamsOf(*spec), 1 + 6 + 1);
+  EXPECT_TRUE(JobTensors(*spec)[1].buffer);
   // The script accumulates micro-batches itself: 2 x 128 a step.
   spec = NormalizeJobSpec(*ParseJobSpecYaml(External("[{name: w}]", "accumulate_steps: 2\n")));
   PSTRAIN_ASSERT_OK(spec);
@@ -376,6 +383,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"external with eval_every_steps",
                 External("[{name: w}]", "eval_every_steps: 10\n"), "eval_every_steps"},
         BadSpec{"external at fp16", External("[{name: w}]", "precision: fp16\n"), "precision"},
+        BadSpec{"a parameter of int64", External("[{name: w, dtype: int64}]"),
+                "model.tensors[0].dtype"},
+        BadSpec{"a buffer of no dtype there is",
+                External("[{name: w}, {name: b, buffer: true, dtype: int4}]"),
+                "model.tensors[1].dtype"},
         BadSpec{"train_samples of a built-in model", std::string(kValid) + "data: {train_samples: 5}\n",
                 "data.train_samples"},
         BadSpec{"absurd activations",

@@ -144,6 +144,35 @@ def test_a_killed_worker_is_restarted_and_changes_nothing(overlap):
             assert np.array_equal(killed[0][name], values), name
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_buffers_are_kept_in_step_recovered_and_exported(overlap):
+    # BatchNorm's running statistics (and num_batches_tracked, int64) are
+    # buffers: both workers end with worker 0's, bitwise; a worker killed
+    # and restarted (dropout seeded by step) changes nothing; the exported
+    # model loads into a fresh one that evaluates as the workers' does.
+    extra = ["--model", "bn", "--seed-rng"] + (["--overlap-values"] if overlap else [])
+    with tempfile.TemporaryDirectory() as out:
+        os.makedirs(out + "/clean")
+        os.makedirs(out + "/killed")
+        model_file = os.path.join(out, "model.pstm")
+        result, clean = run_job(out + "/clean", *extra, launcher_args=["--export", model_file])
+        assert clean[0]["1.num_batches_tracked"] == 50
+        for name, values in model_of(clean[0]).items():
+            assert np.array_equal(clean[1][name], values), name
+        result_killed, killed = run_job(out + "/killed", "--die-at", "25", *extra)
+        assert result_killed["recoveries"] >= 1
+        for name, values in model_of(clean[0]).items():
+            assert np.array_equal(killed[0][name], values), name
+            assert np.array_equal(killed[1][name], values), name
+        fresh = train_worker.model("bn")
+        fresh.load_state_dict(pst.load(model_file))
+        for name, values in fresh.state_dict().items():
+            assert values.dtype == (torch.int64 if "num_batches" in name else torch.float32)
+            assert np.array_equal(values.numpy(), clean[0][name]), name
+        x, y = train_worker.data()
+        assert abs(train_worker.accuracy(fresh, x, y) - result["metrics"]["train_accuracy"]) < 1e-6
+
+
 def test_pushes_and_values_use_the_tensors_own_memory(cluster):
     net = torch.nn.Linear(2, 3)
     with torch.no_grad():

@@ -1,9 +1,11 @@
 """One worker of the tests' jobs (started by pstrain-run): a small MLP on
 synthetic data through pstrain.torch. Writes what it trained to OUT_DIR:
-worker-W.npz with the final parameters and each step's sample indices.
+worker-W.npz with the final parameters and buffers (the state dict) and
+each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
                   [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
+                  [--model mlp|bn] [--seed-rng]
 """
 import argparse
 import os
@@ -24,15 +26,26 @@ def data():
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def model():
+def model(kind="mlp"):
+    """mlp: Linear, ReLU, Linear. bn: with BatchNorm (whose running
+    statistics are buffers) and dropout (which draws from torch's RNG)."""
     torch.manual_seed(7)
+    if kind == "bn":
+        return torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.BatchNorm1d(HIDDEN),
+                                   torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                   torch.nn.Linear(HIDDEN, CLASSES))
     return torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.ReLU(),
                                torch.nn.Linear(HIDDEN, CLASSES))
 
 
 def accuracy(net, x, y):
+    """In eval mode: BatchNorm's running statistics, no dropout."""
+    training = net.training
+    net.eval()
     with torch.no_grad():
-        return float((net(x).argmax(dim=1) == y).float().mean())
+        correct = float((net(x).argmax(dim=1) == y).float().mean())
+    net.train(training)
+    return correct
 
 
 def job_yaml(args):
@@ -56,11 +69,14 @@ def main():
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--overlap-values", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--seed-rng", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = data()
-    net = model()
-    opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args), overlap_values=args.overlap_values)
+    net = model(args.model)
+    opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args), overlap_values=args.overlap_values,
+                                   seed_rng=args.seed_rng)
     me = opt.client.worker_index
     marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
     indices, losses = {}, {}
@@ -83,7 +99,7 @@ def main():
     np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
              steps=np.array(steps), indices=np.array([indices[s] for s in steps]),
              losses=np.array([losses[s] for s in steps]),
-             **{name: p.detach().numpy() for name, p in net.named_parameters()})
+             **{name: t.detach().numpy() for name, t in net.state_dict().items()})
 
 
 if __name__ == "__main__":

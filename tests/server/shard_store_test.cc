@@ -7,10 +7,13 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/algorithm/container.h"
 #include "common/chunk_codec.h"
+#include "common/job_spec.h"
+#include "common/partition.h"
 #include "gtest/gtest.h"
 #include "server/shard_store.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -225,6 +228,72 @@ TEST(ShardStoreTest, FramesOfAWorkerOutsideTheJobAreRefused) {
   }
   EXPECT_EQ(waiter->answered, 2);
   EXPECT_EQ(store.ReadChunk("job", chunk->id())->version, 1);
+}
+
+// A buffer of an external model: its chunk keeps worker 0's push bit for
+// bit — words that are not finite floats included, which a gradient's
+// checks would refuse — while a parameter beside it is trained; a push of
+// it in a 16-bit dtype is refused.
+TEST(ShardStoreTest, ABuffersChunkKeepsWorker0sPushBitForBit) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(
+      "model: {type: external, tensors: [{name: w, shape: [4]},\n"
+      "  {name: count, shape: [2], buffer: true, dtype: int64}]}\n"
+      "optimizer: {type: sgd, learning_rate: 0.5}\nbatch_size: 8\nsteps: 4\n"
+      "num_servers: 1\nnum_workers: 2\n");
+  PSTRAIN_ASSERT_OK(spec);
+  spec = NormalizeJobSpec(*spec);
+  PSTRAIN_ASSERT_OK(spec);
+  absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(JobTensors(*spec), 4096, 1);
+  PSTRAIN_ASSERT_OK(plan);
+  ASSERT_EQ(plan->chunks_size(), 2);
+  ASSERT_TRUE(plan->tensors(1).buffer());
+  ASSERT_EQ(plan->chunks(1).size(), 4) << "2 int64s: 4 words";
+  v1::ServerAssignment a;
+  a.set_job_id("job");
+  *a.mutable_spec() = *spec;
+  *a.mutable_plan() = *plan;
+  a.set_generation(1);
+  a.set_num_workers(2);
+  a.add_worker_nodes("worker-0");
+  a.add_worker_nodes("worker-1");
+  ShardStore store({});
+  PSTRAIN_ASSERT_OK(store.AddJob(a));
+
+  // Words of every kind: a NaN, an infinity, a denormal, a negative zero.
+  std::vector<float> worker0_words(4), worker1_words(4, 1.0f);
+  for (const auto [i, bits] : {std::pair{0, 0xffffffffu}, {1, 0x7f800000u}, {2, 0x00000001u},
+                               {3, 0x80000000u}}) {
+    std::memcpy(&worker0_words[i], &bits, 4);
+  }
+  const std::vector<float> w0 = {1, 2, 3, 4};
+  for (const auto& [chunk, values] : {std::pair{0u, &w0}, {1u, &worker1_words}}) {
+    v1::ChunkHeader init = PushHeader(chunk, 0, 0, 4);
+    init.set_kind(v1::FRAME_KIND_INIT);
+    PSTRAIN_ASSERT_OK(store.Init(*Frame::Parse(EncodeFrame(init, values->data()))));
+  }
+  const std::vector<float> g = {0.5f, 0.5f, 0.5f, 0.5f};
+  for (const uint32_t worker : {1u, 0u}) {
+    const std::vector<float>& words = worker == 0 ? worker0_words : worker1_words;
+    PSTRAIN_ASSERT_OK(store.Push(*Frame::Parse(EncodeFrame(PushHeader(0, 0, worker, 4), g.data())),
+                                 nullptr));
+    PSTRAIN_ASSERT_OK(
+        store.Push(*Frame::Parse(EncodeFrame(PushHeader(1, 0, worker, 4), words.data())), nullptr));
+    PSTRAIN_ASSERT_OK(store.EndStep(StepEnd(0, 0, worker)));
+  }
+  const auto buffer = store.ReadChunk("job", 1);
+  PSTRAIN_ASSERT_OK(buffer);
+  EXPECT_EQ(buffer->version, 1);
+  EXPECT_EQ(std::memcmp(buffer->values.data(), worker0_words.data(), 16), 0);
+  const auto w = store.ReadChunk("job", 0);
+  PSTRAIN_ASSERT_OK(w);
+  EXPECT_EQ(w->values, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));  // w - 0.5 * (0.5 + 0.5)
+
+  v1::ChunkHeader half = PushHeader(1, 1, 0, 4);
+  half.set_dtype(v1::DTYPE_BF16);
+  const std::vector<uint16_t> halves(4, 0);
+  const absl::Status refused = store.Push(*Frame::Parse(EncodeFrame(half, halves.data())), nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("buffer"), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -81,6 +81,25 @@ pstrain::ConnectOptions Connect(const std::string& coordinator, const std::strin
   return c;
 }
 
+// (name, shape) of a parameter or (name, shape, buffer, dtype) of any tensor.
+std::vector<pstrain::TensorSpec> TensorSpecsOf(const py::list& tensors) {
+  std::vector<pstrain::TensorSpec> specs;
+  for (const py::handle item : tensors) {
+    const py::sequence t = py::reinterpret_borrow<py::sequence>(item);
+    if (t.size() != 2 && t.size() != 4) {
+      throw py::value_error("pstrain: a tensor is (name, shape) or (name, shape, buffer, dtype)");
+    }
+    pstrain::TensorSpec& spec = specs.emplace_back();
+    spec.name = t[0].cast<std::string>();
+    spec.shape = t[1].cast<std::vector<int64_t>>();
+    if (t.size() == 4) {
+      spec.buffer = t[2].cast<bool>();
+      spec.dtype = t[3].cast<std::string>();
+    }
+  }
+  return specs;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_client, m) {
@@ -90,12 +109,10 @@ PYBIND11_MODULE(_client, m) {
 
   m.def(
       "submit_job",
-      [](const std::string& coordinator, const std::string& job_yaml,
-         const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+      [](const std::string& coordinator, const std::string& job_yaml, const py::list& tensors,
          const std::string& request_id, const std::string& cert_file, const std::string& key_file,
          const std::string& ca_file, const std::string& token, double timeout_s) {
-        std::vector<pstrain::TensorSpec> specs;
-        for (const auto& [name, shape] : tensors) specs.push_back({name, shape});
+        const std::vector<pstrain::TensorSpec> specs = TensorSpecsOf(tensors);
         return Value(Unlocked([&] {
           return pstrain::SubmitJob(
               Connect(coordinator, cert_file, key_file, ca_file, token, timeout_s), job_yaml,
@@ -105,7 +122,8 @@ PYBIND11_MODULE(_client, m) {
       py::arg("coordinator"), py::arg("job_yaml"), py::arg("tensors"),
       py::arg("request_id") = "", py::arg("cert_file") = "", py::arg("key_file") = "",
       py::arg("ca_file") = "", py::arg("token") = "", py::arg("timeout_s") = 30.0,
-      "Submits a job whose model is external; returns its id.");
+      "Submits a job whose model is external, of `tensors`: (name, shape) of a parameter, "
+      "(name, shape, True, dtype) of a buffer; returns its id.");
 
   m.def(
       "sample_order",
@@ -116,6 +134,21 @@ PYBIND11_MODULE(_client, m) {
       },
       py::arg("seed"), py::arg("epoch"), py::arg("n"),
       "The order pstrain's sharding takes an epoch of n samples in (batch_indices cuts it).");
+  m.def(
+      "read_model",
+      [](const std::string& path) {
+        std::vector<pstrain::ModelTensor> tensors = Value(pstrain::ReadModel(path));
+        py::list out;
+        for (const pstrain::ModelTensor& t : tensors) {
+          out.append(py::make_tuple(
+              t.spec.name, t.spec.shape, t.spec.buffer, t.spec.dtype,
+              py::array_t<float>(static_cast<py::ssize_t>(t.values.size()), t.values.data())));
+        }
+        return out;
+      },
+      py::arg("path"),
+      "The tensors of a model file: (name, shape, buffer, dtype, float32 values) each, a "
+      "buffer's bytes first in its values.");
   m.def(
       "set_log_level", [](const std::string& level) { Check(pstrain::SetLogLevel(level)); },
       py::arg("level"),
@@ -161,6 +194,16 @@ PYBIND11_MODULE(_client, m) {
                                }
                                return out;
                              })
+      .def_property_readonly(
+          "buffers",
+          [](const pstrain::Client& c) {
+            std::vector<std::pair<int, std::string>> out;
+            for (size_t t = 0; t < c.tensors().size(); ++t) {
+              if (c.tensors()[t].buffer) out.emplace_back(t, c.tensors()[t].dtype);
+            }
+            return out;
+          },
+          "(index, dtype) of each buffer among the tensors.")
       .def("tensor_index",
            [](const pstrain::Client& c, const std::string& name) {
              return Value(c.TensorIndex(name));

@@ -50,7 +50,19 @@ namespace pstrain {
 struct PSTRAIN_CLIENT_API TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // empty: a scalar
-  int64_t size() const;        // the product of the shape
+  // A buffer of the model (BatchNorm's running statistics): not trained.
+  // PushGradient of a buffer sends its values (copied at once); EndStep
+  // sends the bound values of a buffer not pushed in the step. The bound
+  // memory then gets worker 0's values of the step, so every worker holds
+  // the same.
+  bool buffer = false;
+  // A buffer's element type: float32, float64, float16, bfloat16, int64,
+  // int32, int16, int8, uint8 or bool (a parameter is float32). Its bytes
+  // travel as floats, unconverted.
+  std::string dtype = "float32";
+  // The floats it takes (BindTensor's size): the product of the shape; a
+  // buffer's bytes over 4, rounded up.
+  int64_t size() const;
 };
 
 // How to reach the coordinator.
@@ -98,6 +110,16 @@ PSTRAIN_CLIENT_API absl::Status SetLogLevel(std::string_view level);
 // by worker index (Client::BatchIndices). For a baseline (one process, DDP)
 // that must see the same batches.
 PSTRAIN_CLIENT_API std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n);
+
+// A model file (psctl export, pstrain-run --export): its tensors in order,
+// each with its values (a buffer's bytes in the first bytes of `values`).
+struct ModelTensor {
+  TensorSpec spec;
+  std::vector<float> values;  // spec.size() floats
+};
+// INVALID_ARGUMENT for a file that is not a whole model file, NOT_FOUND
+// and the like for one that cannot be read.
+PSTRAIN_CLIENT_API absl::StatusOr<std::vector<ModelTensor>> ReadModel(const std::string& path);
 
 // A test-set evaluation of the final model, which worker 0 reports.
 struct Evaluation {

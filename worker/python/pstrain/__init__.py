@@ -19,15 +19,15 @@ and .message the text.
 import os
 import re
 
-from pstrain._client import (Client, Error, copied_payload_bytes, sample_order, set_log_level,
-                             submit_job)
+from pstrain._client import (Client, Error, copied_payload_bytes, read_model, sample_order,
+                             set_log_level, submit_job)
 
 Error.code = property(lambda self: self.args[0], doc="the status code, e.g. 'NOT_FOUND'")
 Error.message = property(lambda self: self.args[1], doc="what went wrong")
 Error.__str__ = lambda self: "%s: %s" % (self.args[0], self.args[1])
 
-__all__ = ["Client", "Error", "copied_payload_bytes", "init", "sample_order", "set_log_level",
-           "submit_job"]
+__all__ = ["Client", "Error", "copied_payload_bytes", "init", "read_model", "sample_order",
+           "set_log_level", "submit_job"]
 
 # The library's own log lines reach stderr from PSTRAIN_LOG_LEVEL up (info,
 # warning, error, off): errors only unless asked.
@@ -37,7 +37,8 @@ set_log_level(os.environ.get("PSTRAIN_LOG_LEVEL", "error"))
 def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **options):
     """Joins this process's job as one of its workers and returns the Client.
 
-    tensors: the model's (name, shape) pairs, in order. The job is job_id, or
+    tensors: the model's tensors in order, (name, shape) of a parameter,
+    (name, shape, True, dtype) of a buffer (dtype: "float32", "int64", ...). The job is job_id, or
     PSTRAIN_JOB_ID; without one, the job file job_yaml (or the text of the
     file PSTRAIN_JOB_FILE) is submitted with these tensors, under the
     request id PSTRAIN_RUN_ID if set, so that every process of one launch
@@ -62,7 +63,8 @@ def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **
             with open(path) as f:
                 job_yaml = f.read()
         job_yaml = _with_launch_settings(job_yaml, env)
-        job_id = submit_job(coordinator, job_yaml, [(n, list(s)) for n, s in tensors],
+        job_id = submit_job(coordinator, job_yaml, [(t[0], list(t[1])) + tuple(t[2:])
+                                                    for t in tensors],
                             request_id=env.get("PSTRAIN_RUN_ID", ""), token=token, **tls)
     return Client(coordinator, job_id, node_id=node_id or env.get("PSTRAIN_NODE_ID", ""),
                   **options)

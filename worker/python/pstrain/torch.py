@@ -48,19 +48,64 @@ A parameter read outside its own module's forward (another module's
 weight used directly, a functional call on it) is not awaited: leave the
 option off for such models. The results are bitwise those without it.
 """
+import hashlib
+
 import torch
 
 import pstrain
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
+                torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+                torch.bool: "bool"}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+
+class _Buffer:
+    """One of the model's buffers and the float32 words its bytes travel
+    in: `words` bound to the client (the values it receives), `outgoing`
+    what a step sends."""
+
+    def __init__(self, index, name, tensor):
+        if tensor.device.type != "cpu" or not tensor.is_contiguous() or \
+                tensor.dtype not in _DTYPE_NAMES:
+            raise ValueError("pstrain: buffer %s must be a contiguous CPU tensor of %s (got %s "
+                             "on %s)" % (name, ", ".join(_DTYPE_NAMES.values()), tensor.dtype,
+                                         tensor.device))
+        self.index, self.name, self.tensor = index, name, tensor
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.words = torch.zeros((self.nbytes + 3) // 4, dtype=torch.float32)
+        self.outgoing = torch.zeros_like(self.words)
+        self.stale = False  # the words hold new values the tensor has not
+
+    def spec(self):
+        return (self.name, list(self.tensor.shape), True, _DTYPE_NAMES[self.tensor.dtype])
+
+    def save(self, words):
+        words.view(torch.uint8)[:self.nbytes].copy_(self.tensor.reshape(-1).view(torch.uint8))
+
+    def load(self):
+        self.tensor.view(-1).view(torch.uint8).copy_(self.words.view(torch.uint8)[:self.nbytes])
+        self.stale = False
 
 
 class DistributedOptimizer:
     """Trains `model` (a torch.nn.Module, or its named_parameters()) as a
     worker of this process's pstrain job (pstrain.init: PSTRAIN_* from
     pstrain-run), whose optimizer runs on the servers. Parameters must be
-    contiguous float32 CPU tensors; the job's tensors are the parameters'
-    names and shapes."""
+    contiguous float32 CPU tensors. The job's tensors are the parameters'
+    names and shapes, then the module's buffers (those its state_dict
+    holds: BatchNorm's running statistics, say), which every step keeps in
+    step across the workers: each worker gets worker 0's values of the step
+    (as DistributedDataParallel broadcasts rank 0's), and checkpoints and
+    the exported model hold them.
 
-    def __init__(self, model, client=None, job_yaml=None, overlap_values=False, **init_options):
+    seed_rng=True seeds torch's global generator at the start of every step
+    from (the job's seed, the worker, the step), so that what draws from it
+    (dropout) draws the same after a recovery as in a run without one."""
+
+    def __init__(self, model, client=None, job_yaml=None, overlap_values=False, seed_rng=False,
+                 **init_options):
         if overlap_values and not isinstance(model, torch.nn.Module):
             raise ValueError("pstrain: overlap_values needs the model as a torch.nn.Module "
                              "(its modules' forward pre-hooks await the values)")
@@ -70,15 +115,23 @@ class DistributedOptimizer:
             if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
                 raise ValueError("pstrain: parameter %s must be a contiguous float32 CPU tensor "
                                  "(got %s on %s)" % (name, p.dtype, p.device))
-        shapes = [(name, list(p.shape)) for name, p in self._params]
-        self.client = client or pstrain.init(shapes, job_yaml=job_yaml, **init_options)
-        if [name for name, _ in self.client.tensors] != [name for name, _ in shapes]:
-            raise ValueError("pstrain: the job's tensors %s are not the model's parameters %s"
-                             % (self.client.tensors, shapes))
+        self._buffers = []
+        if isinstance(model, torch.nn.Module):
+            persistent = model.state_dict().keys()
+            self._buffers = [_Buffer(len(self._params) + i, name, b) for i, (name, b) in
+                             enumerate((n, b) for n, b in model.named_buffers() if n in persistent)]
+        tensors = [(name, list(p.shape)) for name, p in self._params] + \
+            [b.spec() for b in self._buffers]
+        self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
+        if [name for name, _ in self.client.tensors] != [t[0] for t in tensors] or \
+                [i for i, _ in self.client.buffers] != [b.index for b in self._buffers]:
+            raise ValueError("pstrain: the job's tensors %s are not the model's parameters and "
+                             "buffers %s" % (self.client.tensors, tensors))
         self._pushed = []      # this step's pushed gradients, alive until step() returns
         self._backwards = [0] * len(self._params)  # this step's, by parameter
         # overlap_values: the last step's, alive until its values are all in
         self._overlap = overlap_values
+        self._seed_rng = seed_rng
         self._previous = []
         self._accumulators = []  # the AccumulateGrad nodes the hooks sit on
         for index, (name, p) in enumerate(self._params):
@@ -87,19 +140,48 @@ class DistributedOptimizer:
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
                 accumulator.register_hook(self._push_hook(index, p))
                 self._accumulators.append(accumulator)
+        for b in self._buffers:
+            self.client.bind_address(b.index, b.words.data_ptr(), b.words.numel())
+            b.save(b.words)  # worker 0's are every worker's first values
         if overlap_values:
             index_of = {id(p): index for index, (_, p) in enumerate(self._params)}
+            buffer_of = {id(b.tensor): b for b in self._buffers}
             for module in model.modules():
                 own = [index_of[id(p)] for p in module.parameters(recurse=False)
                        if id(p) in index_of]
-                if own:
-                    module.register_forward_pre_hook(self._await_hook(own))
+                buffers = [buffer_of[id(b)] for b in module.buffers(recurse=False)
+                           if id(b) in buffer_of]
+                if own or buffers:
+                    module.register_forward_pre_hook(self._await_hook(own, buffers))
         self.client.start()
+        for b in self._buffers:
+            b.stale = True
+        self._load_buffers()
+        self._seed(self.client.step)
 
-    def _await_hook(self, tensors):
+    def _await_hook(self, tensors, buffers):
+        tensors = tensors + [b.index for b in buffers]
+
         def hook(*_):
             self.client.await_values(tensors)
+            for b in buffers:
+                if b.stale:
+                    b.load()
         return hook
+
+    def _load_buffers(self):
+        """The new values of the buffers whose module has not taken them."""
+        stale = [b for b in self._buffers if b.stale]
+        if stale:
+            self.client.await_values([b.index for b in stale])
+        for b in stale:
+            b.load()
+
+    def _seed(self, step):
+        if self._seed_rng:
+            text = "%d:%d:%d" % (self.client.seed, self.client.worker_index, step)
+            torch.manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8],
+                                             "little") >> 1)
 
     def _push_hook(self, index, p):
         def hook(*_):
@@ -136,11 +218,24 @@ class DistributedOptimizer:
             for index, (_, p) in enumerate(self._params):
                 if 0 < self._backwards[index] < self.client.accumulate_steps:
                     self._push(index, p)
-            return self.client.end_step(value, samples or self.client.batch_size,
+            self._load_buffers()  # those of a module that did not run
+            for b in self._buffers:  # the values the forward passes left
+                b.save(b.outgoing)
+                self.client.push_address(b.index, b.outgoing.data_ptr(), b.outgoing.numel())
+            step = self.client.end_step(value, samples or self.client.batch_size,
                                         await_values=not self._overlap)
         finally:
             self._previous, self._pushed = (self._pushed if self._overlap else []), []
             self._backwards = [0] * len(self._params)
+        # The buffers' new values (worker 0's): with overlap_values each
+        # module's forward takes its own as it takes its parameters', and
+        # after the last step they come now.
+        for b in self._buffers:
+            b.stale = True
+        if not self._overlap or step >= self.client.total_steps:
+            self._load_buffers()
+        self._seed(step)
+        return step
 
     def zero_grad(self, set_to_none=True):
         # A new gradient tensor each step: the pushed one is never written.
@@ -166,6 +261,25 @@ class DistributedOptimizer:
 def _floats(metrics):
     return {name: float(value.detach()) if torch.is_tensor(value) else float(value)
             for name, value in metrics.items()}
+
+
+def load(path):
+    """A model file (psctl export, pstrain-run --export) as a state dict:
+    model.load_state_dict(pstrain.torch.load(path)) puts the trained
+    parameters and buffers into a fresh model."""
+    state = {}
+    for name, shape, buffer, dtype, values in pstrain.read_model(path):
+        words = torch.from_numpy(values)
+        if buffer:
+            dtype = _DTYPES[dtype]
+            count = 1
+            for dim in shape:
+                count *= dim
+            nbytes = count * torch.empty((), dtype=dtype).element_size()
+            state[name] = words.view(torch.uint8)[:nbytes].clone().view(dtype).reshape(shape)
+        else:
+            state[name] = words.reshape(shape)
+    return state
 
 
 class ShardSampler:
