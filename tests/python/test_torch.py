@@ -173,6 +173,23 @@ def test_buffers_are_kept_in_step_recovered_and_exported(overlap):
         assert abs(train_worker.accuracy(fresh, x, y) - result["metrics"]["train_accuracy"]) < 1e-6
 
 
+def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill():
+    # Two DataLoader processes prefetching ahead: the batches are the
+    # sampler's; after a recovery those prefetched for the redone steps are
+    # dropped, none is trained twice.
+    with tempfile.TemporaryDirectory() as out:
+        for run in ("inline", "loader", "loader_killed"):
+            os.makedirs(os.path.join(out, run))
+        _, inline = run_job(out + "/inline")
+        _, loader = run_job(out + "/loader", "--loader-workers", "2")
+        result, killed = run_job(out + "/loader_killed", "--loader-workers", "2", "--die-at", "25")
+        assert result["recoveries"] >= 1
+        for name, values in model_of(inline[0]).items():
+            assert np.array_equal(loader[0][name], values), name
+            assert np.array_equal(killed[0][name], values), name
+        assert np.array_equal(loader[0]["indices"], inline[0]["indices"])
+
+
 def test_pushes_and_values_use_the_tensors_own_memory(cluster):
     net = torch.nn.Linear(2, 3)
     with torch.no_grad():

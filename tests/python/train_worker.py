@@ -5,7 +5,7 @@ each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
                   [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
-                  [--model mlp|bn] [--seed-rng]
+                  [--model mlp|bn] [--seed-rng] [--loader-workers N]
 """
 import argparse
 import os
@@ -71,6 +71,7 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--seed-rng", action="store_true")
+    parser.add_argument("--loader-workers", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = data()
@@ -80,7 +81,14 @@ def main():
     me = opt.client.worker_index
     marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
     indices, losses = {}, {}
-    for idx in pst.ShardSampler(opt.client, SAMPLES):
+    if args.loader_workers > 0:  # DataLoader worker processes that prefetch
+        loader = pst.ShardedLoader(torch.utils.data.TensorDataset(x, y), opt.client,
+                                   num_workers=args.loader_workers)
+        batches = ((opt.client.batch_indices(opt.client.step, SAMPLES).tolist(), xb, yb)
+                   for xb, yb in loader)
+    else:
+        batches = ((idx, x[idx], y[idx]) for idx in pst.ShardSampler(opt.client, SAMPLES))
+    for idx, xb, yb in batches:
         step = opt.client.step
         if step == args.die_at and os.environ.get("PSTRAIN_LOCAL_RANK") == "1" and not os.path.exists(marker):
             open(marker, "w").close()
@@ -89,11 +97,11 @@ def main():
         opt.zero_grad()
         k = opt.client.accumulate_steps
         for micro in range(k):  # each micro-batch's backward adds to the gradients
-            part = idx[micro * len(idx) // k:(micro + 1) * len(idx) // k]
-            loss = torch.nn.functional.cross_entropy(net(x[part]), y[part])
+            lo, hi = micro * len(idx) // k, (micro + 1) * len(idx) // k
+            loss = torch.nn.functional.cross_entropy(net(xb[lo:hi]), yb[lo:hi])
             (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
         losses[step] = float(loss)
-        opt.step(loss, len(idx), metrics={"batch_accuracy": accuracy(net, x[idx], y[idx])})
+        opt.step(loss, len(idx), metrics={"batch_accuracy": accuracy(net, xb, yb)})
     opt.finish(metrics={"train_accuracy": accuracy(net, x, y)})
     steps = sorted(indices)
     np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
