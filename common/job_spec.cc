@@ -309,10 +309,8 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (external) {
     // What pstrain's own workers do for built-in models, the client does
     // (accumulate_steps: it sums its micro-batches' gradients and pushes
-    // once a step).
-    if (spec.precision() != v1::PRECISION_FP32) {
-      return FieldError("precision", "an external model's client computes in its own precision");
-    }
+    // once a step; precision: it computes in it, the library keeping the
+    // loss scale of fp16).
     if (spec.eval_every_steps() != 0 || spec.early_stopping().patience() != 0) {
       return FieldError(spec.eval_every_steps() != 0 ? "eval_every_steps"
                                                      : "early_stopping.patience",

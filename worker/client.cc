@@ -165,6 +165,7 @@ class Client::Impl {
   int num_workers() const { return share_.num_workers; }
   int64_t step() const { return step_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  double loss_scale() const { return loss_scale_.has_value() ? loss_scale_->scale() : 1.0; }
 
   absl::StatusOr<int> TensorIndex(std::string_view name) const {
     for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -308,7 +309,10 @@ class Client::Impl {
     }
     // The step end first: the pushes' replies wait for it (a lost one is
     // sent again before anything waits for them).
-    deferred_->AddFirst(params_->StartEndStep(step_, params_->PushedMaxAbs(step_)));
+    const float max_abs = params_->PushedMaxAbs(step_);
+    deferred_->AddFirst(params_->StartEndStep(step_, max_abs));
+    // An overflow: the servers skip the step (as any non-finite one).
+    if (loss_scale_.has_value()) loss_scale_->Update(!std::isfinite(max_abs));
     // The last step's values are awaited here: a recovery found after the
     // program's loop is over could not send it back.
     if (!await_values && step_ + 1 < TotalSteps(spec_)) {
@@ -566,6 +570,7 @@ class Client::Impl {
     const v1::WorkerResumeState& resume = assignment_.resume_state();
     const int64_t total = TotalSteps(spec_);
     log_.emplace(resume, step_, total);
+    loss_scale_ = worker::LossScaleOf(spec_, resume);
     stats_before_ = params_->stats();
     LOG(INFO) << "job " << options_.job_id << ": worker " << assignment_.worker_index() << " of "
               << share_.num_workers << " at generation " << assignment_.generation() << ", step "
@@ -651,8 +656,9 @@ class Client::Impl {
       v1::ReportProgressRequest r = Report();
       log_->TakeWindow(now, &r);
       if (checkpointed) {
-        *r.add_checkpoint_states() =
-            log_->ResumeState(assignment_.worker_index(), done, assignment_.generation(), now);
+        v1::WorkerResumeState* state = r.add_checkpoint_states();
+        *state = log_->ResumeState(assignment_.worker_index(), done, assignment_.generation(), now);
+        worker::SaveLossScale(loss_scale_, state);
       }
       reporter_->Enqueue(r);
     }
@@ -702,6 +708,9 @@ class Client::Impl {
   double awaited_seconds_ = 0;
   bool step_discarded_ = false;  // a recovery happened while it was computed
 
+  // precision fp16: the scale of the step being computed.
+  std::optional<worker::DynamicLossScale> loss_scale_;
+
   // Progress.
   std::optional<worker::StepLog> log_;  // of the current generation
   absl::Time last_step_end_;
@@ -736,12 +745,13 @@ uint64_t Client::seed() const { return impl_->spec().seed(); }
 std::string Client::mode() const { return EnumName(impl_->spec().mode()); }
 double Client::gradient_scale() const {
   // The sum of accumulate_steps micro-batches' mean-loss gradients: each
-  // micro-batch counts for its share.
-  const double micro_batches = accumulate_steps();
+  // micro-batch counts for its share; under a loss scale, unscaled.
+  const double micro_batches = accumulate_steps() * loss_scale();
   if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0 / micro_batches;
   return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch()) /
          micro_batches;
 }
+double Client::loss_scale() const { return impl_->loss_scale(); }
 int Client::accumulate_steps() const { return std::max(1, impl_->spec().accumulate_steps()); }
 int64_t Client::step() const { return impl_->step(); }
 const std::vector<TensorSpec>& Client::tensors() const { return impl_->tensors(); }

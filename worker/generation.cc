@@ -36,4 +36,18 @@ absl::StatusOr<BatchShare> BatchShareOf(const v1::JobSpec& spec, const v1::Worke
                     .offset = w * (global / workers) + std::min(w, global % workers)};
 }
 
+std::optional<DynamicLossScale> LossScaleOf(const v1::JobSpec& spec,
+                                            const v1::WorkerResumeState& resume) {
+  if (spec.precision() != v1::PRECISION_FP16) return std::nullopt;
+  const v1::LossScaleSpec& scale = spec.loss_scale();
+  return DynamicLossScale(resume.loss_scale() > 0 ? resume.loss_scale() : scale.initial(),
+                          scale.growth_steps(), resume.loss_scale_good_steps());
+}
+
+void SaveLossScale(const std::optional<DynamicLossScale>& scale, v1::WorkerResumeState* state) {
+  if (!scale.has_value()) return;
+  state->set_loss_scale(scale->scale());
+  state->set_loss_scale_good_steps(scale->good_steps());
+}
+
 }  // namespace pstrain::worker

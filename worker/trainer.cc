@@ -107,13 +107,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options)
   t->batch_ = share.batch;
   t->batch_offset_ = share.offset;
   t->requested_checkpoint_ = a.checkpoint_request_step();
-  if (t->spec_.precision() == v1::PRECISION_FP16) {
-    // Where the generation's first step left it, or the job's initial scale.
-    const v1::WorkerResumeState& resume = a.resume_state();
-    const v1::LossScaleSpec& scale = t->spec_.loss_scale();
-    t->loss_scale_.emplace(resume.loss_scale() > 0 ? resume.loss_scale() : scale.initial(),
-                           scale.growth_steps(), resume.loss_scale_good_steps());
-  }
+  t->loss_scale_ = LossScaleOf(t->spec_, a.resume_state());
   if (a.resume_step() < 0 || a.resume_step() > TotalSteps(t->spec_)) {
     return absl::InvalidArgumentError("resume_step outside the job's steps");
   }
@@ -613,10 +607,7 @@ absl::Status Trainer::Run() {
       v1::WorkerResumeState* state = report.add_checkpoint_states();
       *state = log.ResumeState(a.worker_index(), done, a.generation(), step_end);
       stopper.SaveTo(state);
-      if (loss_scale_.has_value()) {
-        state->set_loss_scale(loss_scale_->scale());
-        state->set_loss_scale_good_steps(loss_scale_->good_steps());
-      }
+      SaveLossScale(loss_scale_, state);
     }
 
     if (log.WindowDue(step_end, options_.report_interval) || done == last_step ||

@@ -187,6 +187,10 @@ TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   PSTRAIN_ASSERT_OK(spec);
   EXPECT_EQ(NumParamsOf(*spec), 1 + 6 + 1);
   EXPECT_TRUE(JobTensors(*spec)[1].buffer);
+  // The script computes in its precision; fp16 keeps a loss scale.
+  spec = NormalizeJobSpec(*ParseJobSpecYaml(External("[{name: w}]", "precision: fp16\n")));
+  PSTRAIN_ASSERT_OK(spec);
+  EXPECT_EQ(spec->loss_scale().initial(), 65536);
   // The script accumulates micro-batches itself: 2 x 128 a step.
   spec = NormalizeJobSpec(*ParseJobSpecYaml(External("[{name: w}]", "accumulate_steps: 2\n")));
   PSTRAIN_ASSERT_OK(spec);
@@ -382,7 +386,6 @@ INSTANTIATE_TEST_SUITE_P(
                 "data.train_samples"},
         BadSpec{"external with eval_every_steps",
                 External("[{name: w}]", "eval_every_steps: 10\n"), "eval_every_steps"},
-        BadSpec{"external at fp16", External("[{name: w}]", "precision: fp16\n"), "precision"},
         BadSpec{"a parameter of int64", External("[{name: w, dtype: int64}]"),
                 "model.tensors[0].dtype"},
         BadSpec{"a buffer of no dtype there is",

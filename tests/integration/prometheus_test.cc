@@ -198,8 +198,10 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
                 "num_workers: 1\nnum_servers: 2\n",
                 {{"w", {3}}});
   PSTRAIN_ASSERT_OK(external);
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      Client::Join({.connect = connect, .job_id = *external});
+  Client::Options client_options;
+  client_options.connect = connect;
+  client_options.job_id = *external;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Join(client_options);
   PSTRAIN_ASSERT_OK(client);
   std::vector<float> w(3, 0.0f), g(3, 1.0f);
   PSTRAIN_ASSERT_OK((*client)->BindTensor(0, w.data(), 3));

@@ -97,7 +97,8 @@ def test_accumulated_micro_batches_equal_one_process_with_the_global_batch(optim
 
 
 def model_of(worker):
-    return {name: v for name, v in worker.items() if name not in ("steps", "indices", "losses")}
+    return {name: v for name, v in worker.items()
+            if name not in ("steps", "indices", "losses", "scales", "snapshots")}
 
 
 def test_values_awaited_by_the_forward_pass_change_nothing():
@@ -188,6 +189,28 @@ def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill(
             assert np.array_equal(loader[0][name], values), name
             assert np.array_equal(killed[0][name], values), name
         assert np.array_equal(loader[0]["indices"], inline[0]["indices"])
+
+
+def test_a_loss_scale_changes_no_bit_and_an_overflow_skips_the_step_and_halves_it():
+    # precision fp16 with a loss scale of 1024: a power of two, scaled and
+    # unscaled exactly, so the model is bitwise fp32's. An infinite loss on
+    # worker 1 at step 10: every server skips the step (both workers' values
+    # after it are those before it) and worker 1's scale halves.
+    with tempfile.TemporaryDirectory() as out:
+        for run in ("fp32", "fp16", "overflow"):
+            os.makedirs(os.path.join(out, run))
+        _, fp32 = run_job(out + "/fp32")
+        _, fp16 = run_job(out + "/fp16", "--fp16")
+        result, overflow = run_job(out + "/overflow", "--fp16", "--inf-at", "10")
+        assert list(fp16[1]["scales"][:3]) == [1024, 1024, 1024]
+        for name, values in model_of(fp32[0]).items():
+            assert np.array_equal(fp16[0][name], values), name
+        for w in overflow:
+            assert np.array_equal(w["snapshots"][10], w["snapshots"][9])
+            assert not np.array_equal(w["snapshots"][11], w["snapshots"][10])
+        assert overflow[1]["scales"][10] == 1024 and overflow[1]["scales"][11] == 512
+        assert overflow[0]["scales"][11] == 1024
+        assert result["steps"] == 50
 
 
 def test_pushes_and_values_use_the_tensors_own_memory(cluster):

@@ -5,7 +5,8 @@ each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
                   [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
-                  [--model mlp|bn] [--seed-rng] [--loader-workers N]
+                  [--model mlp|bn] [--seed-rng] [--loader-workers N] [--fp16]
+                  [--inf-at STEP]
 """
 import argparse
 import os
@@ -54,6 +55,8 @@ def job_yaml(args):
     text = ("name: pytest\noptimizer: %s\nbatch_size: %d\naccumulate_steps: %d\nsteps: %d\n"
             "seed: 3\nmode: %s\n" % (optimizer, 32 // args.accumulate, args.accumulate,
                                        args.steps, args.mode))
+    if args.fp16:
+        text += "precision: fp16\nloss_scale: {initial: 1024, growth_steps: 1000}\n"
     if args.mode == "ssp":
         text += "staleness: 1\n"
     return text + "checkpoint: {dir: %s/checkpoints, every_steps: 10}\n" % os.environ["PSTRAIN_RUN_DIR"]
@@ -72,6 +75,8 @@ def main():
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--seed-rng", action="store_true")
     parser.add_argument("--loader-workers", type=int, default=0)
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--inf-at", type=int, default=-1)
     args = parser.parse_args()
     torch.set_num_threads(1)
     x, y = data()
@@ -80,7 +85,7 @@ def main():
                                    seed_rng=args.seed_rng)
     me = opt.client.worker_index
     marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
-    indices, losses = {}, {}
+    indices, losses, scales, snapshots = {}, {}, {}, {}
     if args.loader_workers > 0:  # DataLoader worker processes that prefetch
         loader = pst.ShardedLoader(torch.utils.data.TensorDataset(x, y), opt.client,
                                    num_workers=args.loader_workers)
@@ -99,14 +104,22 @@ def main():
         for micro in range(k):  # each micro-batch's backward adds to the gradients
             lo, hi = micro * len(idx) // k, (micro + 1) * len(idx) // k
             loss = torch.nn.functional.cross_entropy(net(xb[lo:hi]), yb[lo:hi])
-            (loss * (0.0 if me == args.drop_worker else 1.0)).backward()
+            factor = 0.0 if me == args.drop_worker else opt.loss_scale
+            if step == args.inf_at and me == 1:
+                factor = float("inf")  # an overflow, as fp16 compute would give
+            (loss * factor).backward()
         losses[step] = float(loss)
+        scales[step] = opt.loss_scale
         opt.step(loss, len(idx), metrics={"batch_accuracy": accuracy(net, xb, yb)})
+        if args.fp16:  # the values after each step
+            snapshots[step] = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
     opt.finish(metrics={"train_accuracy": accuracy(net, x, y)})
     steps = sorted(indices)
     np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
              steps=np.array(steps), indices=np.array([indices[s] for s in steps]),
              losses=np.array([losses[s] for s in steps]),
+             scales=np.array([scales[s] for s in steps]),
+             snapshots=np.array([snapshots[s] for s in sorted(snapshots)]),
              **{name: t.detach().numpy() for name, t in net.state_dict().items()})
 
 

@@ -185,6 +185,7 @@ PYBIND11_MODULE(_client, m) {
       .def_property_readonly("mode", &pstrain::Client::mode)
       .def_property_readonly("gradient_scale", &pstrain::Client::gradient_scale)
       .def_property_readonly("accumulate_steps", &pstrain::Client::accumulate_steps)
+      .def_property_readonly("loss_scale", &pstrain::Client::loss_scale)
       .def_property_readonly("step", &pstrain::Client::step)
       .def_property_readonly("tensors",
                              [](const pstrain::Client& c) {

@@ -172,8 +172,16 @@ class PSTRAIN_CLIENT_API Client {
   // What each worker multiplies the gradient of its mean loss by (the sum
   // of its k micro-batches' mean-loss gradients with accumulation): its
   // share of the global batch over k (batch_size / global_batch / k) where
-  // the servers sum the workers' pushes (sync, ssp); 1 / k in async mode.
+  // the servers sum the workers' pushes (sync, ssp), 1 / k in async mode;
+  // divided by loss_scale() too.
   double gradient_scale() const;
+  // precision fp16: the factor the program multiplies the step's loss by
+  // before its backward pass (so that small fp16 gradients survive),
+  // which gradient_scale() divides out again; a power of two, halved after
+  // a step whose pushed gradient was not finite (the servers skip that
+  // step), doubled after loss_scale.growth_steps steps without one. 1 for
+  // other precisions.
+  double loss_scale() const;
   // The step to compute next.
   int64_t step() const;
   const std::vector<TensorSpec>& tensors() const;

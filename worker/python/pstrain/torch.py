@@ -161,6 +161,15 @@ class DistributedOptimizer:
         self._load_buffers()
         self._seed(self.client.step)
 
+    @property
+    def loss_scale(self):
+        """precision fp16: what the script multiplies the step's loss by
+        before backward ((loss * opt.loss_scale).backward()); the pushed
+        gradients are divided by it again. Halved after a step whose
+        gradient was not finite (the servers skip it), doubled after
+        loss_scale.growth_steps good steps. 1 for other precisions."""
+        return self.client.loss_scale
+
     def _await_hook(self, tensors, buffers):
         tensors = tensors + [b.index for b in buffers]
 
