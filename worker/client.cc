@@ -744,12 +744,11 @@ int64_t Client::steps_per_epoch() const { return StepsPerEpoch(impl_->spec()); }
 uint64_t Client::seed() const { return impl_->spec().seed(); }
 std::string Client::mode() const { return EnumName(impl_->spec().mode()); }
 double Client::gradient_scale() const {
-  // The sum of accumulate_steps micro-batches' mean-loss gradients: each
-  // micro-batch counts for its share; under a loss scale, unscaled.
-  const double micro_batches = accumulate_steps() * loss_scale();
-  if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0 / micro_batches;
-  return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch()) /
-         micro_batches;
+  // The sum of accumulate_steps micro-batches' mean-loss gradients (each
+  // micro-batch counts for its share), computed under the loss scale.
+  const double divisor = accumulate_steps() * loss_scale();
+  if (!ScalesToTheGlobalBatch(impl_->spec())) return 1.0 / divisor;
+  return static_cast<double>(impl_->batch()) / static_cast<double>(global_batch()) / divisor;
 }
 double Client::loss_scale() const { return impl_->loss_scale(); }
 int Client::accumulate_steps() const { return std::max(1, impl_->spec().accumulate_steps()); }
