@@ -174,6 +174,18 @@ def test_buffers_are_kept_in_step_recovered_and_exported(overlap):
         assert abs(train_worker.accuracy(fresh, x, y) - result["metrics"]["train_accuracy"]) < 1e-6
 
 
+def test_a_frozen_layer_is_not_trained_even_with_weight_decay():
+    with tempfile.TemporaryDirectory() as out:
+        _, workers = run_job(out, "--model", "frozen", "--weight-decay", "0.1")
+        initial = {name: t.detach().numpy()
+                   for name, t in train_worker.model("frozen").state_dict().items()}
+        for w in workers:
+            assert np.array_equal(w["0.weight"], initial["0.weight"])
+            assert np.array_equal(w["0.bias"], initial["0.bias"])
+            assert not np.array_equal(w["2.weight"], initial["2.weight"])
+        assert np.array_equal(workers[0]["2.weight"], workers[1]["2.weight"])
+
+
 def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill():
     # Two DataLoader processes prefetching ahead: the batches are the
     # sampler's; after a recovery those prefetched for the redone steps are

@@ -5,7 +5,8 @@ each step's sample indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
                   [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
-                  [--model mlp|bn] [--seed-rng] [--loader-workers N] [--fp16]
+                  [--model mlp|frozen|bn] [--seed-rng] [--weight-decay D]
+                  [--loader-workers N] [--fp16]
                   [--inf-at STEP]
 """
 import argparse
@@ -28,9 +29,15 @@ def data():
 
 
 def model(kind="mlp"):
-    """mlp: Linear, ReLU, Linear. bn: with BatchNorm (whose running
-    statistics are buffers) and dropout (which draws from torch's RNG)."""
+    """mlp: Linear, ReLU, Linear; frozen: the same, its first Linear not
+    trained; bn: with BatchNorm (whose running statistics are buffers) and
+    dropout (which draws from torch's RNG)."""
     torch.manual_seed(7)
+    if kind == "frozen":  # the first layer not trained
+        net = torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.ReLU(),
+                                  torch.nn.Linear(HIDDEN, CLASSES))
+        net[0].requires_grad_(False)
+        return net
     if kind == "bn":
         return torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.BatchNorm1d(HIDDEN),
                                    torch.nn.ReLU(), torch.nn.Dropout(0.2),
@@ -50,8 +57,8 @@ def accuracy(net, x, y):
 
 
 def job_yaml(args):
-    optimizer = ("{type: sgd, learning_rate: 0.05}" if args.optimizer == "sgd"
-                 else "{type: adam, learning_rate: 0.001}")
+    optimizer = ("{type: sgd, learning_rate: 0.05, weight_decay: %g}" if args.optimizer == "sgd"
+                 else "{type: adam, learning_rate: 0.001, weight_decay: %g}") % args.weight_decay
     text = ("name: pytest\noptimizer: %s\nbatch_size: %d\naccumulate_steps: %d\nsteps: %d\n"
             "seed: 3\nmode: %s\n" % (optimizer, 32 // args.accumulate, args.accumulate,
                                        args.steps, args.mode))
@@ -76,6 +83,7 @@ def main():
     parser.add_argument("--seed-rng", action="store_true")
     parser.add_argument("--loader-workers", type=int, default=0)
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--inf-at", type=int, default=-1)
     args = parser.parse_args()
     torch.set_num_threads(1)

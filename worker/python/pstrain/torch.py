@@ -51,6 +51,7 @@ weight used directly, a functional call on it) is not awaited: leave the
 option off for such models. The results are bitwise those without it.
 """
 import hashlib
+import itertools
 
 import torch
 
@@ -100,7 +101,9 @@ class DistributedOptimizer:
     holds: BatchNorm's running statistics, say), which every step keeps in
     step across the workers: each worker gets worker 0's values of the step
     (as DistributedDataParallel broadcasts rank 0's), and checkpoints and
-    the exported model hold them.
+    the exported model hold them. A parameter frozen when the optimizer is
+    made (requires_grad=False) is kept as a buffer is: never trained, not
+    even by weight decay.
 
     seed_rng=True seeds torch's global generator at the start of every step
     from (the job's seed, the worker, the step), so that what draws from it
@@ -112,16 +115,19 @@ class DistributedOptimizer:
             raise ValueError("pstrain: overlap_values needs the model as a torch.nn.Module "
                              "(its modules' forward pre-hooks await the values)")
         named = model.named_parameters() if hasattr(model, "named_parameters") else model
-        self._params = [(name, p) for name, p in named]
-        for name, p in self._params:
+        named = list(named)
+        for name, p in named:
             if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
                 raise ValueError("pstrain: parameter %s must be a contiguous float32 CPU tensor "
                                  "(got %s on %s)" % (name, p.dtype, p.device))
-        self._buffers = []
+        # A frozen parameter is kept as a buffer is: never trained.
+        self._params = [(name, p) for name, p in named if p.requires_grad]
+        kept = [(name, p) for name, p in named if not p.requires_grad]
         if isinstance(model, torch.nn.Module):
             persistent = model.state_dict().keys()
-            self._buffers = [_Buffer(len(self._params) + i, name, b) for i, (name, b) in
-                             enumerate((n, b) for n, b in model.named_buffers() if n in persistent)]
+            kept += [(name, b) for name, b in model.named_buffers() if name in persistent]
+        self._buffers = [_Buffer(len(self._params) + i, name, t)
+                         for i, (name, t) in enumerate(kept)]
         tensors = [(name, list(p.shape)) for name, p in self._params] + \
             [b.spec() for b in self._buffers]
         self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
@@ -138,10 +144,9 @@ class DistributedOptimizer:
         self._accumulators = []  # the AccumulateGrad nodes the hooks sit on
         for index, (name, p) in enumerate(self._params):
             self.client.bind_address(index, p.data_ptr(), p.numel())
-            if p.requires_grad:
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(self._push_hook(index, p))
-                self._accumulators.append(accumulator)
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._push_hook(index, p))
+            self._accumulators.append(accumulator)
         for b in self._buffers:
             self.client.bind_address(b.index, b.words.data_ptr(), b.words.numel())
             b.save(b.words)  # worker 0's are every worker's first values
@@ -151,8 +156,9 @@ class DistributedOptimizer:
             for module in model.modules():
                 own = [index_of[id(p)] for p in module.parameters(recurse=False)
                        if id(p) in index_of]
-                buffers = [buffer_of[id(b)] for b in module.buffers(recurse=False)
-                           if id(b) in buffer_of]
+                buffers = [buffer_of[id(t)] for t in itertools.chain(
+                    module.parameters(recurse=False), module.buffers(recurse=False))
+                    if id(t) in buffer_of]
                 if own or buffers:
                     module.register_forward_pre_hook(self._await_hook(own, buffers))
         self.client.start()
