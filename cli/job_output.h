@@ -52,9 +52,10 @@ std::string ModelSummary(const v1::JobSpec& spec);
 std::string WorkerBatchSummary(const v1::JobSpec& spec);
 // "sync", "async", or "ssp (staleness 2)".
 std::string ModeSummary(const v1::JobSpec& spec);
-// "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404 steps in 16.9 s (10623 samples/s)";
-// the test accuracy if the final model was evaluated, the script's own
-// metrics if it gave any ("..., mse 0.0123, final loss ...").
+// "job-000001 succeeded: test accuracy 0.8602, final loss 0.3217, 1404
+// steps in 16.9 s (10623 samples/s)": the test accuracy if the final model
+// was evaluated, the script's own metrics if it gave any ("..., mse
+// 0.0123, final loss ...").
 std::string ResultSummary(const v1::Job& job);
 // A job's script metrics: "auc 0.791, mse 0.0123" (by name).
 std::string MetricsText(const google::protobuf::Map<std::string, double>& metrics);

@@ -13,13 +13,18 @@ failed_tests() {
   [ -f "$list" ] && cut -d: -f2- "$list"
 }
 
+# The lines that say why a test failed: a compile error, a GoogleTest
+# assertion, a sanitizer's report, a timeout, a failed CHECK.
+why=': error: |Failure|FAILED|ERROR: |runtime error|SUMMARY: |Timeout|Check failed'
+why+='|Expected|Which is|Value of'
+
 # test_output DIR NAME: the lines of NAME's output in DIR's last ctest log
 # that say why it failed.
 test_output() {
   awk -v name="$2" '
     $0 ~ "^[0-9]+/[0-9]+ Test: " { inside = (substr($0, index($0, "Test: ") + 6) == name) }
     inside' "$1/Testing/Temporary/LastTest.log" |
-    grep -E -A3 ': error: |Failure|FAILED|ERROR: |runtime error|SUMMARY: |Timeout|Check failed|Expected|Which is|Value of' |
+    grep -E -A3 "$why" |
     head -40
 }
 
