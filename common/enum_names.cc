@@ -1,7 +1,10 @@
 #include "common/enum_names.h"
 
+#include <vector>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace pstrain {
 
@@ -17,6 +20,21 @@ std::string EnumName(const google::protobuf::EnumValueDescriptor* value) {
 std::string EnumName(const google::protobuf::EnumDescriptor* e, int number) {
   const google::protobuf::EnumValueDescriptor* v = e->FindValueByNumber(number);
   return v == nullptr ? absl::StrCat("unknown(", number, ")") : EnumName(v);
+}
+
+absl::StatusOr<const google::protobuf::EnumValueDescriptor*> EnumValueOf(
+    const google::protobuf::EnumDescriptor* e, absl::string_view text) {
+  const std::string upper = absl::AsciiStrToUpper(text);
+  const std::string prefix = EnumPrefix(e);
+  std::vector<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    const google::protobuf::EnumValueDescriptor* v = e->value(i);
+    if (v->number() == 0) continue;
+    if (upper == v->name() || prefix + upper == v->name()) return v;
+    names.push_back(EnumName(v));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown value '", text, "' (expected one of: ",
+                                                 absl::StrJoin(names, ", "), ")"));
 }
 
 }  // namespace pstrain

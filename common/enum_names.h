@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/generated_enum_reflection.h"
 
@@ -23,6 +25,12 @@ std::string EnumName(E value) {
 
 // The prefix of an enum's value names ("MODEL_TYPE_").
 std::string EnumPrefix(const google::protobuf::EnumDescriptor* e);
+
+// The value `text` names, in any case, with or without the prefix ("sync",
+// "MODE_SYNC"); never the 0 value. INVALID_ARGUMENT listing the names
+// otherwise.
+absl::StatusOr<const google::protobuf::EnumValueDescriptor*> EnumValueOf(
+    const google::protobuf::EnumDescriptor* e, absl::string_view text);
 
 }  // namespace pstrain
 

@@ -69,8 +69,8 @@ std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec);
 int64_t NumParamsOf(const v1::JobSpec& spec);
 // Bytes of one element of `dtype` (unspecified: float32's 4).
 int TensorDTypeBytes(v1::TensorDType dtype);
-// The dtype of a name as job files write it ("int64"); INVALID_ARGUMENT
-// naming the ones there are otherwise.
+// The dtype of a name as job files write it ("int64", EnumValueOf);
+// INVALID_ARGUMENT naming the ones there are otherwise.
 absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name);
 // The floats an external tensor takes in the flat space: its elements, or a
 // buffer's bytes over 4 rounded up.

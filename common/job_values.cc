@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/enum_names.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -84,14 +83,9 @@ int TensorDTypeBytes(v1::TensorDType dtype) {
 }
 
 absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name) {
-  const google::protobuf::EnumDescriptor* e = v1::TensorDType_descriptor();
-  std::vector<std::string> names;
-  for (int i = 1; i < e->value_count(); ++i) {
-    names.push_back(EnumName(e->value(i)));
-    if (names.back() == name) return static_cast<v1::TensorDType>(e->value(i)->number());
-  }
-  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "': one of ",
-                                                 absl::StrJoin(names, ", ")));
+  PSTRAIN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* value,
+                           EnumValueOf(v1::TensorDType_descriptor(), name));
+  return static_cast<v1::TensorDType>(value->number());
 }
 
 int64_t FloatsOf(const v1::ExternalTensor& tensor) {

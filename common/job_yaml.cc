@@ -6,10 +6,8 @@
 #include <set>
 #include <sstream>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/enum_names.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -38,17 +36,9 @@ std::string Join(const std::string& path, const std::string& key) {
 absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
                                                      const std::string& text,
                                                      const std::string& path) {
-  const std::string upper = absl::AsciiStrToUpper(text);
-  const std::string prefix = EnumPrefix(e);
-  std::vector<std::string> names;
-  for (int i = 0; i < e->value_count(); ++i) {
-    const EnumValueDescriptor* v = e->value(i);
-    if (v->number() == 0) continue;
-    if (upper == v->name() || prefix + upper == v->name()) return v;
-    names.push_back(EnumName(v));
-  }
-  return FieldError(path, absl::StrCat("unknown value '", text, "' (expected one of: ",
-                                       absl::StrJoin(names, ", "), ")"));
+  absl::StatusOr<const EnumValueDescriptor*> value = EnumValueOf(e, text);
+  if (!value.ok()) return FieldError(path, value.status().message());
+  return value;
 }
 
 absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* field,

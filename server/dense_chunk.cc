@@ -146,7 +146,7 @@ void AnswerWaits(DenseChunk& chunk, v1::DType wire_dtype) {
     w.waiter->OnValues(w.request, values);
     const ServerMetrics::Job* metrics = chunk.metrics;
     if (metrics == nullptr) continue;
-    metrics->sent_bytes->Increment(static_cast<double>(chunk.size) * DTypeBytes(wire_dtype));
+    metrics->sent_bytes->Increment(static_cast<double>(chunk.size) * DTypeBytes(values.dtype));
     if (chunk.measures_steps && w.request.kind() == v1::FRAME_KIND_PUSH) {
       // The steps of the slowest worker missing from the values the
       // worker computes its next step from, and how long it waited for them.

@@ -91,7 +91,7 @@ absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::
     absl::StatusOr<v1::TensorDType> dtype = TensorDTypeOf(t.dtype);
     if (!dtype.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model.tensors[", model.tensors_size() - 1, "].", dtype.status().message()));
+          "model.tensors[", model.tensors_size() - 1, "].dtype: ", dtype.status().message()));
     }
     e->set_dtype(*dtype);
   }

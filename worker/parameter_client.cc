@@ -100,7 +100,7 @@ v1::ChunkHeader ParameterClient::Header(v1::FrameKind kind, uint32_t chunk) cons
   h.set_worker(options_.worker);
   h.set_generation(options_.generation);
   h.set_chunk(chunk);
-  h.set_dtype(kind == v1::FRAME_KIND_PUSH ? options_.wire_dtype : v1::DTYPE_FP32);
+  h.set_dtype(kind == v1::FRAME_KIND_PUSH ? PushDType(chunk) : v1::DTYPE_FP32);
   return h;
 }
 
@@ -177,8 +177,7 @@ std::unique_ptr<ParameterClient::Pending> ParameterClient::StartPushPull(
     h.set_step(step);
     h.set_version(sync ? step : std::max<int64_t>(chunk_versions_[c], 0));
     h.set_num_elements(static_cast<uint32_t>(info.size()));
-    if (buffer_chunk_[c]) {
-      h.set_dtype(v1::DTYPE_FP32);
+    if (buffer_chunk_[c]) {  // fp32 words, whatever the wire
       return EncodeFrameShared(h, grad.data + (info.offset() - grad.offset), owner);
     }
     return EncodeFrameShared(h, chunk_bytes(info), payload);
@@ -289,7 +288,7 @@ void ParameterClient::Send(const std::shared_ptr<Exchange>& exchange,
     stream_chunks[stream].push_back(c);
     requests[stream].push_back(exchange->make_request(c));
     if (exchange->method == ParameterMethod::kPushPull) {
-      bytes += plan.chunks(c).size() * static_cast<int64_t>(DTypeBytes(options_.wire_dtype));
+      bytes += plan.chunks(c).size() * static_cast<int64_t>(DTypeBytes(PushDType(c)));
     }
   }
   {

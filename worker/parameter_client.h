@@ -157,6 +157,10 @@ class ParameterClient {
   struct Exchange;
 
   v1::ChunkHeader Header(v1::FrameKind kind, uint32_t chunk) const;
+  // The dtype chunk `c`'s pushes travel in: the wire's; fp32 for a buffer.
+  v1::DType PushDType(uint32_t c) const {
+    return buffer_chunk_[c] ? v1::DTYPE_FP32 : options_.wire_dtype;
+  }
   std::vector<uint32_t> AllChunks() const;
   std::unique_ptr<Pending> Start(ParameterMethod method, std::vector<uint32_t> chunks,
                                  RequestFn make_request, int64_t min_version, FlatSpan params);

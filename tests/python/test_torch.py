@@ -17,6 +17,7 @@ import train_worker
 
 
 def run_job(out_dir, *script_args, workers=2, launcher_args=()):
+    os.makedirs(out_dir, exist_ok=True)
     done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run"]
                        + list(launcher_args), [out_dir] + list(script_args))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -55,15 +56,6 @@ def global_batches(workers):
 BOUNDS = {"sgd": (1e-5, 1e-4), "adam": (1e-5, 5e-4)}
 
 
-def exported_values(path):
-    """The values of a model file (pstrain-run --export), flat."""
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:4] == b"PSTM"
-    header_bytes = int.from_bytes(data[8:12], "little")
-    return np.frombuffer(data[12 + header_bytes:], dtype="<f4")
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
     with tempfile.TemporaryDirectory() as out:
@@ -80,9 +72,10 @@ def test_sync_two_workers_equal_one_process_with_the_global_batch(optimizer):
         # Both workers end with the same model, bitwise, and --export kept it.
         for name in reference:
             assert np.array_equal(workers[0][name], workers[1][name])
-        exported = exported_values(model_file)
-        flat = np.concatenate([workers[0][name].ravel() for name in reference])
-        assert np.array_equal(exported, flat.astype(np.float32))
+        exported = pst.load(model_file)
+        assert list(exported) == list(reference)
+        for name in reference:
+            assert np.array_equal(exported[name].numpy(), workers[0][name]), name
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -101,15 +94,25 @@ def model_of(worker):
             if name not in ("steps", "indices", "losses", "scales", "snapshots")}
 
 
+def assert_same_model(actual, expected):
+    """Bitwise the same parameters and buffers (npz of train_worker.py)."""
+    for name, values in model_of(expected).items():
+        assert np.array_equal(actual[name], values), name
+
+
+@pytest.fixture(scope="module")
+def plain_job(tmp_path_factory):
+    """The workers of the default job (SGD, sync, 50 steps): the reference
+    of the tests that change one thing about it."""
+    return run_job(str(tmp_path_factory.mktemp("plain")))[1]
+
+
 def test_values_awaited_by_the_forward_pass_change_nothing():
     with tempfile.TemporaryDirectory() as out:
-        os.makedirs(out + "/waited")
-        os.makedirs(out + "/overlapped")
         _, waited = run_job(out + "/waited", "--optimizer", "adam")
         _, overlapped = run_job(out + "/overlapped", "--optimizer", "adam", "--overlap-values")
-        for name, values in model_of(waited[0]).items():
-            assert np.array_equal(overlapped[0][name], values), name
-            assert np.array_equal(overlapped[1][name], values), name
+        assert_same_model(overlapped[0], waited[0])
+        assert_same_model(overlapped[1], waited[0])
 
 
 def test_leaving_out_a_worker_breaks_the_bound():
@@ -130,19 +133,15 @@ def test_async_and_ssp_train(mode):
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_killed_worker_is_restarted_and_changes_nothing(overlap):
+def test_a_killed_worker_is_restarted_and_changes_nothing(overlap, plain_job):
     # With overlap, the survivor learns of the recovery while the values of
     # its last step arrive, and discards the step it was computing.
     extra = ["--overlap-values"] if overlap else []
     with tempfile.TemporaryDirectory() as out:
-        os.makedirs(out + "/clean")
-        os.makedirs(out + "/killed")
-        _, clean = run_job(out + "/clean")
-        result, killed = run_job(out + "/killed", "--die-at", "25", *extra)
-        assert os.path.exists(out + "/killed/died-1")
+        result, killed = run_job(out, "--die-at", "25", *extra)
+        assert os.path.exists(out + "/died-1")
         assert result["recoveries"] >= 1
-        for name, values in model_of(clean[0]).items():
-            assert np.array_equal(killed[0][name], values), name
+        assert_same_model(killed[0], plain_job[0])
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -153,18 +152,14 @@ def test_buffers_are_kept_in_step_recovered_and_exported(overlap):
     # model loads into a fresh one that evaluates as the workers' does.
     extra = ["--model", "bn", "--seed-rng"] + (["--overlap-values"] if overlap else [])
     with tempfile.TemporaryDirectory() as out:
-        os.makedirs(out + "/clean")
-        os.makedirs(out + "/killed")
         model_file = os.path.join(out, "model.pstm")
         result, clean = run_job(out + "/clean", *extra, launcher_args=["--export", model_file])
         assert clean[0]["1.num_batches_tracked"] == 50
-        for name, values in model_of(clean[0]).items():
-            assert np.array_equal(clean[1][name], values), name
+        assert_same_model(clean[1], clean[0])
         result_killed, killed = run_job(out + "/killed", "--die-at", "25", *extra)
         assert result_killed["recoveries"] >= 1
-        for name, values in model_of(clean[0]).items():
-            assert np.array_equal(killed[0][name], values), name
-            assert np.array_equal(killed[1][name], values), name
+        assert_same_model(killed[0], clean[0])
+        assert_same_model(killed[1], clean[0])
         fresh = train_worker.model("bn")
         fresh.load_state_dict(pst.load(model_file))
         for name, values in fresh.state_dict().items():
@@ -186,37 +181,30 @@ def test_a_frozen_layer_is_not_trained_even_with_weight_decay():
         assert np.array_equal(workers[0]["2.weight"], workers[1]["2.weight"])
 
 
-def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill():
+def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill(plain_job):
     # Two DataLoader processes prefetching ahead: the batches are the
     # sampler's; after a recovery those prefetched for the redone steps are
     # dropped, none is trained twice.
     with tempfile.TemporaryDirectory() as out:
-        for run in ("inline", "loader", "loader_killed"):
-            os.makedirs(os.path.join(out, run))
-        _, inline = run_job(out + "/inline")
         _, loader = run_job(out + "/loader", "--loader-workers", "2")
         result, killed = run_job(out + "/loader_killed", "--loader-workers", "2", "--die-at", "25")
         assert result["recoveries"] >= 1
-        for name, values in model_of(inline[0]).items():
-            assert np.array_equal(loader[0][name], values), name
-            assert np.array_equal(killed[0][name], values), name
-        assert np.array_equal(loader[0]["indices"], inline[0]["indices"])
+        assert_same_model(loader[0], plain_job[0])
+        assert_same_model(killed[0], plain_job[0])
+        assert np.array_equal(loader[0]["indices"], plain_job[0]["indices"])
+        assert np.array_equal(killed[0]["indices"], plain_job[0]["indices"])
 
 
-def test_a_loss_scale_changes_no_bit_and_an_overflow_skips_the_step_and_halves_it():
+def test_a_loss_scale_changes_no_bit_and_an_overflow_skips_the_step_and_halves_it(plain_job):
     # precision fp16 with a loss scale of 1024: a power of two, scaled and
     # unscaled exactly, so the model is bitwise fp32's. An infinite loss on
     # worker 1 at step 10: every server skips the step (both workers' values
     # after it are those before it) and worker 1's scale halves.
     with tempfile.TemporaryDirectory() as out:
-        for run in ("fp32", "fp16", "overflow"):
-            os.makedirs(os.path.join(out, run))
-        _, fp32 = run_job(out + "/fp32")
         _, fp16 = run_job(out + "/fp16", "--fp16")
         result, overflow = run_job(out + "/overflow", "--fp16", "--inf-at", "10")
         assert list(fp16[1]["scales"][:3]) == [1024, 1024, 1024]
-        for name, values in model_of(fp32[0]).items():
-            assert np.array_equal(fp16[0][name], values), name
+        assert_same_model(fp16[0], plain_job[0])
         for w in overflow:
             assert np.array_equal(w["snapshots"][10], w["snapshots"][9])
             assert not np.array_equal(w["snapshots"][11], w["snapshots"][10])

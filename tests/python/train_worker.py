@@ -95,10 +95,9 @@ def main():
     marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
     indices, losses, scales, snapshots = {}, {}, {}, {}
     if args.loader_workers > 0:  # DataLoader worker processes that prefetch
-        loader = pst.ShardedLoader(torch.utils.data.TensorDataset(x, y), opt.client,
-                                   num_workers=args.loader_workers)
-        batches = ((opt.client.batch_indices(opt.client.step, SAMPLES).tolist(), xb, yb)
-                   for xb, yb in loader)
+        dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES), x, y)
+        loader = pst.ShardedLoader(dataset, opt.client, num_workers=args.loader_workers)
+        batches = ((i.tolist(), xb, yb) for i, xb, yb in loader)  # the indices it read
     else:
         batches = ((idx, x[idx], y[idx]) for idx in pst.ShardSampler(opt.client, SAMPLES))
     for idx, xb, yb in batches:

@@ -137,6 +137,7 @@ class DistributedOptimizer:
                              "buffers %s" % (self.client.tensors, tensors))
         self._pushed = []      # this step's pushed gradients, alive until step() returns
         self._backwards = [0] * len(self._params)  # this step's, by parameter
+        self._micro_batches = self.client.accumulate_steps  # the job's: the same every step
         # overlap_values: the last step's, alive until its values are all in
         self._overlap = overlap_values
         self._seed_rng = seed_rng
@@ -207,7 +208,7 @@ class DistributedOptimizer:
             # Pushed once the step's last micro-batch has added to it (a
             # second backward without accumulation pushes again: an error).
             self._backwards[index] += 1
-            if self._backwards[index] >= self.client.accumulate_steps:
+            if self._backwards[index] >= self._micro_batches:
                 self._push(index, p)
         return hook
 
@@ -233,7 +234,7 @@ class DistributedOptimizer:
             # A parameter that had a gradient in fewer than all of the
             # step's micro-batches: its sum goes now.
             for index, (_, p) in enumerate(self._params):
-                if 0 < self._backwards[index] < self.client.accumulate_steps:
+                if 0 < self._backwards[index] < self._micro_batches:
                     self._push(index, p)
             self._load_buffers()  # those of a module that did not run
             for b in self._buffers:  # the values the forward passes left
@@ -405,8 +406,8 @@ class ShardedLoader:
                 taken = step
                 yield batch
             del loader  # its worker processes end
-            if not went_back and self.client.step == start:
-                return  # the loop stopped taking batches
+            if not went_back and self.client.step == taken:
+                return  # no step() after the last batch: the loop is done with them
 
     def __len__(self):
         return self.client.total_steps - self.client.step
