@@ -1,16 +1,21 @@
-// pstrain-run: runs a training script W times as the workers of one job, as
-// torchrun does: on a local cluster it starts (or against --coordinator),
-// with supervision (a worker process that dies is started again under its
-// node id and the job recovers), the job's progress, and the JSON result
-// line at the end.
+// pstrain-run: runs a training script as the workers of one job, as torchrun
+// does: on a local cluster it starts (or against --coordinator), with
+// supervision (a worker process that dies is started again under its node
+// id and the job recovers), the job's progress, and the JSON result line at
+// the end.
 //
 //   pstrain-run --workers 2 --servers 2 --job job.yaml -- python3 train.py ARGS
 //
-// Each process gets PSTRAIN_COORDINATOR, PSTRAIN_RUN_ID (the submit's
-// request id: every process submits the same job and gets it),
-// PSTRAIN_NODE_ID, PSTRAIN_LOCAL_RANK, PSTRAIN_NUM_WORKERS,
-// PSTRAIN_NUM_SERVERS and, with --job, PSTRAIN_JOB_FILE (pstrain.init reads
-// them).
+// --workers is the job's nodes (its workers); --nproc_per_node K starts K
+// processes on each, which combine their gradients among themselves before
+// the node's one push (pstrain.torch does it; LOCAL_RANK 0 is the node's
+// worker of the job). Each process gets PSTRAIN_COORDINATOR, PSTRAIN_RUN_ID
+// (the submit's request id: every process submits the same job and gets
+// it), PSTRAIN_NODE_ID, PSTRAIN_NODE_RANK, PSTRAIN_NUM_WORKERS,
+// PSTRAIN_NUM_SERVERS, torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE, RANK and
+// WORLD_SIZE, with K > 1 PSTRAIN_LOCAL_GROUP (where the node's processes
+// meet: a file:// URL for torch.distributed) and, with --job,
+// PSTRAIN_JOB_FILE (pstrain.init reads them).
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,9 +40,13 @@
 #include "common/job_spec.h"
 #include "common/process.h"
 #include "common/rpc.h"
+#include "common/status.h"
 #include "pstrain/v1/control.grpc.pb.h"
 
 ABSL_FLAG(int, workers, 1, "worker processes: the job's num_workers");
+ABSL_FLAG(int, nproc_per_node, 1,
+          "processes per node (worker): they combine their gradients among themselves, and "
+          "the node's first (LOCAL_RANK 0) pushes the sum as the job's worker");
 ABSL_FLAG(int, servers, 1, "parameter servers of the local cluster: the job's num_servers");
 ABSL_FLAG(std::string, job, "",
           "job file (YAML) whose model is external; its num_workers and num_servers, if "
@@ -51,7 +60,8 @@ ABSL_FLAG(std::string, run_dir, "",
           "directory for the logs (the cluster's and each worker's, worker-N.log); default: "
           "a new /tmp/pstrain-run.XXXXXX");
 ABSL_FLAG(std::string, bin_dir, "", "directory of the pstrain binaries; default: pstrain-run's");
-ABSL_FLAG(int, max_restarts, 3, "times a worker process that failed is started again");
+ABSL_FLAG(int, max_restarts, 3,
+          "times a node whose process failed is started again (all its processes)");
 ABSL_FLAG(double, progress_interval_s, 1.0, "seconds between progress lines");
 ABSL_FLAG(double, find_job_timeout_s, 600,
           "how long the scripts may take to submit the job (importing torch is slow)");
@@ -62,10 +72,17 @@ namespace {
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
-// One worker process of the launch and its restarts.
+// One process of the launch.
 struct Script {
   SpawnOptions spawn;
   pid_t pid = -1;
+};
+
+// A node (one worker of the job): its processes, started and stopped
+// together, and its restarts.
+struct Node {
+  std::vector<Script> processes;
+  int starts = 0;
   int restarts = 0;
 };
 
@@ -76,8 +93,11 @@ int Run(const std::vector<std::string>& command) {
     std::cerr << "pstrain-run: no command: pstrain-run [flags] -- python3 SCRIPT ARGS\n";
     return kExitUsage;
   }
-  if (workers < 1 || workers > 1024 || servers < 1 || servers > 256) {
-    std::cerr << "pstrain-run: --workers must be in [1, 1024] and --servers in [1, 256]\n";
+  const int per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  if (workers < 1 || workers > 1024 || servers < 1 || servers > 256 || per_node < 1 ||
+      per_node > 64) {
+    std::cerr << "pstrain-run: --workers must be in [1, 1024], --servers in [1, 256] and "
+                 "--nproc_per_node in [1, 64]\n";
     return kExitUsage;
   }
   if (absl::Status s = CheckExportPath(absl::GetFlag(FLAGS_export)); !s.ok()) {
@@ -142,30 +162,51 @@ int Run(const std::vector<std::string>& command) {
   }
   std::random_device random;
   const std::string run_id = absl::StrFormat("run-%08x%08x", random(), random());
-  std::printf("pstrain-run: %d worker process(es) of `%s`, %s, logs in %s\n", workers,
+  std::printf("pstrain-run: %d worker(s) of `%s`%s, %s, logs in %s\n", workers,
               command[0].c_str(),
+              per_node > 1 ? absl::StrCat(", ", per_node, " processes each").c_str() : "",
               cluster != nullptr ? absl::StrCat(servers, " server(s) started").c_str()
                                  : ("coordinator " + coordinator).c_str(),
               run_dir.c_str());
   std::fflush(stdout);
 
-  std::vector<Script> scripts(workers);
+  std::vector<Node> nodes(workers);
   for (int i = 0; i < workers; ++i) {
-    Script& s = scripts[i];
-    s.spawn.argv = command;
-    s.spawn.log_path = absl::StrCat(run_dir, "/worker-", i, ".log");
-    s.spawn.env = {"PSTRAIN_COORDINATOR=" + coordinator,
-                   "PSTRAIN_RUN_ID=" + run_id,
-                   absl::StrCat("PSTRAIN_NODE_ID=", run_id, "-", i),
-                   absl::StrCat("PSTRAIN_LOCAL_RANK=", i),
-                   absl::StrCat("PSTRAIN_NUM_WORKERS=", workers),
-                   absl::StrCat("PSTRAIN_NUM_SERVERS=", servers)};
-    // Where the local cluster's servers may write checkpoints.
-    if (cluster != nullptr) s.spawn.env.push_back("PSTRAIN_RUN_DIR=" + run_dir);
-    if (!job_file.empty()) {
-      s.spawn.env.push_back("PSTRAIN_JOB_FILE=" + std::filesystem::absolute(job_file).string());
+    for (int j = 0; j < per_node; ++j) {
+      Script& s = nodes[i].processes.emplace_back();
+      s.spawn.argv = command;
+      s.spawn.log_path = per_node == 1 ? absl::StrCat(run_dir, "/worker-", i, ".log")
+                                       : absl::StrCat(run_dir, "/worker-", i, "-", j, ".log");
+      s.spawn.env = {"PSTRAIN_COORDINATOR=" + coordinator,
+                     "PSTRAIN_RUN_ID=" + run_id,
+                     absl::StrCat("PSTRAIN_NODE_ID=", run_id, "-", i),
+                     absl::StrCat("PSTRAIN_NODE_RANK=", i),
+                     absl::StrCat("PSTRAIN_NUM_WORKERS=", workers),
+                     absl::StrCat("PSTRAIN_NUM_SERVERS=", servers),
+                     absl::StrCat("LOCAL_RANK=", j),
+                     absl::StrCat("LOCAL_WORLD_SIZE=", per_node),
+                     absl::StrCat("RANK=", i * per_node + j),
+                     absl::StrCat("WORLD_SIZE=", workers * per_node)};
+      // The node's processes exchange gradients over loopback.
+      if (per_node > 1) s.spawn.env.push_back("GLOO_SOCKET_IFNAME=lo");
+      // Where the local cluster's servers may write checkpoints.
+      if (cluster != nullptr) s.spawn.env.push_back("PSTRAIN_RUN_DIR=" + run_dir);
+      if (!job_file.empty()) {
+        s.spawn.env.push_back("PSTRAIN_JOB_FILE=" + std::filesystem::absolute(job_file).string());
+      }
     }
   }
+  // Starts node i's processes; with several, each start meets in a new file.
+  auto start_node = [&](int i) -> absl::Status {
+    Node& node = nodes[i];
+    const std::string group = absl::StrCat(run_dir, "/group-", i, "-", node.starts++);
+    for (Script& s : node.processes) {
+      SpawnOptions spawn = s.spawn;
+      if (per_node > 1) spawn.env.push_back("PSTRAIN_LOCAL_GROUP=file://" + group);
+      PSTRAIN_ASSIGN_OR_RETURN(s.pid, Spawn(spawn));
+    }
+    return absl::OkStatus();
+  };
 
   auto stub = v1::Control::NewStub(MakeChannel(coordinator));
   // Stopped with the reason the run cannot succeed, by the supervisor.
@@ -177,10 +218,10 @@ int Run(const std::vector<std::string>& command) {
   // fails while the job runs is started again under its node id.
   std::thread supervisor([&] {
     absl::Time all_exited = absl::InfiniteFuture();
-    for (Script& s : scripts) {
-      absl::StatusOr<pid_t> pid = Spawn(s.spawn);
-      if (!pid.ok()) return give_up(std::string(pid.status().message()));
-      s.pid = *pid;
+    for (int i = 0; i < workers; ++i) {
+      if (absl::Status started = start_node(i); !started.ok()) {
+        return give_up(std::string(started.message()));
+      }
     }
     while (!done) {
       if (cluster != nullptr) {
@@ -189,31 +230,44 @@ int Run(const std::vector<std::string>& command) {
         }
       }
       int running = 0;
-      for (size_t i = 0; i < scripts.size(); ++i) {
-        Script& s = scripts[i];
-        if (s.pid < 0) continue;
-        const std::optional<int> status = TryReap(s.pid);
-        if (!status.has_value()) {
-          ++running;
+      for (int i = 0; i < workers; ++i) {
+        Node& node = nodes[i];
+        std::string failed;  // the first process of the node that failed
+        for (int j = 0; j < per_node; ++j) {
+          Script& s = node.processes[j];
+          if (s.pid < 0) continue;
+          const std::optional<int> status = TryReap(s.pid);
+          if (!status.has_value()) {
+            ++running;
+            continue;
+          }
+          s.pid = -1;
+          if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) continue;
+          if (failed.empty()) {
+            failed = absl::StrCat("worker process ", i, per_node > 1 ? absl::StrCat(".", j) : "",
+                                  " ", DescribeWaitStatus(*status), " (", s.spawn.log_path, ")");
+          }
+        }
+        if (failed.empty()) continue;
+        // The node's other processes cannot go on without it: all start again.
+        for (Script& s : node.processes) {
+          if (s.pid < 0) continue;
+          StopProcess(s.pid, absl::Seconds(10));
+          s.pid = -1;
+          --running;
+        }
+        if (job_ended || node.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
+          if (!job_ended) give_up(failed);
           continue;
         }
-        s.pid = -1;
-        if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) continue;
-        const std::string what = absl::StrCat("worker process ", i, " ", DescribeWaitStatus(*status),
-                                              " (", s.spawn.log_path, ")");
-        if (job_ended || s.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
-          if (!job_ended) give_up(what);
+        ++node.restarts;
+        std::fprintf(stderr, "pstrain-run: %s; starting %s again\n", failed.c_str(),
+                     per_node > 1 ? "its node's processes" : "it");
+        if (absl::Status started = start_node(i); !started.ok()) {
+          give_up(std::string(started.message()));
           continue;
         }
-        ++s.restarts;
-        std::fprintf(stderr, "pstrain-run: %s; starting it again\n", what.c_str());
-        absl::StatusOr<pid_t> pid = Spawn(s.spawn);
-        if (!pid.ok()) {
-          give_up(std::string(pid.status().message()));
-          continue;
-        }
-        s.pid = *pid;
-        ++running;
+        running += per_node;
       }
       // All exited 0 (the job ends as their final reports come in); a job
       // still running a minute later was left by them.
@@ -225,8 +279,10 @@ int Run(const std::vector<std::string>& command) {
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    for (Script& s : scripts) {
-      if (s.pid >= 0) StopProcess(s.pid, absl::Seconds(10));
+    for (Node& node : nodes) {
+      for (Script& s : node.processes) {
+        if (s.pid >= 0) StopProcess(s.pid, absl::Seconds(10));
+      }
     }
   });
   auto finish = [&](int code) {
@@ -235,7 +291,9 @@ int Run(const std::vector<std::string>& command) {
     const absl::Time deadline = MonotonicNow() + absl::Minutes(1);
     while (MonotonicNow() < deadline) {
       bool all = true;
-      for (const Script& s : scripts) all = all && s.pid < 0;
+      for (const Node& node : nodes) {
+        for (const Script& s : node.processes) all = all && s.pid < 0;
+      }
       if (all || !job_ended) break;
       absl::SleepFor(absl::Milliseconds(100));
     }
@@ -299,7 +357,7 @@ int main(int argc, char** argv) {
     }
   }
   pstrain::InitMain(flags_end, argv,
-                    "pstrain-run --workers W --servers S [--job FILE] [--coordinator HOST:PORT] "
-                    "-- COMMAND ARGS");
+                    "pstrain-run --workers W --servers S [--nproc_per_node K] [--job FILE] "
+                    "[--coordinator HOST:PORT] -- COMMAND ARGS");
   return pstrain::cli::Run(command);
 }

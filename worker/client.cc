@@ -162,6 +162,7 @@ class Client::Impl {
   const v1::JobSpec& spec() const { return spec_; }
   const v1::WorkerAssignment& assignment() const { return assignment_; }
   int batch() const { return share_.batch; }
+  int64_t batch_offset() const { return share_.offset; }
   int num_workers() const { return share_.num_workers; }
   int64_t step() const { return step_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
@@ -738,6 +739,7 @@ const std::string& Client::node_id() const { return impl_->node_id(); }
 int Client::worker_index() const { return static_cast<int>(impl_->assignment().worker_index()); }
 int Client::num_workers() const { return impl_->num_workers(); }
 int Client::batch_size() const { return impl_->batch(); }
+int64_t Client::batch_offset() const { return impl_->batch_offset(); }
 int64_t Client::global_batch() const { return GlobalBatch(impl_->spec()); }
 int64_t Client::total_steps() const { return TotalSteps(impl_->spec()); }
 int64_t Client::steps_per_epoch() const { return StepsPerEpoch(impl_->spec()); }

@@ -16,13 +16,17 @@ from conftest import BIN_DIR, pstrain_run
 import train_worker
 
 
-def run_job(out_dir, *script_args, workers=2, launcher_args=()):
+def run_job(out_dir, *script_args, workers=2, per_node=1, launcher_args=()):
+    """The job's result line and what each process trained, by RANK."""
     os.makedirs(out_dir, exist_ok=True)
-    done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run"]
-                       + list(launcher_args), [out_dir] + list(script_args))
+    done = pstrain_run(["--workers", str(workers), "--servers", "2", "--run_dir", out_dir + "/run",
+                        "--nproc_per_node", str(per_node)] + list(launcher_args),
+                       [out_dir] + list(script_args))
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result, [dict(np.load(os.path.join(out_dir, "worker-%d.npz" % w))) for w in range(workers)]
+    names = ["worker-%d" % w for w in range(workers)] if per_node == 1 else \
+        ["worker-%d-%d" % (w, j) for w in range(workers) for j in range(per_node)]
+    return result, [dict(np.load(os.path.join(out_dir, name + ".npz"))) for name in names]
 
 
 def one_process(indices_by_step, optimizer):
@@ -91,7 +95,7 @@ def test_accumulated_micro_batches_equal_one_process_with_the_global_batch(optim
 
 def model_of(worker):
     return {name: v for name, v in worker.items()
-            if name not in ("steps", "indices", "losses", "scales", "snapshots")}
+            if name not in ("steps", "indices", "losses", "scales", "snapshots", "launch")}
 
 
 def assert_same_model(actual, expected):
@@ -193,6 +197,56 @@ def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill(
         assert_same_model(killed[0], plain_job[0])
         assert np.array_equal(loader[0]["indices"], plain_job[0]["indices"])
         assert np.array_equal(killed[0]["indices"], plain_job[0]["indices"])
+
+
+def test_two_nodes_of_two_processes_equal_four_workers_and_a_killed_process_changes_nothing():
+    # pstrain-run --nproc_per_node 2: each node's two processes sum their
+    # gradients (gloo) and its LOCAL_RANK 0 pushes the sum: a job of 2
+    # workers of batch 32, each process training the samples one of 4
+    # workers of batch 16 trains.
+    with tempfile.TemporaryDirectory() as out:
+        _, four = run_job(out + "/four", "--batch", "16", workers=4)
+        result, nodes = run_job(out + "/nodes", per_node=2)
+        assert result["workers"] == 2
+        for rank, (process, worker) in enumerate(zip(nodes, four)):
+            assert list(process["launch"]) == [str(rank // 2), str(rank % 2), "2", str(rank), "4"]
+            assert np.array_equal(process["indices"], worker["indices"])
+            assert_same_model(process, nodes[0])
+        for name, (relative, largest) in differences(nodes[0], model_of(four[0])).items():
+            assert relative <= BOUNDS["sgd"][0], (name, relative)
+            assert largest <= BOUNDS["sgd"][1], (name, largest)
+        # A node's second process killed, then its first (the job's worker):
+        # the node's processes start again and the job recovers, bitwise.
+        for rank in ("3", "2"):
+            result, killed = run_job(out + "/killed" + rank, "--die-at", "25", "--die-rank", rank,
+                                     per_node=2)
+            assert os.path.exists(out + "/killed%s/died-%s" % (rank, rank))
+            assert result["recoveries"] >= 1
+            for process in killed:
+                assert_same_model(process, nodes[0])
+
+
+def test_a_nodes_processes_hold_worker_0s_buffers_through_a_kill():
+    extra = ["--model", "bn", "--seed-rng"]
+    with tempfile.TemporaryDirectory() as out:
+        _, clean = run_job(out + "/clean", *extra, per_node=2)
+        _, killed = run_job(out + "/killed", *extra, "--die-at", "25", "--die-rank", "3",
+                            per_node=2)
+        assert clean[0]["1.num_batches_tracked"] == 50
+        for process in clean + killed:
+            assert_same_model(process, clean[0])
+
+
+def test_only_a_nodes_first_process_joins_the_job_and_a_bad_count_is_refused(monkeypatch):
+    for count in ("0", "65"):
+        done = pstrain_run(["--nproc_per_node", count], ["/nonexistent"])
+        assert done.returncode == 2
+        assert "--nproc_per_node in [1, 64]" in done.stderr
+    for name, value in (("PSTRAIN_LOCAL_GROUP", "file:///nowhere"), ("LOCAL_RANK", "1"),
+                        ("LOCAL_WORLD_SIZE", "2"), ("PSTRAIN_COORDINATOR", "127.0.0.1:1")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="LOCAL_RANK 1 of a node's 2 processes"):
+        pstrain.init([("w", [2])], job_yaml="steps: 1")
 
 
 def test_a_loss_scale_changes_no_bit_and_an_overflow_skips_the_step_and_halves_it(plain_job):

@@ -1,10 +1,12 @@
 """One worker of the tests' jobs (started by pstrain-run): a small MLP on
 synthetic data through pstrain.torch. Writes what it trained to OUT_DIR:
-worker-W.npz with the final parameters and buffers (the state dict) and
-each step's sample indices.
+worker-W.npz (worker-W-L.npz for each of a node's processes) with the
+final parameters and buffers (the state dict) and each step's sample
+indices.
 
   train_worker.py OUT_DIR [--steps N] [--optimizer sgd|adam] [--mode sync|async|ssp]
-                  [--drop-worker 1] [--die-at STEP] [--overlap-values] [--accumulate K]
+                  [--drop-worker 1] [--die-at STEP] [--die-rank R] [--overlap-values]
+                  [--accumulate K] [--batch B]
                   [--model mlp|frozen|bn] [--seed-rng] [--weight-decay D]
                   [--loader-workers N] [--fp16]
                   [--inf-at STEP]
@@ -19,6 +21,8 @@ import torch
 import pstrain.torch as pst
 
 SAMPLES, INPUTS, HIDDEN, CLASSES = 512, 20, 16, 4
+# What pstrain-run tells each process about its place (saved as `launch`).
+LAUNCH_ENV = ("PSTRAIN_NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE")
 
 
 def data():
@@ -60,7 +64,7 @@ def job_yaml(args):
     optimizer = ("{type: sgd, learning_rate: 0.05, weight_decay: %g}" if args.optimizer == "sgd"
                  else "{type: adam, learning_rate: 0.001, weight_decay: %g}") % args.weight_decay
     text = ("name: pytest\noptimizer: %s\nbatch_size: %d\naccumulate_steps: %d\nsteps: %d\n"
-            "seed: 3\nmode: %s\n" % (optimizer, 32 // args.accumulate, args.accumulate,
+            "seed: 3\nmode: %s\n" % (optimizer, args.batch // args.accumulate, args.accumulate,
                                        args.steps, args.mode))
     if args.fp16:
         text += "precision: fp16\nloss_scale: {initial: 1024, growth_steps: 1000}\n"
@@ -77,8 +81,10 @@ def main():
     parser.add_argument("--mode", default="sync")
     parser.add_argument("--drop-worker", type=int, default=-1)
     parser.add_argument("--die-at", type=int, default=-1)
+    parser.add_argument("--die-rank", default="1")  # the RANK of the process that dies
     parser.add_argument("--overlap-values", action="store_true")
     parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=32)  # a worker's (node's) samples per step
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--seed-rng", action="store_true")
     parser.add_argument("--loader-workers", type=int, default=0)
@@ -92,7 +98,8 @@ def main():
     opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args), overlap_values=args.overlap_values,
                                    seed_rng=args.seed_rng)
     me = opt.client.worker_index
-    marker = os.path.join(args.out_dir, "died-%s" % os.environ.get("PSTRAIN_LOCAL_RANK"))
+    rank = os.environ.get("RANK")
+    marker = os.path.join(args.out_dir, "died-%s" % rank)
     indices, losses, scales, snapshots = {}, {}, {}, {}
     if args.loader_workers > 0:  # DataLoader worker processes that prefetch
         dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES), x, y)
@@ -102,7 +109,7 @@ def main():
         batches = ((idx, x[idx], y[idx]) for idx in pst.ShardSampler(opt.client, SAMPLES))
     for idx, xb, yb in batches:
         step = opt.client.step
-        if step == args.die_at and os.environ.get("PSTRAIN_LOCAL_RANK") == "1" and not os.path.exists(marker):
+        if step == args.die_at and rank == args.die_rank and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)  # as a crash would
         indices[step] = idx
@@ -122,10 +129,14 @@ def main():
             snapshots[step] = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
     opt.finish(metrics={"train_accuracy": accuracy(net, x, y)})
     steps = sorted(indices)
-    np.savez(os.path.join(args.out_dir, "worker-%d.npz" % me),
+    name = "worker-%d" % me
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") != "1":
+        name += "-" + os.environ["LOCAL_RANK"]
+    np.savez(os.path.join(args.out_dir, name + ".npz"),
              steps=np.array(steps), indices=np.array([indices[s] for s in steps]),
              losses=np.array([losses[s] for s in steps]),
              scales=np.array([scales[s] for s in steps]),
+             launch=np.array([os.environ.get(name, "") for name in LAUNCH_ENV]),
              snapshots=np.array([snapshots[s] for s in sorted(snapshots)]),
              **{name: t.detach().numpy() for name, t in net.state_dict().items()})
 

@@ -178,6 +178,7 @@ PYBIND11_MODULE(_client, m) {
       .def_property_readonly("worker_index", &pstrain::Client::worker_index)
       .def_property_readonly("num_workers", &pstrain::Client::num_workers)
       .def_property_readonly("batch_size", &pstrain::Client::batch_size)
+      .def_property_readonly("batch_offset", &pstrain::Client::batch_offset)
       .def_property_readonly("global_batch", &pstrain::Client::global_batch)
       .def_property_readonly("total_steps", &pstrain::Client::total_steps)
       .def_property_readonly("steps_per_epoch", &pstrain::Client::steps_per_epoch)

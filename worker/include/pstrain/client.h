@@ -158,6 +158,9 @@ class PSTRAIN_CLIENT_API Client {
   int worker_index() const;
   int num_workers() const;
   int batch_size() const;       // this worker's samples per step
+  // Where this worker's samples begin in the global batch of a step: worker
+  // w takes [batch_offset(), batch_offset() + batch_size()) of it.
+  int64_t batch_offset() const;
   int64_t global_batch() const;  // all workers' samples per step
   int64_t total_steps() const;
   // data.train_samples / global_batch(); a job of steps without train_samples: its steps.

@@ -48,6 +48,11 @@ def init(tensors, job_yaml=None, coordinator=None, job_id=None, node_id=None, **
     Other keyword arguments go to Client (cert_file, key_file, ca_file, ...).
     """
     env = os.environ
+    if env.get("PSTRAIN_LOCAL_GROUP") and env.get("LOCAL_RANK", "0") != "0":
+        raise ValueError("pstrain.init: this process is LOCAL_RANK %s of a node's %s processes "
+                         "(pstrain-run --nproc_per_node): only LOCAL_RANK 0 joins the job; "
+                         "pstrain.torch.DistributedOptimizer combines a node's processes" %
+                         (env["LOCAL_RANK"], env.get("LOCAL_WORLD_SIZE")))
     coordinator = coordinator or env.get("PSTRAIN_COORDINATOR")
     if not coordinator:
         raise ValueError("pstrain.init: no coordinator (argument or PSTRAIN_COORDINATOR)")

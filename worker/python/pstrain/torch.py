@@ -42,6 +42,17 @@ A gradient is pushed once a step, after the k-th backward has added to it
 (scaled by gradient_scale, which divides by k too); step() pushes the ones
 that had fewer.
 
+Several processes per node (pstrain-run --nproc_per_node K, torchrun's
+name): the node is one worker of the job, whose batch its K processes
+share (opt.client.batch_indices gives each its LOCAL_RANK-th part, and
+gradient_scale its share of the node's). They meet in a torch.distributed
+gloo group (PSTRAIN_LOCAL_GROUP, which pstrain-run sets; the group is
+torch.distributed's default one), step() sums their gradients there (one
+all-reduce), and LOCAL_RANK 0, the node's worker, pushes the node's sum
+and broadcasts the new values (parameters and buffers) to the others: one
+push per node crosses to the servers. The script is the same on every
+process; only LOCAL_RANK 0's metrics and finish() reach the job.
+
 overlap_values=True: step() returns once the servers have the step's end,
 and the new values land while the next step begins: a forward pre-hook on
 every module waits for the module's own parameters before its forward
@@ -50,8 +61,10 @@ A parameter read outside its own module's forward (another module's
 weight used directly, a functional call on it) is not awaited: leave the
 option off for such models. The results are bitwise those without it.
 """
+import datetime
 import hashlib
 import itertools
+import os
 
 import torch
 
@@ -111,6 +124,10 @@ class DistributedOptimizer:
 
     def __init__(self, model, client=None, job_yaml=None, overlap_values=False, seed_rng=False,
                  **init_options):
+        group = os.environ.get("PSTRAIN_LOCAL_GROUP") if client is None else None
+        if group and overlap_values:
+            raise ValueError("pstrain: overlap_values is not offered with several processes per "
+                             "node (the node's values come in one broadcast)")
         if overlap_values and not isinstance(model, torch.nn.Module):
             raise ValueError("pstrain: overlap_values needs the model as a torch.nn.Module "
                              "(its modules' forward pre-hooks await the values)")
@@ -130,24 +147,28 @@ class DistributedOptimizer:
                          for i, (name, t) in enumerate(kept)]
         tensors = [(name, list(p.shape)) for name, p in self._params] + \
             [b.spec() for b in self._buffers]
-        self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
-        if [name for name, _ in self.client.tensors] != [t[0] for t in tensors] or \
-                [i for i, _ in self.client.buffers] != [b.index for b in self._buffers]:
-            raise ValueError("pstrain: the job's tensors %s are not the model's parameters and "
-                             "buffers %s" % (self.client.tensors, tensors))
         self._pushed = []      # this step's pushed gradients, alive until step() returns
         self._backwards = [0] * len(self._params)  # this step's, by parameter
-        self._micro_batches = self.client.accumulate_steps  # the job's: the same every step
         # overlap_values: the last step's, alive until its values are all in
         self._overlap = overlap_values
-        self._seed_rng = seed_rng
         self._previous = []
         self._accumulators = []  # the AccumulateGrad nodes the hooks sit on
+        self._seed_rng = seed_rng
+        self._node = _Node(group, self._params, self._buffers) if group else None
+        if self._node is not None and self._node.local_rank > 0:
+            self.client = self._node.join()  # LOCAL_RANK 0's view of the job
+            self._check_tensors(tensors)
+            self._seed(self.client.step)
+            return
+        self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
+        self._check_tensors(tensors)
+        self._micro_batches = self.client.accumulate_steps  # the job's: the same every step
         for index, (name, p) in enumerate(self._params):
             self.client.bind_address(index, p.data_ptr(), p.numel())
-            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(self._push_hook(index, p))
-            self._accumulators.append(accumulator)
+            if self._node is None:  # a node's processes push their sum in step()
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                accumulator.register_hook(self._push_hook(index, p))
+                self._accumulators.append(accumulator)
         for b in self._buffers:
             self.client.bind_address(b.index, b.words.data_ptr(), b.words.numel())
             b.save(b.words)  # worker 0's are every worker's first values
@@ -166,7 +187,15 @@ class DistributedOptimizer:
         for b in self._buffers:
             b.stale = True
         self._load_buffers()
+        if self._node is not None:
+            self.client = self._node.lead(self.client)
         self._seed(self.client.step)
+
+    def _check_tensors(self, tensors):
+        if [name for name, _ in self.client.tensors] != [t[0] for t in tensors] or \
+                [i for i, _ in self.client.buffers] != [b.index for b in self._buffers]:
+            raise ValueError("pstrain: the job's tensors %s are not the model's parameters and "
+                             "buffers %s" % (self.client.tensors, tensors))
 
     @property
     def loss_scale(self):
@@ -198,6 +227,8 @@ class DistributedOptimizer:
     def _seed(self, step):
         if self._seed_rng:
             text = "%d:%d:%d" % (self.client.seed, self.client.worker_index, step)
+            if self._node is not None:
+                text += ":%d" % self._node.local_rank
             torch.manual_seed(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8],
                                              "little") >> 1)
 
@@ -230,6 +261,10 @@ class DistributedOptimizer:
         value = float(loss.detach()) if torch.is_tensor(loss) else float(loss or 0.0)
         if metrics:
             self.client.report_metrics(_floats(metrics))
+        if self._node is not None:
+            step = self._node.step(value, samples)
+            self._seed(step)
+            return step
         try:
             # A parameter that had a gradient in fewer than all of the
             # step's micro-batches: its sum goes now.
@@ -274,6 +309,191 @@ class DistributedOptimizer:
         workers that gave each)."""
         self.client.finish(test_accuracy=test_accuracy, test_loss=test_loss,
                            metrics=_floats(metrics or {}))
+
+
+class _NodeClient:
+    """The job as one of a node's processes sees it: the node's worker
+    (LOCAL_RANK 0's client, `worker`, None elsewhere) with this process's
+    part of the node's batch."""
+
+    _JOB = ("job_id", "node_id", "worker_index", "seed", "total_steps", "steps_per_epoch",
+            "accumulate_steps", "mode", "tensors", "buffers")
+    # Of each step, from LOCAL_RANK 0 (a recovery, a lost worker change them).
+    _STEP = ("step", "batch_offset", "node_batch", "global_batch", "num_workers",
+             "node_gradient_scale", "loss_scale")
+
+    def __init__(self, local_rank, local_size, job, worker=None):
+        self.local_rank, self.local_size = local_rank, local_size
+        self._job, self._worker = job, worker
+        self._state = {}
+        self._order = (None, None, None)  # (epoch, n, sample order)
+
+    @classmethod
+    def of(cls, worker, local_rank, local_size):
+        return cls(local_rank, local_size, {k: getattr(worker, k) for k in cls._JOB}, worker)
+
+    def state(self):
+        """LOCAL_RANK 0: the step's values, from the worker."""
+        w = self._worker
+        self._state = dict(step=w.step, batch_offset=w.batch_offset, node_batch=w.batch_size,
+                           global_batch=w.global_batch, num_workers=w.num_workers,
+                           node_gradient_scale=w.gradient_scale, loss_scale=w.loss_scale)
+        return [float(self._state[k]) for k in self._STEP]
+
+    def set_state(self, values):
+        self._state = {k: (v if k in ("node_gradient_scale", "loss_scale") else int(v))
+                       for k, v in zip(self._STEP, values)}
+
+    def __getattr__(self, name):
+        if name in _NodeClient._JOB:
+            return self._job[name]
+        if name in _NodeClient._STEP:
+            return self._state[name]
+        if self._worker is None:
+            raise AttributeError("pstrain: %s is LOCAL_RANK 0's (the node's worker of the job)"
+                                 % name)
+        return getattr(self._worker, name)
+
+    def _part(self):
+        b, k, j = self.node_batch, self.local_size, self.local_rank
+        return j * b // k, (j + 1) * b // k
+
+    @property
+    def batch_size(self):
+        lo, hi = self._part()
+        return hi - lo
+
+    @property
+    def gradient_scale(self):
+        """This process's share of the node's gradient scale."""
+        return self.node_gradient_scale * self.batch_size / self.node_batch
+
+    def batch_indices(self, step, dataset_size):
+        """This process's part of the node's samples of `step` (what the
+        worker's batch_indices gives, cut in LOCAL_WORLD_SIZE parts)."""
+        if dataset_size < self.global_batch or step < 0:
+            raise pstrain.Error("INVALID_ARGUMENT", "a training set of %d samples is smaller than "
+                                "the global batch of %d, or a negative step" %
+                                (dataset_size, self.global_batch))
+        per_epoch = dataset_size // self.global_batch
+        epoch = step // per_epoch
+        if self._order[:2] != (epoch, dataset_size):
+            self._order = (epoch, dataset_size, pstrain.sample_order(self.seed, epoch,
+                                                                      dataset_size))
+        first = (step % per_epoch) * self.global_batch + self.batch_offset
+        lo, hi = self._part()
+        return self._order[2][first + lo:first + hi]
+
+    def report_metrics(self, metrics):
+        if self._worker is not None:  # the node's are LOCAL_RANK 0's
+            self._worker.report_metrics(metrics)
+
+    def finish(self, **evaluation):
+        if self._worker is not None:
+            self._worker.finish(**evaluation)
+
+
+class _Node:
+    """A node's processes (pstrain-run --nproc_per_node): torch.distributed's
+    default group over gloo, where each step sums their gradients and
+    LOCAL_RANK 0 gives the new values."""
+
+    def __init__(self, group, params, buffers):
+        import torch.distributed as dist
+        self.dist = dist
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if dist.is_initialized():
+            raise ValueError("pstrain: torch.distributed is initialized already; with several "
+                             "processes per node pstrain.torch makes its group")
+        dist.init_process_group("gloo", init_method=group, rank=self.local_rank,
+                                world_size=self.local_size, timeout=datetime.timedelta(hours=1))
+        self.params, self.buffers = params, buffers
+        floats = sum(p.numel() for _, p in params)
+        self.grads = torch.zeros(floats + 2, dtype=torch.float32)  # + loss sum, samples
+        self.values = torch.zeros(floats + sum(b.words.numel() for b in buffers),
+                                  dtype=torch.float32)
+        self.client = None
+
+    def _broadcast(self, stop=False):
+        """LOCAL_RANK 0: the step's state and the values; elsewhere: takes them."""
+        state = torch.zeros(len(_NodeClient._STEP) + 1, dtype=torch.float64)
+        if self.local_rank == 0:
+            state[0] = float(stop)
+            if not stop:
+                state[1:] = torch.tensor(self.client.state(), dtype=torch.float64)
+        self.dist.broadcast(state, 0)
+        if stop:
+            return
+        if state[0] != 0:
+            raise RuntimeError("pstrain: the node's LOCAL_RANK 0 process (its worker of the job) "
+                               "stopped: see its log")
+        tensors = [p.data.view(-1) for _, p in self.params] + [b.words for b in self.buffers]
+        if self.local_rank == 0:
+            torch.cat(tensors, out=self.values)
+        else:
+            self.client.set_state(state[1:].tolist())
+        self.dist.broadcast(self.values, 0)
+        if self.local_rank > 0:
+            offset = 0
+            for t in tensors:
+                t.copy_(self.values[offset:offset + t.numel()])
+                offset += t.numel()
+            for b in self.buffers:
+                b.load()
+
+    def lead(self, worker):
+        """LOCAL_RANK 0, once its worker has started: the others join."""
+        self.client = _NodeClient.of(worker, 0, self.local_size)
+        self.dist.broadcast_object_list([self.client._job], 0)
+        self._broadcast()
+        return self.client
+
+    def join(self):
+        """LOCAL_RANK > 0: the job's view from LOCAL_RANK 0, its values."""
+        job = [None]
+        self.dist.broadcast_object_list(job, 0)
+        self.client = _NodeClient(self.local_rank, self.local_size, job[0])
+        self._broadcast()
+        return self.client
+
+    def step(self, loss, samples):
+        """The node's step: the sum of its processes' gradients pushed by
+        LOCAL_RANK 0, whose new values every process gets; returns the
+        step to compute next."""
+        c = self.client
+        samples = samples or c.batch_size
+        offset = 0
+        for _, p in self.params:
+            part = self.grads[offset:offset + p.numel()]
+            offset += p.numel()
+            if p.grad is None:
+                part.zero_()
+            else:
+                torch.mul(p.grad.reshape(-1), c.gradient_scale, out=part)
+        self.grads[-2] = loss * samples
+        self.grads[-1] = samples
+        self.dist.all_reduce(self.grads)
+        if self.local_rank > 0:
+            self._broadcast()
+            return c.step
+        try:
+            worker = c._worker
+            offset = 0
+            for index, (_, p) in enumerate(self.params):
+                worker.push_address(index, self.grads[offset:].data_ptr(), p.numel())
+                offset += p.numel()
+            for b in self.buffers:
+                b.save(b.outgoing)
+                worker.push_address(b.index, b.outgoing.data_ptr(), b.outgoing.numel())
+            worker.end_step(float(self.grads[-2] / self.grads[-1]), int(self.grads[-1]))
+            for b in self.buffers:
+                b.load()
+        except BaseException:
+            self._broadcast(stop=True)
+            raise
+        self._broadcast()
+        return c.step
 
 
 def _floats(metrics):
