@@ -8,6 +8,12 @@ files (no download). Two ways, to compare them:
   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=0 python3 examples/torch/fashion_cnn.py --ddp &
   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 python3 examples/torch/fashion_cnn.py --ddp
 
+--model mlp50 trains a multilayer perceptron of 50.7 MB of parameters
+(784-4096-2304-10, 12.68 million floats) instead, where moving the
+gradients and values costs more than computing them; --train-samples N
+trains on the first N images (the job file's data.train_samples must say
+the same).
+
 With pstrain the servers run Adam (the job file's) and the workers push
 gradients; with --ddp each process runs torch's Adam after
 DistributedDataParallel's all-reduce (gloo). Both: batch 32 per process,
@@ -49,6 +55,13 @@ class Net(torch.nn.Module):
         x = F.max_pool2d(F.relu(self.conv0(x)), 2)
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         return self.layer1(F.relu(self.layer0(x.flatten(1))))
+
+
+def mlp50():
+    """784-4096-2304-10: 12,677,898 parameters, 50.7 MB."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 4096), torch.nn.ReLU(),
+                               torch.nn.Linear(4096, 2304), torch.nn.ReLU(),
+                               torch.nn.Linear(2304, 10))
 
 
 def evaluate(net, x, y):
@@ -112,11 +125,15 @@ def main():
     parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel (gloo) instead")
     parser.add_argument("--epochs", type=int, default=3, help="--ddp: epochs (pstrain: the job's)")
     parser.add_argument("--batch", type=int, default=32, help="--ddp: batch per process")
+    parser.add_argument("--model", choices=("cnn", "mlp50"), default="cnn")
+    parser.add_argument("--train-samples", type=int, default=60000,
+                        help="the first N training images (pstrain: as the job's train_samples)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)  # every worker starts from the same model (pstrain: worker 0's)
-    net = Net()
+    net = Net() if args.model == "cnn" else mlp50()
     train, test = load("train"), load("t10k")
+    train = (train[0][:args.train_samples], train[1][:args.train_samples])
     if args.ddp:
         rank, world, samples, seconds, accuracy = train_ddp(net, train, test, args.epochs,
                                                             args.batch, seed=1)

@@ -267,6 +267,16 @@ def test_a_loss_scale_changes_no_bit_and_an_overflow_skips_the_step_and_halves_i
         assert result["steps"] == 50
 
 
+def test_a_bf16_autocast_forward_trains_one_model_on_both_workers(plain_job):
+    # torch.autocast on the CPU (bf16 matmuls): the gradients the library
+    # sees are fp32; the model differs from fp32's by bf16's rounding.
+    with tempfile.TemporaryDirectory() as out:
+        _, workers = run_job(out, "--autocast-bf16")
+        assert_same_model(workers[1], workers[0])
+        for name, (relative, _) in differences(workers[0], model_of(plain_job[0])).items():
+            assert BOUNDS["sgd"][0] < relative < 0.02, (name, relative)
+
+
 def test_pushes_and_values_use_the_tensors_own_memory(cluster):
     net = torch.nn.Linear(2, 3)
     with torch.no_grad():

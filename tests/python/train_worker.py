@@ -8,7 +8,7 @@ indices.
                   [--drop-worker 1] [--die-at STEP] [--die-rank R] [--overlap-values]
                   [--accumulate K] [--batch B]
                   [--model mlp|frozen|bn] [--seed-rng] [--weight-decay D]
-                  [--loader-workers N] [--fp16]
+                  [--loader-workers N] [--fp16] [--autocast-bf16]
                   [--inf-at STEP]
 """
 import argparse
@@ -89,6 +89,7 @@ def main():
     parser.add_argument("--seed-rng", action="store_true")
     parser.add_argument("--loader-workers", type=int, default=0)
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--autocast-bf16", action="store_true")  # the forward pass in bf16
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--inf-at", type=int, default=-1)
     args = parser.parse_args()
@@ -117,7 +118,8 @@ def main():
         k = opt.client.accumulate_steps
         for micro in range(k):  # each micro-batch's backward adds to the gradients
             lo, hi = micro * len(idx) // k, (micro + 1) * len(idx) // k
-            loss = torch.nn.functional.cross_entropy(net(xb[lo:hi]), yb[lo:hi])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast_bf16):
+                loss = torch.nn.functional.cross_entropy(net(xb[lo:hi]), yb[lo:hi])
             factor = 0.0 if me == args.drop_worker else opt.loss_scale
             if step == args.inf_at and me == 1:
                 factor = float("inf")  # an overflow, as fp16 compute would give
