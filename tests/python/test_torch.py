@@ -242,6 +242,12 @@ def test_only_a_nodes_first_process_joins_the_job_and_a_bad_count_is_refused(mon
         done = pstrain_run(["--nproc_per_node", count], ["/nonexistent"])
         assert done.returncode == 2
         assert "--nproc_per_node in [1, 64]" in done.stderr
+    with tempfile.TemporaryDirectory() as out:  # a node's batch of 1 for 2 processes
+        done = pstrain_run(["--nproc_per_node", "2", "--max_restarts", "0", "--run_dir", out],
+                           [out, "--batch", "1"])
+        assert done.returncode == 1
+        with open(os.path.join(out, "worker-0-1.log")) as log:
+            assert "a node's batch of 1 samples cannot be split among its 2 processes" in log.read()
     for name, value in (("PSTRAIN_LOCAL_GROUP", "file:///nowhere"), ("LOCAL_RANK", "1"),
                         ("LOCAL_WORLD_SIZE", "2"), ("PSTRAIN_COORDINATOR", "127.0.0.1:1")):
         monkeypatch.setenv(name, value)

@@ -447,7 +447,7 @@ class _Node:
         self.client = _NodeClient.of(worker, 0, self.local_size)
         self.dist.broadcast_object_list([self.client._job], 0)
         self._broadcast()
-        return self.client
+        return self._checked(self.client)
 
     def join(self):
         """LOCAL_RANK > 0: the job's view from LOCAL_RANK 0, its values."""
@@ -455,7 +455,13 @@ class _Node:
         self.dist.broadcast_object_list(job, 0)
         self.client = _NodeClient(self.local_rank, self.local_size, job[0])
         self._broadcast()
-        return self.client
+        return self._checked(self.client)
+
+    def _checked(self, client):
+        if client.node_batch < self.local_size:  # each process needs samples
+            raise ValueError("pstrain: a node's batch of %d samples cannot be split among its %d "
+                             "processes" % (client.node_batch, self.local_size))
+        return client
 
     def step(self, loss, samples):
         """The node's step: the sum of its processes' gradients pushed by
