@@ -199,10 +199,13 @@ int Run(const std::vector<std::string>& command) {
   // Starts node i's processes; with several, each start meets in a new file.
   auto start_node = [&](int i) -> absl::Status {
     Node& node = nodes[i];
-    const std::string group = absl::StrCat(run_dir, "/group-", i, "-", node.starts++);
+    const std::string group = absl::StrCat(run_dir, "/group-", run_id, "-", i, "-", node.starts++);
+    std::error_code ignored;
+    std::filesystem::remove(group, ignored);
     for (Script& s : node.processes) {
       SpawnOptions spawn = s.spawn;
-      if (per_node > 1) spawn.env.push_back("PSTRAIN_LOCAL_GROUP=file://" + group);
+      // One process a node: none, whatever pstrain-run's own environment says.
+      spawn.env.push_back("PSTRAIN_LOCAL_GROUP=" + (per_node > 1 ? "file://" + group : ""));
       PSTRAIN_ASSIGN_OR_RETURN(s.pid, Spawn(spawn));
     }
     return absl::OkStatus();
@@ -220,7 +223,8 @@ int Run(const std::vector<std::string>& command) {
     absl::Time all_exited = absl::InfiniteFuture();
     for (int i = 0; i < workers; ++i) {
       if (absl::Status started = start_node(i); !started.ok()) {
-        return give_up(std::string(started.message()));
+        give_up(std::string(started.message()));  // those started are stopped below
+        break;
       }
     }
     while (!done) {
@@ -248,7 +252,7 @@ int Run(const std::vector<std::string>& command) {
                                   " ", DescribeWaitStatus(*status), " (", s.spawn.log_path, ")");
           }
         }
-        if (failed.empty()) continue;
+        if (failed.empty() || job_ended) continue;
         // The node's other processes cannot go on without it: all start again.
         for (Script& s : node.processes) {
           if (s.pid < 0) continue;
@@ -256,8 +260,8 @@ int Run(const std::vector<std::string>& command) {
           s.pid = -1;
           --running;
         }
-        if (job_ended || node.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
-          if (!job_ended) give_up(failed);
+        if (node.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
+          give_up(failed);
           continue;
         }
         ++node.restarts;

@@ -316,10 +316,10 @@ class _NodeClient:
     (LOCAL_RANK 0's client, `worker`, None elsewhere) with this process's
     part of the node's batch."""
 
-    _JOB = ("job_id", "node_id", "worker_index", "seed", "total_steps", "steps_per_epoch",
-            "accumulate_steps", "mode", "tensors", "buffers")
+    _JOB = ("job_id", "node_id", "seed", "total_steps", "steps_per_epoch", "accumulate_steps",
+            "mode", "tensors", "buffers")
     # Of each step, from LOCAL_RANK 0 (a recovery, a lost worker change them).
-    _STEP = ("step", "batch_offset", "node_batch", "global_batch", "num_workers",
+    _STEP = ("step", "worker_index", "batch_offset", "node_batch", "global_batch", "num_workers",
              "node_gradient_scale", "loss_scale")
 
     def __init__(self, local_rank, local_size, job, worker=None):
@@ -335,7 +335,8 @@ class _NodeClient:
     def state(self):
         """LOCAL_RANK 0: the step's values, from the worker."""
         w = self._worker
-        self._state = dict(step=w.step, batch_offset=w.batch_offset, node_batch=w.batch_size,
+        self._state = dict(step=w.step, worker_index=w.worker_index,
+                           batch_offset=w.batch_offset, node_batch=w.batch_size,
                            global_batch=w.global_batch, num_workers=w.num_workers,
                            node_gradient_scale=w.gradient_scale, loss_scale=w.loss_scale)
         return [float(self._state[k]) for k in self._STEP]
@@ -345,6 +346,8 @@ class _NodeClient:
                        for k, v in zip(self._STEP, values)}
 
     def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
         if name in _NodeClient._JOB:
             return self._job[name]
         if name in _NodeClient._STEP:
