@@ -237,12 +237,15 @@ class Client::Impl {
                             std::shared_ptr<const void> keep_alive) {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
     PSTRAIN_RETURN_IF_ERROR(CheckTensor(tensor, size));
-    if (descs_[tensor].buffer && grad != nullptr) {
-      // A buffer's values, copied now: the program goes on with its own.
-      auto values = std::make_shared<std::vector<float>>(grad, grad + size);
-      return Push(tensor, values->data(), values);
-    }
+    // A buffer's values, copied now: the program goes on with its own.
+    if (descs_[tensor].buffer && grad != nullptr) return PushCopy(tensor, grad);
     return Push(tensor, grad, std::move(keep_alive));
+  }
+
+  // Pushes a copy of `values` (a buffer's: the tensor's size).
+  absl::Status PushCopy(int tensor, const float* values) {
+    auto copy = std::make_shared<std::vector<float>>(values, values + descs_[tensor].size);
+    return Push(tensor, copy->data(), copy);
   }
 
   // Starts the push of `tensor` (a gradient, or a buffer's values) and the
@@ -294,8 +297,7 @@ class Client::Impl {
       if (descs_[t].buffer) {
         // Its values as they are now, from a copy of their own: the new
         // ones land in the bound memory while the push may still be sent.
-        auto values = std::make_shared<std::vector<float>>(bound_[t], bound_[t] + descs_[t].size);
-        PSTRAIN_RETURN_IF_ERROR(Push(static_cast<int>(t), values->data(), values));
+        PSTRAIN_RETURN_IF_ERROR(PushCopy(static_cast<int>(t), bound_[t]));
       } else {
         // A tensor that took no part in the loss has a zero gradient.
         PSTRAIN_RETURN_IF_ERROR(Push(static_cast<int>(t), zeros_->data(), zeros_));

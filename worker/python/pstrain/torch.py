@@ -104,6 +104,11 @@ class _Buffer:
         self.tensor.view(-1).view(torch.uint8).copy_(self.words.view(torch.uint8)[:self.nbytes])
         self.stale = False
 
+    def send(self, client):
+        """The values the forward passes left, as this step's push."""
+        self.save(self.outgoing)
+        client.push_address(self.index, self.outgoing.data_ptr(), self.outgoing.numel())
+
 
 class DistributedOptimizer:
     """Trains `model` (a torch.nn.Module, or its named_parameters()) as a
@@ -272,9 +277,8 @@ class DistributedOptimizer:
                 if 0 < self._backwards[index] < self._micro_batches:
                     self._push(index, p)
             self._load_buffers()  # those of a module that did not run
-            for b in self._buffers:  # the values the forward passes left
-                b.save(b.outgoing)
-                self.client.push_address(b.index, b.outgoing.data_ptr(), b.outgoing.numel())
+            for b in self._buffers:
+                b.send(self.client)
             step = self.client.end_step(value, samples or self.client.batch_size,
                                         await_values=not self._overlap)
         finally:
@@ -416,7 +420,8 @@ class _Node:
         self.grads = torch.zeros(floats + 2, dtype=torch.float32)  # + loss sum, samples
         self.values = torch.zeros(floats + sum(b.words.numel() for b in buffers),
                                   dtype=torch.float32)
-        self.client = None
+        self.client = None  # the node's view of the job (_NodeClient)
+        self.worker = None  # LOCAL_RANK 0: its client, the job's worker
 
     def _broadcast(self, stop=False):
         """LOCAL_RANK 0: the step's state and the values; elsewhere: takes them."""
@@ -447,6 +452,7 @@ class _Node:
 
     def lead(self, worker):
         """LOCAL_RANK 0, once its worker has started: the others join."""
+        self.worker = worker
         self.client = _NodeClient.of(worker, 0, self.local_size)
         self.dist.broadcast_object_list([self.client._job], 0)
         self._broadcast()
@@ -472,6 +478,7 @@ class _Node:
         step to compute next."""
         c = self.client
         samples = samples or c.batch_size
+        scale = c.gradient_scale
         offset = 0
         for _, p in self.params:
             part = self.grads[offset:offset + p.numel()]
@@ -479,7 +486,7 @@ class _Node:
             if p.grad is None:
                 part.zero_()
             else:
-                torch.mul(p.grad.reshape(-1), c.gradient_scale, out=part)
+                torch.mul(p.grad.reshape(-1), scale, out=part)
         self.grads[-2] = loss * samples
         self.grads[-1] = samples
         self.dist.all_reduce(self.grads)
@@ -487,14 +494,13 @@ class _Node:
             self._broadcast()
             return c.step
         try:
-            worker = c._worker
+            worker = self.worker
             offset = 0
             for index, (_, p) in enumerate(self.params):
                 worker.push_address(index, self.grads[offset:].data_ptr(), p.numel())
                 offset += p.numel()
             for b in self.buffers:
-                b.save(b.outgoing)
-                worker.push_address(b.index, b.outgoing.data_ptr(), b.outgoing.numel())
+                b.send(worker)
             worker.end_step(float(self.grads[-2] / self.grads[-1]), int(self.grads[-1]))
             for b in self.buffers:
                 b.load()
