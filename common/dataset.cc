@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/files.h"
+#include "common/random.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -70,13 +71,6 @@ absl::StatusOr<std::vector<uint32_t>> IdxDims(const std::string& path, const std
                                                    expected));
   }
   return shape;
-}
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 }  // namespace
@@ -151,8 +145,7 @@ std::vector<int64_t> EpochOrder(uint64_t seed, int64_t epoch, int64_t n) {
   // platform, unlike std::uniform_int_distribution.
   for (int64_t i = n - 1; i > 0; --i) {
     const uint64_t r = SplitMix64(state);
-    const int64_t j = static_cast<int64_t>(
-        (static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
+    const int64_t j = static_cast<int64_t>(BelowN(r, static_cast<uint64_t>(i + 1)));
     std::swap(order[i], order[j]);
   }
   return order;

@@ -4,18 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "common/random.h"
 
 namespace pstrain::kernels {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 std::vector<ConvLayer> ConvLayers(const ModelShape& shape) {
   std::vector<ConvLayer> layers;
@@ -110,9 +101,9 @@ void InitParams(const ModelShape& shape, uint64_t seed, int64_t begin, int64_t e
       continue;
     }
     const double limit = std::sqrt(6.0 / static_cast<double>(desc.fan_in));
-    const uint64_t stream = SplitMix64(seed ^ SplitMix64(t + 1));
+    const uint64_t stream = Mix64(seed ^ Mix64(t + 1));
     for (int64_t i = lo; i < hi; ++i) {
-      const uint64_t bits = SplitMix64(stream + static_cast<uint64_t>(i - desc.offset));
+      const uint64_t bits = Mix64(stream + static_cast<uint64_t>(i - desc.offset));
       const double unit = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
       out[i - begin] = static_cast<float>((2.0 * unit - 1.0) * limit);
     }
