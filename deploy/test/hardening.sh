@@ -93,7 +93,7 @@ export ASAN_SYMBOLIZER_PATH=/usr/bin/llvm-symbolizer-14
 # with its fixed -runs, so running beside another changes nothing but the
 # time): about 4 minutes for the seven on 2 cores.
 declare -A runs=(
-  [checkpoint]=40000 [chunk_frame]=2100000 [control_requests]=14500 [job_log]=120000
+  [checkpoint]=40000 [chunk_frame]=2100000 [click_file]=40000 [control_requests]=14500 [job_log]=120000
   [job_spec]=360000 [model_file]=1300000 [parameter_requests]=42000
 )
 mkdir -p $build/fuzz-crashes

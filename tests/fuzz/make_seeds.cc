@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_codec.h"
+#include "common/click_generator.h"
 #include "common/file_format.h"
 #include "common/file_system.h"
 #include "common/job_spec.h"
@@ -216,6 +217,24 @@ void SpecSeeds(const std::string& dir, const std::string& examples) {
   Write(dir, "control_requests", "progress", '\10' + progress.SerializeAsString());
 }
 
+// Generated click logs of 2 integer and 3 categorical columns (layout byte
+// 0x22), plain and gzip, with empty and multi-valued fields.
+void ClickSeeds(const std::string& dir) {
+  ClickDataSpec spec;
+  spec.train_rows = 12;
+  spec.test_rows = 1;
+  spec.layout = {.dense = 2, .fields = 3};
+  spec.max_values = 3;
+  spec.missing = 0.2;
+  const std::string tmp = "/tmp/pstrain-fuzz-seeds-clicks";
+  for (bool gzip : {false, true}) {
+    CHECK(WriteClickData(spec, tmp, gzip).ok());
+    const std::string name = gzip ? "train.txt.gz" : "train.txt";
+    Write(dir, "click_file", name, "\x22" + *PosixFileSystem()->ReadFile(tmp + "/" + name));
+  }
+  CHECK(system(absl::StrCat("rm -rf ", tmp).c_str()) == 0);
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -227,5 +246,6 @@ int main(int argc, char** argv) {
   pstrain::ParameterSeeds(argv[1]);
   pstrain::FileSeeds(argv[1]);
   pstrain::SpecSeeds(argv[1], argv[2]);
+  pstrain::ClickSeeds(argv[1]);
   return 0;
 }
