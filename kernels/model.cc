@@ -90,7 +90,11 @@ int64_t NumParams(const ModelShape& shape) {
 
 void InitParams(const ModelShape& shape, uint64_t seed, int64_t begin, int64_t end,
                 float* out) {
-  const std::vector<TensorDesc> tensors = ModelTensors(shape);
+  InitTensors(ModelTensors(shape), seed, begin, end, out);
+}
+
+void InitTensors(const std::vector<TensorDesc>& tensors, uint64_t seed, int64_t begin,
+                 int64_t end, float* out) {
   for (size_t t = 0; t < tensors.size(); ++t) {
     const TensorDesc& desc = tensors[t];
     const int64_t lo = std::max(begin, desc.offset);

@@ -89,6 +89,10 @@ int64_t NumParams(const ModelShape& shape);
 // on any process.
 void InitParams(const ModelShape& shape, uint64_t seed, int64_t begin, int64_t end,
                 float* out);
+// The same for any tensors laid out in a flat space (tensor t's stream
+// drawn from (seed, t)).
+void InitTensors(const std::vector<TensorDesc>& tensors, uint64_t seed, int64_t begin,
+                 int64_t end, float* out);
 
 // Totals over the samples of one call.
 struct BatchStats {
