@@ -64,6 +64,7 @@ inline Status FailedPreconditionError(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
 }  // namespace absl
 
