@@ -43,4 +43,19 @@ inline absl::Status CublasError(cublasStatus_t s, const char* call, const char* 
     }                                                                                   \
   } while (0)
 
+namespace pstrain::kernels::cuda {
+
+// Makes GPU `ordinal` current, runs `launch` (kernels on its default
+// stream) and waits for them; the first error as a status.
+template <typename Launch>
+absl::Status RunOn(int ordinal, Launch launch) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
+  launch();
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain::kernels::cuda
+
 #endif  // PSTRAIN_KERNELS_CUDA_CUDA_CHECK_H_

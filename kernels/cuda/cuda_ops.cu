@@ -179,15 +179,6 @@ class CudaOptimizer final : public Optimizer {
   const int state_floats_;
 };
 
-template <typename Launch>
-absl::Status RunOn(int ordinal, Launch launch) {
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
-  launch();
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void LaunchFillRows(cudaStream_t stream, const float* row, int rows, int cols, float* out) {
