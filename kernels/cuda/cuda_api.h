@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/click_model.h"
 #include "kernels/device.h"
 #include "kernels/model.h"
 #include "kernels/reducer.h"
@@ -42,6 +43,13 @@ absl::Status CudaCastToBf16(int ordinal, const float* in, uint16_t* out, int64_t
 absl::Status CudaCastFromBf16(int ordinal, const uint16_t* in, float* out, int64_t n);
 absl::Status CudaCastToFp16(int ordinal, const float* in, uint16_t* out, int64_t n);
 absl::Status CudaCastFromFp16(int ordinal, const uint16_t* in, float* out, int64_t n);
+
+// The click model's embedding bags (click_model.h) on GPU `ordinal`: the
+// index arrays, rows and outputs in its memory; bitwise the CPU twins'.
+absl::Status CudaEmbeddingBagForward(int ordinal, const BagIndexView& index, int dim,
+                                     Pooling pooling, const float* rows, float* out);
+absl::Status CudaEmbeddingBagBackward(int ordinal, const BagIndexView& index, int dim,
+                                      Pooling pooling, const float* d_out, float* row_grad);
 
 // Mean seconds of one m x n x k cublasGemmEx on GPU `ordinal` at the given
 // precision (inputs fp32, or bf16 / fp16 for kBf16 / kFp16; fp32 output), over

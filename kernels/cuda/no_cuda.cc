@@ -24,6 +24,14 @@ absl::Status CudaCastToBf16(int, const float*, uint16_t*, int64_t) { return NotB
 absl::Status CudaCastFromBf16(int, const uint16_t*, float*, int64_t) { return NotBuilt(); }
 absl::Status CudaCastToFp16(int, const float*, uint16_t*, int64_t) { return NotBuilt(); }
 absl::Status CudaCastFromFp16(int, const uint16_t*, float*, int64_t) { return NotBuilt(); }
+absl::Status CudaEmbeddingBagForward(int, const BagIndexView&, int, Pooling, const float*,
+                                     float*) {
+  return NotBuilt();
+}
+absl::Status CudaEmbeddingBagBackward(int, const BagIndexView&, int, Pooling, const float*,
+                                      float*) {
+  return NotBuilt();
+}
 absl::StatusOr<double> CudaGemmSeconds(int, int, int, int, Precision, int) { return NotBuilt(); }
 absl::StatusOr<std::string> CudaDeviceName(int) { return NotBuilt(); }
 
