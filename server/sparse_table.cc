@@ -1,0 +1,389 @@
+#include "server/sparse_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+
+namespace pstrain::server {
+namespace {
+
+constexpr int kFilterRows = 4;
+constexpr uint32_t kMaxSightings = 0xffff;
+// A key's sightings past this many in one step draw no further admission
+// chances (beyond it a probability below 1 has long admitted the key).
+constexpr uint32_t kMaxDrawsPerStep = 4096;
+// The index's bytes per row, with its slack (a hash map of 12-byte slots
+// and a control byte, between 7/16 and 7/8 full).
+constexpr int64_t kIndexBytesPerRow = 32;
+
+absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("table ", c.name, ": ", what));
+}
+
+}  // namespace
+
+absl::Status CheckSparseTableConfig(const SparseTableConfig& c) {
+  if (c.dim < 1 || c.dim > 1024) return Bad(c, absl::StrCat("dim ", c.dim, " is outside [1, 1024]"));
+  if (!(c.init_scale >= 0 && c.init_scale <= 10)) {
+    return Bad(c, absl::StrCat("init scale ", c.init_scale, " is outside [0, 10]"));
+  }
+  if (!(c.learning_rate > 0 && c.learning_rate <= 1e3)) {
+    return Bad(c, absl::StrCat("learning_rate ", c.learning_rate, " is outside (0, 1000]"));
+  }
+  if (!(c.initial_accumulator >= 0 && c.initial_accumulator <= 1e6)) {
+    return Bad(c, "initial_accumulator is outside [0, 1e6]");
+  }
+  if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1)) {
+    return Bad(c, "beta1 and beta2 must be in [0, 1)");
+  }
+  if (!(c.epsilon > 0 && c.epsilon <= 1)) return Bad(c, "epsilon must be in (0, 1]");
+  if (!(c.l1 >= 0) || !(c.l2 >= 0) || !(c.beta >= 0)) return Bad(c, "l1, l2 and beta must be >= 0");
+  if (c.min_count < 1 || c.min_count > kMaxSightings) {
+    return Bad(c, absl::StrCat("min_count ", c.min_count, " is outside [1, ", kMaxSightings, "]"));
+  }
+  if (!(c.probability > 0 && c.probability <= 1)) {
+    return Bad(c, absl::StrCat("probability ", c.probability, " is outside (0, 1]"));
+  }
+  if (c.filter_counters < 1 || c.filter_counters > (int64_t{1} << 32)) {
+    return Bad(c, "filter_counters is outside [1, 2^32]");
+  }
+  if (c.ttl_steps < 0) return Bad(c, "ttl_steps must be >= 0");
+  if (c.max_memory_bytes < 0) return Bad(c, "max_memory_bytes must be >= 0");
+  return absl::OkStatus();
+}
+
+int StateFloatsPerRow(const SparseTableConfig& c) {
+  switch (c.optimizer) {
+    case SparseTableConfig::Optimizer::kSgd:
+      return 0;
+    case SparseTableConfig::Optimizer::kAdagrad:
+      return c.dim;
+    case SparseTableConfig::Optimizer::kAdam:
+    case SparseTableConfig::Optimizer::kFtrl:
+      return 2 * c.dim;
+  }
+  return 0;
+}
+
+int64_t BytesPerRow(const SparseTableConfig& c) {
+  return (int64_t{c.dim} + StateFloatsPerRow(c)) * 4 + 32 + kIndexBytesPerRow;
+}
+
+SparseTable::SparseTable(const SparseTableConfig& config)
+    : config_(config), state_floats_(StateFloatsPerRow(config)) {}
+
+absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const SparseTableConfig& config) {
+  if (absl::Status s = CheckSparseTableConfig(config); !s.ok()) return s;
+  auto table = std::unique_ptr<SparseTable>(new SparseTable(config));
+  if (config.min_count > 1 || config.probability < 1) {
+    table->filter_width_ = config.filter_counters;
+  }
+  if (config.max_memory_bytes > 0 &&
+      table->filter_width_ * kFilterRows * 2 > config.max_memory_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table ", config.name, ": its counting filter (", config.filter_counters,
+                     " counters, ", table->filter_width_ * kFilterRows * 2,
+                     " bytes) exceeds max_memory_bytes ", config.max_memory_bytes));
+  }
+  table->filter_.assign(table->filter_width_ * kFilterRows, 0);
+  return table;
+}
+
+int64_t SparseTable::bytes() const {
+  return static_cast<int64_t>(filter_.size()) * 2 +
+         static_cast<int64_t>(meta_.size()) * BytesPerRow(config_);
+}
+
+void SparseTable::Read(absl::Span<const uint64_t> keys, float* out) const {
+  const int dim = config_.dim;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* o = out + i * dim;
+    const auto it = index_.find(keys[i]);
+    if (it == index_.end()) {
+      std::fill(o, o + dim, 0.0f);
+    } else {
+      std::copy_n(values_.data() + int64_t{it->second} * dim, dim, o);
+    }
+  }
+}
+
+uint32_t SparseTable::NewSlot() {
+  if (!free_slots_.empty()) {
+    const uint32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
+  const uint32_t slot = static_cast<uint32_t>(meta_.size());
+  meta_.emplace_back();
+  values_.resize(values_.size() + config_.dim);
+  state_.resize(state_.size() + state_floats_);
+  return slot;
+}
+
+void SparseTable::InitRow(uint64_t key, uint32_t slot) {
+  const int dim = config_.dim;
+  float* v = values_.data() + int64_t{slot} * dim;
+  const uint64_t stream = Mix64(Mix64(config_.seed ^ 0x7ab1e5eedULL) + config_.index) ^ Mix64(key);
+  for (int j = 0; j < dim; ++j) {
+    const uint64_t bits = Mix64(stream + static_cast<uint64_t>(j));
+    switch (config_.initializer) {
+      case SparseTableConfig::Initializer::kZeros:
+        v[j] = 0.0f;
+        break;
+      case SparseTableConfig::Initializer::kUniform:
+        v[j] = static_cast<float>((2.0 * UnitDouble(bits) - 1.0) * config_.init_scale);
+        break;
+      case SparseTableConfig::Initializer::kNormal: {
+        const double u1 = UnitDouble(bits), u2 = UnitDouble(Mix64(bits));
+        v[j] = static_cast<float>(config_.init_scale * std::sqrt(-2.0 * std::log1p(-u1)) *
+                                  std::cos(2.0 * std::numbers::pi * u2));
+        break;
+      }
+    }
+  }
+  float* s = state_.data() + int64_t{slot} * state_floats_;
+  std::fill(s, s + state_floats_, 0.0f);
+  if (config_.optimizer == SparseTableConfig::Optimizer::kAdagrad) {
+    std::fill(s, s + dim, config_.initial_accumulator);
+  } else if (config_.optimizer == SparseTableConfig::Optimizer::kFtrl) {
+    std::fill(s + dim, s + 2 * dim, config_.initial_accumulator);  // n; z stays 0
+  }
+  meta_[slot] = Meta{.key = key};
+}
+
+void SparseTable::UpdateRow(uint32_t slot, const float* g) {
+  const int dim = config_.dim;
+  const float lr = config_.learning_rate;
+  float* w = values_.data() + int64_t{slot} * dim;
+  float* s = state_.data() + int64_t{slot} * state_floats_;
+  Meta& meta = meta_[slot];
+  ++meta.updates;
+  switch (config_.optimizer) {
+    case SparseTableConfig::Optimizer::kSgd:
+      for (int j = 0; j < dim; ++j) w[j] -= lr * g[j];
+      break;
+    case SparseTableConfig::Optimizer::kAdagrad:
+      for (int j = 0; j < dim; ++j) {
+        s[j] += g[j] * g[j];
+        w[j] -= lr * g[j] / (std::sqrt(s[j]) + config_.epsilon);
+      }
+      break;
+    case SparseTableConfig::Optimizer::kAdam: {
+      const float b1 = config_.beta1, b2 = config_.beta2;
+      const double t = static_cast<double>(meta.updates);
+      const float correction1 = static_cast<float>(1.0 - std::pow(double{b1}, t));
+      const float correction2 = static_cast<float>(1.0 - std::pow(double{b2}, t));
+      float* m = s;
+      float* v = s + dim;
+      for (int j = 0; j < dim; ++j) {
+        m[j] = b1 * m[j] + (1.0f - b1) * g[j];
+        v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+        w[j] -= lr * (m[j] / correction1) / (std::sqrt(v[j] / correction2) + config_.epsilon);
+      }
+      break;
+    }
+    case SparseTableConfig::Optimizer::kFtrl: {
+      float* z = s;
+      float* n = s + dim;
+      for (int j = 0; j < dim; ++j) {
+        const float n_new = n[j] + g[j] * g[j];
+        const float sigma = (std::sqrt(n_new) - std::sqrt(n[j])) / lr;
+        z[j] += g[j] - sigma * w[j];
+        n[j] = n_new;
+        w[j] = std::abs(z[j]) <= config_.l1
+                   ? 0.0f
+                   : -(z[j] - std::copysign(config_.l1, z[j])) /
+                         ((config_.beta + std::sqrt(n_new)) / lr + config_.l2);
+      }
+      break;
+    }
+  }
+}
+
+uint32_t SparseTable::Sightings(uint64_t key) const {
+  if (filter_width_ == 0) return 0;
+  uint32_t least = kMaxSightings;
+  for (int r = 0; r < kFilterRows; ++r) {
+    const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
+    least = std::min<uint32_t>(least, filter_[r * filter_width_ + BelowN(h, filter_width_)]);
+  }
+  return least;
+}
+
+void SparseTable::AddSightings(uint64_t key, uint32_t n) {
+  if (filter_width_ == 0) return;
+  for (int r = 0; r < kFilterRows; ++r) {
+    const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
+    uint16_t& counter = filter_[r * filter_width_ + BelowN(h, filter_width_)];
+    counter = static_cast<uint16_t>(std::min<uint32_t>(kMaxSightings, counter + n));
+  }
+}
+
+bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const {
+  const uint64_t seen = uint64_t{seen_before} + seen_now;
+  if (seen < static_cast<uint64_t>(config_.min_count)) return false;
+  if (config_.probability >= 1) return true;
+  // Sighting i (from 0) of the key, from the min_count-th on, admits it
+  // with the probability, by a draw of (seed, table, key, i).
+  const uint64_t first = std::max<uint64_t>(seen_before, config_.min_count - 1);
+  const uint64_t last = std::min<uint64_t>(seen, first + kMaxDrawsPerStep);
+  const uint64_t stream = Mix64(Mix64(config_.seed ^ 0xad317ULL) + config_.index) ^ Mix64(key);
+  for (uint64_t i = first; i < last; ++i) {
+    if (UnitDouble(Mix64(stream + i)) < config_.probability) return true;
+  }
+  return false;
+}
+
+void SparseTable::Remove(uint64_t key) {
+  const auto it = index_.find(key);
+  free_slots_.push_back(it->second);
+  index_.erase(it);
+}
+
+absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
+                                                       absl::Span<const SparsePush> pushes) {
+  const int dim = config_.dim;
+  // The step's keys in order of first appearance, their summed gradients
+  // and counts, and which push named each last (to catch a repeat).
+  absl::flat_hash_map<uint64_t, uint32_t> merged;
+  std::vector<uint64_t> keys;
+  std::vector<float> sums;
+  std::vector<uint32_t> counts;
+  std::vector<uint32_t> named_by;
+  for (uint32_t p = 0; p < pushes.size(); ++p) {
+    const SparsePush& push = pushes[p];
+    if (push.counts.size() != push.keys.size() || push.grads.size() != push.keys.size() * dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", config_.name, ": a push of ", push.keys.size(), " keys has ",
+                       push.counts.size(), " counts and ", push.grads.size(),
+                       " gradient floats (dim ", dim, ")"));
+    }
+    for (size_t i = 0; i < push.keys.size(); ++i) {
+      const auto [it, inserted] = merged.try_emplace(push.keys[i], keys.size());
+      const float* g = push.grads.data() + i * dim;
+      if (inserted) {
+        keys.push_back(push.keys[i]);
+        sums.insert(sums.end(), g, g + dim);
+        counts.push_back(push.counts[i]);
+        named_by.push_back(p);
+        continue;
+      }
+      const uint32_t at = it->second;
+      if (named_by[at] == p) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table ", config_.name, ": key ", push.keys[i], " appears twice in one push"));
+      }
+      named_by[at] = p;
+      float* sum = sums.data() + int64_t{at} * dim;
+      for (int j = 0; j < dim; ++j) sum[j] += g[j];
+      counts[at] = static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t{counts[at]} + push.counts[i], kMaxSightings));
+    }
+  }
+
+  // The step boundary's decisions, made before anything changes.
+  std::vector<uint64_t> admitted;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.contains(keys[i]) && Admits(keys[i], Sightings(keys[i]), counts[i])) {
+      admitted.push_back(keys[i]);
+    }
+  }
+  std::sort(admitted.begin(), admitted.end());
+  std::vector<uint64_t> expired;
+  if (config_.ttl_steps > 0) {
+    for (const auto& [key, slot] : index_) {
+      if (step - meta_[slot].last_step >= config_.ttl_steps && !merged.contains(key)) {
+        expired.push_back(key);
+      }
+    }
+  }
+  int64_t over_cap = 0;
+  if (config_.max_memory_bytes > 0) {
+    const int64_t room =
+        (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) / BytesPerRow(config_);
+    const int64_t after = rows() - static_cast<int64_t>(expired.size()) +
+                          static_cast<int64_t>(admitted.size());
+    over_cap = std::max<int64_t>(0, after - room);
+    int64_t evictable = rows() - static_cast<int64_t>(expired.size());
+    for (const uint64_t key : keys) evictable -= index_.contains(key) ? 1 : 0;
+    if (over_cap > evictable) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table ", config_.name, ": step ", step, " needs ", after - evictable,
+          " rows (the rows it touched and admits), more than max_memory_bytes ",
+          config_.max_memory_bytes, " holds (", room, " rows of ", BytesPerRow(config_),
+          " bytes on this server)"));
+    }
+  }
+
+  SparseStepStats stats;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto it = index_.find(keys[i]);
+    if (it == index_.end()) {
+      ++stats.gradients_dropped;
+      AddSightings(keys[i], counts[i]);
+      continue;
+    }
+    UpdateRow(it->second, sums.data() + i * dim);
+    Meta& meta = meta_[it->second];
+    meta.last_step = step;
+    ++meta.touches;
+    ++stats.rows_updated;
+  }
+  std::sort(expired.begin(), expired.end());
+  for (const uint64_t key : expired) Remove(key);
+  stats.evicted += static_cast<int64_t>(expired.size());
+  if (over_cap > 0) Evict(over_cap, merged, stats);
+  for (const uint64_t key : admitted) {
+    const uint32_t slot = NewSlot();
+    InitRow(key, slot);
+    meta_[slot].last_step = step;
+    index_.emplace(key, slot);
+  }
+  stats.admitted = static_cast<int64_t>(admitted.size());
+  return stats;
+}
+
+void SparseTable::Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t, uint32_t>& keep,
+                        SparseStepStats& stats) {
+  std::vector<const Meta*> candidates;
+  for (const auto& [key, slot] : index_) {
+    if (!keep.contains(key)) candidates.push_back(&meta_[slot]);
+  }
+  const bool lfu = config_.eviction == SparseTableConfig::Eviction::kLfu;
+  auto first_out = [lfu](const Meta* a, const Meta* b) {
+    if (lfu && a->touches != b->touches) return a->touches < b->touches;
+    if (a->last_step != b->last_step) return a->last_step < b->last_step;
+    return a->key < b->key;
+  };
+  std::nth_element(candidates.begin(), candidates.begin() + (rows_to_free - 1), candidates.end(),
+                   first_out);
+  std::vector<uint64_t> out;
+  for (int64_t i = 0; i < rows_to_free; ++i) out.push_back(candidates[i]->key);
+  for (const uint64_t key : out) Remove(key);
+  stats.evicted += rows_to_free;
+}
+
+std::vector<SparseTable::Row> SparseTable::Rows() const {
+  std::vector<Row> rows;
+  rows.reserve(index_.size());
+  for (const auto& [key, slot] : index_) {
+    const Meta& meta = meta_[slot];
+    rows.push_back(Row{
+        .key = key,
+        .values = {values_.begin() + int64_t{slot} * config_.dim,
+                   values_.begin() + int64_t{slot + 1} * config_.dim},
+        .state = {state_.begin() + int64_t{slot} * state_floats_,
+                  state_.begin() + int64_t{slot + 1} * state_floats_},
+        .last_step = meta.last_step,
+        .touches = meta.touches,
+        .updates = meta.updates,
+    });
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.key < b.key; });
+  return rows;
+}
+
+}  // namespace pstrain::server

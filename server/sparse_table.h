@@ -1,0 +1,174 @@
+// One embedding table's rows on one parameter server: 64-bit keys with no
+// fixed vocabulary, each row `dim` floats and its optimizer's state, with
+// admission and eviction under a memory cap.
+//
+// Everything a table does is decided at step boundaries (ApplyStep), by
+// functions of (seed, table, key, counts) alone — never by timing or the
+// order in which rows arrived — so that a sync job gives bitwise the same
+// rows on every run, and a recovery from a checkpoint goes on exactly:
+//   - a row's initial values are drawn from (seed, table, key);
+//   - a key becomes a row (admission) once it has been seen min_count
+//     times, counted by a counting filter of bounded memory, or by a draw
+//     from (seed, table, key, sighting) below a probability; until then it
+//     reads as zeros and its gradients are dropped (and counted);
+//   - a row is evicted once it has not been touched for ttl_steps steps,
+//     or, when admissions would take the table past its memory cap, the
+//     least recently (LRU) or least frequently (LFU) used rows go first,
+//     ties broken by key;
+//   - row-wise optimizers update only the rows a step touched: a row no
+//     push names keeps its values and state (Adam's and FTRL's too: lazy).
+// Not thread-safe: the shard store serializes a table's calls.
+#ifndef PSTRAIN_SERVER_SPARSE_TABLE_H_
+#define PSTRAIN_SERVER_SPARSE_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace pstrain::server {
+
+struct SparseTableConfig {
+  std::string name;
+  uint32_t index = 0;  // the table's number in the job: part of every draw
+  int dim = 16;
+  uint64_t seed = 0;  // the job's
+
+  // Initial values: uniform in [-scale, scale], normal of deviation
+  // `scale`, or zeros.
+  enum class Initializer { kUniform, kNormal, kZeros };
+  Initializer initializer = Initializer::kUniform;
+  float init_scale = 0.01f;
+
+  enum class Optimizer { kSgd, kAdagrad, kAdam, kFtrl };
+  Optimizer optimizer = Optimizer::kAdagrad;
+  float learning_rate = 0.01f;
+  float initial_accumulator = 0.1f;  // Adagrad's and FTRL's n at the start
+  float beta1 = 0.9f;                // Adam
+  float beta2 = 0.999f;              // Adam
+  float epsilon = 1e-8f;             // Adagrad, Adam
+  float l1 = 0;                      // FTRL
+  float l2 = 0;                      // FTRL
+  float beta = 1.0f;                 // FTRL's beta (the rate's offset)
+
+  // Admission: a key is admitted once seen min_count times (1: at once),
+  // and, below 1, each sighting admits it with this probability.
+  int64_t min_count = 1;
+  double probability = 1.0;
+  // Counters of the counting filter (4 rows of 16-bit saturating counts
+  // each): its memory is 8 bytes a counter, within the table's cap.
+  int64_t filter_counters = int64_t{1} << 20;
+
+  // Eviction: rows untouched for ttl_steps steps (0: never); the order in
+  // which rows go when the cap is reached.
+  int64_t ttl_steps = 0;
+  enum class Eviction { kLru, kLfu };
+  Eviction eviction = Eviction::kLru;
+  // This server's bytes for the table: rows, state, index and filter. 0:
+  // unlimited.
+  int64_t max_memory_bytes = 0;
+};
+
+// INVALID_ARGUMENT naming the table and the field outside its range.
+absl::Status CheckSparseTableConfig(const SparseTableConfig& config);
+
+// Floats of optimizer state per row.
+int StateFloatsPerRow(const SparseTableConfig& config);
+
+// Bytes one row takes: values, state, its key and bookkeeping, and its
+// share of the index.
+int64_t BytesPerRow(const SparseTableConfig& config);
+
+// One worker's push to a table: its batch's distinct keys, how often each
+// occurred in the batch, and each key's summed gradient (dim floats a key,
+// in key order of `keys`).
+struct SparsePush {
+  absl::Span<const uint64_t> keys;
+  absl::Span<const uint32_t> counts;
+  absl::Span<const float> grads;
+};
+
+// What a step did.
+struct SparseStepStats {
+  int64_t rows_updated = 0;
+  int64_t gradients_dropped = 0;  // of keys without a row
+  int64_t admitted = 0;
+  int64_t evicted = 0;
+};
+
+class SparseTable {
+ public:
+  // INVALID_ARGUMENT for a bad config; RESOURCE_EXHAUSTED naming the table
+  // if the counting filter alone exceeds the cap.
+  static absl::StatusOr<std::unique_ptr<SparseTable>> Create(const SparseTableConfig& config);
+
+  const SparseTableConfig& config() const { return config_; }
+
+  // The rows of `keys` (dim floats each) into out; zeros for a key that has
+  // no row.
+  void Read(absl::Span<const uint64_t> keys, float* out) const;
+
+  // Step `step`'s pushes, summed key by key in the order given (the
+  // workers' order), applied to the rows; then the step boundary: the keys'
+  // counts, admissions, and evictions by age and by the cap. All or
+  // nothing: INVALID_ARGUMENT naming the table for a push whose arrays
+  // disagree or repeat a key; RESOURCE_EXHAUSTED naming the table when the
+  // step's admissions cannot fit under the cap even after every row the
+  // step did not touch is evicted. The table is unchanged after an error.
+  absl::StatusOr<SparseStepStats> ApplyStep(int64_t step, absl::Span<const SparsePush> pushes);
+
+  int64_t rows() const { return static_cast<int64_t>(index_.size()); }
+  // Bytes held: rows (BytesPerRow each) and the filter.
+  int64_t bytes() const;
+
+  // One row as a checkpoint or an export holds it.
+  struct Row {
+    uint64_t key = 0;
+    std::vector<float> values;
+    std::vector<float> state;
+    int64_t last_step = 0;  // the step that last touched it
+    int64_t touches = 0;    // steps that touched it
+    int64_t updates = 0;    // updates applied (Adam's bias correction)
+  };
+  // Every row, by key.
+  std::vector<Row> Rows() const;
+
+ private:
+  explicit SparseTable(const SparseTableConfig& config);
+
+  uint32_t NewSlot();
+  void InitRow(uint64_t key, uint32_t slot);
+  void UpdateRow(uint32_t slot, const float* grad);
+  // Counting filter: the estimated sightings of a key, and adding to them.
+  uint32_t Sightings(uint64_t key) const;
+  void AddSightings(uint64_t key, uint32_t n);
+  bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
+  // Evicts the rows `order` puts first (not in `keep`) until `rows` fit.
+  void Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t, uint32_t>& keep,
+             SparseStepStats& stats);
+  void Remove(uint64_t key);
+
+  const SparseTableConfig config_;
+  const int state_floats_;
+  absl::flat_hash_map<uint64_t, uint32_t> index_;  // key -> slot
+  std::vector<float> values_;                      // dim floats a slot
+  std::vector<float> state_;                       // state_floats_ floats a slot
+  struct Meta {
+    uint64_t key = 0;
+    int64_t last_step = 0;
+    int64_t touches = 0;
+    int64_t updates = 0;  // Adam's bias correction counts the row's own updates
+  };
+  std::vector<Meta> meta_;
+  std::vector<uint32_t> free_slots_;
+  std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
+  int64_t filter_width_ = 0;
+};
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_SPARSE_TABLE_H_

@@ -1,0 +1,323 @@
+#include "server/sparse_table.h"
+
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pstrain::server {
+namespace {
+
+using Config = SparseTableConfig;
+
+Config SmallConfig(Config::Optimizer optimizer = Config::Optimizer::kSgd) {
+  Config c;
+  c.name = "ads";
+  c.index = 1;
+  c.dim = 4;
+  c.seed = 7;
+  c.optimizer = optimizer;
+  c.learning_rate = 0.5f;
+  c.init_scale = 0.1f;
+  return c;
+}
+
+// A push whose keys, counts and gradients stay alive with it.
+struct OwnedPush {
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> counts;
+  std::vector<float> grads;
+  SparsePush view() const { return {keys, counts, grads}; }
+};
+
+// Keys with count 1 and gradient `g` in every float.
+OwnedPush Push(std::vector<uint64_t> keys, float g, int dim = 4) {
+  OwnedPush p;
+  p.keys = std::move(keys);
+  p.counts.assign(p.keys.size(), 1);
+  p.grads.assign(p.keys.size() * dim, g);
+  return p;
+}
+
+absl::StatusOr<SparseStepStats> Step(SparseTable& table, int64_t step,
+                                     const std::vector<OwnedPush>& pushes) {
+  std::vector<SparsePush> views;
+  for (const OwnedPush& p : pushes) views.push_back(p.view());
+  return table.ApplyStep(step, views);
+}
+
+std::vector<float> Read(const SparseTable& table, std::vector<uint64_t> keys) {
+  std::vector<float> out(keys.size() * table.config().dim);
+  table.Read(keys, out.data());
+  return out;
+}
+
+std::unique_ptr<SparseTable> Make(const Config& c) {
+  absl::StatusOr<std::unique_ptr<SparseTable>> table = SparseTable::Create(c);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return std::move(*table);
+}
+
+TEST(SparseTableTest, ARowsInitialValuesComeFromSeedTableAndKeyAlone) {
+  auto a = Make(SmallConfig());
+  auto b = Make(SmallConfig());
+  EXPECT_EQ(Read(*a, {5}), std::vector<float>(4, 0.0f));  // no row yet: zeros
+  ASSERT_TRUE(Step(*a, 0, {Push({1, 2, 3}, 0)}).ok());
+  ASSERT_TRUE(Step(*b, 0, {Push({3}, 0)}).ok());
+  ASSERT_TRUE(Step(*b, 1, {Push({2, 1}, 0)}).ok());
+  // A zero gradient leaves SGD's rows at their initial values, whenever admitted.
+  EXPECT_EQ(Read(*a, {3, 2, 1}), Read(*b, {3, 2, 1}));
+  for (float v : Read(*a, {1, 2, 3})) {
+    EXPECT_LE(std::abs(v), 0.1f);
+    EXPECT_NE(v, 0.0f);
+  }
+  EXPECT_NE(Read(*a, {1}), Read(*a, {2}));
+  Config other = SmallConfig();
+  other.index = 2;
+  auto c = Make(other);
+  ASSERT_TRUE(Step(*c, 0, {Push({1}, 0)}).ok());
+  EXPECT_NE(Read(*c, {1}), Read(*a, {1}));
+  other.seed = 8;
+  other.index = 1;
+  auto d = Make(other);
+  ASSERT_TRUE(Step(*d, 0, {Push({1}, 0)}).ok());
+  EXPECT_NE(Read(*d, {1}), Read(*a, {1}));
+}
+
+TEST(SparseTableTest, WorkersPushesAreSummedInWorkerOrderWhateverTheKeyOrder) {
+  auto a = Make(SmallConfig());
+  auto b = Make(SmallConfig());
+  ASSERT_TRUE(Step(*a, 0, {Push({1, 2}, 0)}).ok());
+  ASSERT_TRUE(Step(*b, 0, {Push({2, 1}, 0)}).ok());
+  OwnedPush w0 = Push({1, 2}, 0.25f), w1 = Push({2, 1}, 1.5f);
+  w1.grads[0] = 0.125f;  // key 2's first float
+  ASSERT_TRUE(Step(*a, 1, {w0, w1}).ok());
+  // The same sums as one push: key 1 gets 0.25 + 1.5, key 2 0.25 + (0.125, 1.5, ...).
+  OwnedPush one = Push({2, 1}, 1.75f);
+  one.grads[0] = 0.25f + 0.125f;
+  ASSERT_TRUE(Step(*b, 1, {one}).ok());
+  EXPECT_EQ(Read(*a, {1, 2}), Read(*b, {1, 2}));
+  auto c = Make(SmallConfig());
+  ASSERT_TRUE(Step(*c, 0, {Push({1}, 0)}).ok());
+  const std::vector<float> fresh = Read(*c, {1});
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(Read(*a, {1})[j], fresh[j] - 0.5f * 1.75f);
+  EXPECT_EQ(a->Rows().size(), 2u);
+  EXPECT_EQ(a->Rows()[0].touches, 1);
+  EXPECT_EQ(a->Rows()[0].last_step, 1);
+}
+
+// One touched row against the optimizer's textbook formula, twice with a
+// step between that leaves it alone.
+void ExpectRowFollows(Config::Optimizer optimizer,
+                      const std::function<void(float& w, std::vector<float>& state, float g,
+                                               int update)>& formula) {
+  Config c = SmallConfig(optimizer);
+  c.learning_rate = 0.1f;
+  auto table = Make(c);
+  ASSERT_TRUE(Step(*table, 0, {Push({9, 10}, 0)}).ok());  // admitted (gradient dropped)
+  std::vector<float> w = Read(*table, {9});
+  const std::vector<float> untouched = Read(*table, {10});
+  std::vector<std::vector<float>> state(4);
+  for (int j = 0; j < 4; ++j) {
+    state[j] = {0.0f, 0.0f};
+    if (optimizer == Config::Optimizer::kAdagrad) state[j] = {c.initial_accumulator};
+    if (optimizer == Config::Optimizer::kFtrl) state[j] = {0.0f, c.initial_accumulator};
+  }
+  int update = 0;
+  for (int64_t step : {1, 2, 3}) {
+    const float g = step == 1 ? 0.5f : -0.25f;
+    if (step == 2) {
+      ASSERT_TRUE(Step(*table, step, {Push({10}, 1.0f)}).ok());  // row 9 left alone
+      continue;
+    }
+    ASSERT_TRUE(Step(*table, step, {Push({9}, g)}).ok());
+    ++update;
+    for (int j = 0; j < 4; ++j) formula(w[j], state[j], g, update);
+    const std::vector<float> got = Read(*table, {9});
+    for (int j = 0; j < 4; ++j) EXPECT_NEAR(got[j], w[j], 1e-6) << "step " << step;
+  }
+  EXPECT_NE(Read(*table, {10}), untouched);
+  EXPECT_EQ(table->Rows()[0].updates, 2);
+}
+
+TEST(SparseTableTest, RowWiseOptimizersUpdateOnlyTheRowsAStepTouches) {
+  ExpectRowFollows(Config::Optimizer::kSgd,
+                   [](float& w, std::vector<float>&, float g, int) { w -= 0.1f * g; });
+  ExpectRowFollows(Config::Optimizer::kAdagrad, [](float& w, std::vector<float>& s, float g, int) {
+    s[0] += g * g;
+    w -= 0.1f * g / (std::sqrt(s[0]) + 1e-8f);
+  });
+  ExpectRowFollows(Config::Optimizer::kAdam, [](float& w, std::vector<float>& s, float g, int t) {
+    s[0] = 0.9f * s[0] + 0.1f * g;
+    s[1] = 0.999f * s[1] + 0.001f * g * g;
+    const double m = s[0] / (1 - std::pow(0.9, t)), v = s[1] / (1 - std::pow(0.999, t));
+    w -= static_cast<float>(0.1 * m / (std::sqrt(v) + 1e-8));  // t: the row's own updates
+  });
+  ExpectRowFollows(Config::Optimizer::kFtrl, [](float& w, std::vector<float>& s, float g, int) {
+    float& z = s[0];
+    float& n = s[1];
+    const float sigma = (std::sqrt(n + g * g) - std::sqrt(n)) / 0.1f;
+    z += g - sigma * w;
+    n += g * g;
+    w = -z / ((1.0f + std::sqrt(n)) / 0.1f);  // l1 = l2 = 0, beta 1
+  });
+}
+
+TEST(SparseTableTest, AKeyBecomesARowOnceSeenMinCountTimes) {
+  Config c = SmallConfig();
+  c.min_count = 3;
+  c.filter_counters = 1024;
+  auto table = Make(c);
+  for (int64_t step = 0; step < 2; ++step) {
+    absl::StatusOr<SparseStepStats> stats = Step(*table, step, {Push({42}, 1.0f)});
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->gradients_dropped, 1);
+    EXPECT_EQ(stats->admitted, 0);
+    EXPECT_EQ(table->rows(), 0);
+    EXPECT_EQ(Read(*table, {42}), std::vector<float>(4, 0.0f));
+  }
+  // The third sighting admits it at the step boundary; its gradient is dropped.
+  absl::StatusOr<SparseStepStats> third = Step(*table, 2, {Push({42}, 1.0f)});
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->admitted, 1);
+  EXPECT_EQ(third->gradients_dropped, 1);
+  EXPECT_EQ(table->rows(), 1);
+  auto fresh = Make(SmallConfig());
+  ASSERT_TRUE(Step(*fresh, 0, {Push({42}, 0)}).ok());
+  EXPECT_EQ(Read(*table, {42}), Read(*fresh, {42}));
+  // Counts add up over workers and within a batch: 2 + 1 in one step.
+  OwnedPush twice = Push({7}, 1.0f);
+  twice.counts[0] = 2;
+  ASSERT_TRUE(Step(*table, 3, {twice, Push({7}, 1.0f)}).ok());
+  EXPECT_EQ(table->rows(), 2);
+}
+
+TEST(SparseTableTest, AdmissionByProbabilityIsADrawOfSeedTableKeyAndSighting) {
+  Config c = SmallConfig();
+  c.probability = 0.25;
+  auto a = Make(c);
+  auto b = Make(c);
+  std::vector<uint64_t> keys(20000);
+  std::iota(keys.begin(), keys.end(), 1000);
+  ASSERT_TRUE(Step(*a, 0, {Push(keys, 0)}).ok());
+  std::reverse(keys.begin(), keys.end());
+  ASSERT_TRUE(Step(*b, 0, {Push(keys, 0)}).ok());
+  EXPECT_NEAR(a->rows() / 20000.0, 0.25, 0.02);
+  std::vector<uint64_t> admitted_a, admitted_b;
+  for (const auto& row : a->Rows()) admitted_a.push_back(row.key);
+  for (const auto& row : b->Rows()) admitted_b.push_back(row.key);
+  EXPECT_EQ(admitted_a, admitted_b);
+  // A second sighting of each gives each the chance again: 1 - 0.75^2.
+  ASSERT_TRUE(Step(*a, 1, {Push(keys, 0)}).ok());
+  EXPECT_NEAR(a->rows() / 20000.0, 1 - 0.75 * 0.75, 0.02);
+}
+
+TEST(SparseTableTest, RowsUntouchedForTtlStepsAreEvicted) {
+  Config c = SmallConfig();
+  c.ttl_steps = 3;
+  auto table = Make(c);
+  ASSERT_TRUE(Step(*table, 0, {Push({1, 2}, 0)}).ok());
+  for (int64_t step = 1; step <= 4; ++step) {
+    absl::StatusOr<SparseStepStats> stats = Step(*table, step, {Push({1}, 0.1f)});
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->evicted, step == 3 ? 1 : 0) << step;
+  }
+  ASSERT_EQ(table->rows(), 1);
+  EXPECT_EQ(table->Rows()[0].key, 1u);
+  EXPECT_EQ(Read(*table, {2}), std::vector<float>(4, 0.0f));
+}
+
+TEST(SparseTableTest, TheCapEvictsTheLeastRecentlyOrFrequentlyUsedAndIsNeverExceeded) {
+  for (Config::Eviction eviction : {Config::Eviction::kLru, Config::Eviction::kLfu}) {
+    Config c = SmallConfig();
+    c.eviction = eviction;
+    c.max_memory_bytes = 10 * BytesPerRow(c);
+    auto table = Make(c);
+    std::vector<uint64_t> ten(10);
+    std::iota(ten.begin(), ten.end(), 100);
+    ASSERT_TRUE(Step(*table, 0, {Push(ten, 0)}).ok());
+    // Keys 100..104 touched at steps 1 and 2; 105..109 at step 3 only.
+    ASSERT_TRUE(Step(*table, 1, {Push({100, 101, 102, 103, 104}, 0.1f)}).ok());
+    ASSERT_TRUE(Step(*table, 2, {Push({100, 101, 102, 103, 104}, 0.1f)}).ok());
+    ASSERT_TRUE(Step(*table, 3, {Push({105, 106, 107, 108, 109}, 0.1f)}).ok());
+    absl::StatusOr<SparseStepStats> stats = Step(*table, 4, {Push({1, 2, 3}, 0)});
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->admitted, 3);
+    EXPECT_EQ(stats->evicted, 3);
+    EXPECT_EQ(table->rows(), 10);
+    EXPECT_LE(table->bytes(), c.max_memory_bytes);
+    std::set<uint64_t> left;
+    for (const auto& row : table->Rows()) left.insert(row.key);
+    // LRU: the oldest touches (100..104 at step 2) go, lowest keys first;
+    // LFU: the fewest touches (105..109, once each) go, lowest keys first.
+    const std::set<uint64_t> gone = eviction == Config::Eviction::kLru
+                                        ? std::set<uint64_t>{100, 101, 102}
+                                        : std::set<uint64_t>{105, 106, 107};
+    for (uint64_t key : gone) EXPECT_FALSE(left.contains(key)) << key;
+    EXPECT_TRUE(left.contains(1) && left.contains(2) && left.contains(3));
+  }
+}
+
+TEST(SparseTableTest, AStepThatCannotFitFailsNamingTheTableAndChangesNothing) {
+  Config c = SmallConfig();
+  c.max_memory_bytes = 10 * BytesPerRow(c);
+  auto table = Make(c);
+  ASSERT_TRUE(Step(*table, 0, {Push({1, 2, 3}, 0)}).ok());
+  const auto rows = table->Rows();
+  std::vector<uint64_t> many(12);
+  std::iota(many.begin(), many.end(), 50);
+  absl::StatusOr<SparseStepStats> stats = Step(*table, 1, {Push(many, 0.5f), Push({1}, 0.5f)});
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(stats.status().message(), "table ads")) << stats.status();
+  EXPECT_EQ(table->rows(), 3);
+  const auto after = table->Rows();
+  ASSERT_EQ(after.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(after[i].values, rows[i].values);
+}
+
+TEST(SparseTableTest, BadPushesAreRefusedWithNothingChanged) {
+  auto table = Make(SmallConfig());
+  ASSERT_TRUE(Step(*table, 0, {Push({1}, 0)}).ok());
+  const std::vector<float> before = Read(*table, {1});
+  OwnedPush short_grads = Push({1, 2}, 0.5f);
+  short_grads.grads.pop_back();
+  OwnedPush few_counts = Push({1, 2}, 0.5f);
+  few_counts.counts.pop_back();
+  for (const OwnedPush& bad : {short_grads, few_counts, Push({1, 3, 1}, 0.5f)}) {
+    absl::StatusOr<SparseStepStats> stats = Step(*table, 1, {Push({1}, 0.5f), bad});
+    EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(stats.status().message(), "table ads")) << stats.status();
+  }
+  EXPECT_EQ(Read(*table, {1}), before);
+  EXPECT_EQ(table->rows(), 1);
+  // The same key from two workers is no repeat.
+  EXPECT_TRUE(Step(*table, 1, {Push({1}, 0.5f), Push({1}, 0.5f)}).ok());
+}
+
+TEST(SparseTableTest, BadConfigsAreRefusedNamingTheTable) {
+  std::vector<std::function<void(Config&)>> changes = {
+      [](Config& c) { c.dim = 0; },
+      [](Config& c) { c.learning_rate = 0; },
+      [](Config& c) { c.min_count = 0; },
+      [](Config& c) { c.probability = 0; },
+      [](Config& c) { c.beta1 = 1; },
+      [](Config& c) { c.ttl_steps = -1; },
+  };
+  for (const auto& change : changes) {
+    Config c = SmallConfig();
+    change(c);
+    absl::StatusOr<std::unique_ptr<SparseTable>> table = SparseTable::Create(c);
+    EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(table.status().message(), "table ads")) << table.status();
+  }
+  Config c = SmallConfig();
+  c.min_count = 2;
+  c.max_memory_bytes = 1000;
+  EXPECT_EQ(SparseTable::Create(c).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace pstrain::server
