@@ -36,7 +36,8 @@ ABSL_FLAG(double, bias, kDefaults.bias, "the planted model's bias (sets the clic
 
 int main(int argc, char** argv) {
   pstrain::InitMain(argc, argv, "pstrain-clickgen --out DIR [flags]");
-  if (absl::GetFlag(FLAGS_out).empty()) pstrain::ExitForBadFlag("pstrain-clickgen", "--out is required");
+  if (absl::GetFlag(FLAGS_out).empty())
+    pstrain::ExitForBadFlag("pstrain-clickgen", "--out is required");
   pstrain::ClickDataSpec spec;
   spec.seed = absl::GetFlag(FLAGS_seed);
   spec.train_rows = absl::GetFlag(FLAGS_train_rows);

@@ -33,7 +33,8 @@ void Truncate(ClickBatch& batch, int64_t n) {
 // "column 3 (integer feature 2)": 1-based, as a user counts them.
 std::string ColumnName(const ClickLayout& layout, int column) {
   if (column == 0) return "column 1 (label)";
-  if (column <= layout.dense) return absl::StrCat("column ", column + 1, " (integer feature ", column, ")");
+  if (column <= layout.dense)
+    return absl::StrCat("column ", column + 1, " (integer feature ", column, ")");
   return absl::StrCat("column ", column + 1, " (categorical feature ", column - layout.dense, ")");
 }
 
@@ -42,8 +43,8 @@ absl::Status ParseKeys(absl::string_view text, std::vector<uint64_t>& keys) {
   size_t begin = 0;
   while (true) {
     const size_t comma = text.find(',', begin);
-    const absl::string_view token =
-        text.substr(begin, comma == absl::string_view::npos ? absl::string_view::npos : comma - begin);
+    const absl::string_view token = text.substr(
+        begin, comma == absl::string_view::npos ? absl::string_view::npos : comma - begin);
     uint64_t key = 0;
     const auto [end, error] = std::from_chars(token.data(), token.data() + token.size(), key, 16);
     if (token.empty() || token.size() > 16 || error != std::errc() ||
@@ -89,9 +90,9 @@ absl::Status ParseClickLine(absl::string_view line, ClickBatch& batch) {
     if (last != (tab == absl::string_view::npos)) {
       Truncate(batch, before);
       const int64_t found = 1 + std::count(line.begin(), line.end(), '\t');
-      return absl::InvalidArgumentError(absl::StrCat(
-          found, " tab-separated columns, expected ", columns, " (a label, ", layout.dense,
-          " integer and ", layout.fields, " categorical features)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(found, " tab-separated columns, expected ", columns, " (a label, ",
+                       layout.dense, " integer and ", layout.fields, " categorical features)"));
     }
     const absl::string_view text = line.substr(begin, last ? absl::string_view::npos : tab - begin);
     begin = tab + 1;
@@ -106,8 +107,7 @@ absl::Status ParseClickLine(absl::string_view line, ClickBatch& batch) {
       int64_t value = 0;
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
       if (!text.empty() && (error != std::errc() || end != text.data() + text.size())) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("\"", text, "\" is not a 64-bit integer"));
+        status = absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a 64-bit integer"));
       } else {
         batch.dense.push_back(DenseFeatureValue(value));
       }
@@ -181,9 +181,8 @@ class ClickStream::LineReader {
  private:
   LineReader(std::string path, gzFile file) : path_(std::move(path)), file_(file) {}
   absl::Status TooLong() const {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ":", line_number_ + 1,
-                                                   ": line longer than ", kMaxClickLineBytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ":", line_number_ + 1, ": line longer than ", kMaxClickLineBytes, " bytes"));
   }
 
   const std::string path_;
@@ -283,8 +282,8 @@ absl::Status ClickStream::Read(int64_t from, int64_t count, ClickBatch& batch) {
   absl::StatusOr<int64_t> available = Available(from + count);
   if (!available.ok()) return available.status();
   if (*available < from + count) {
-    return absl::OutOfRangeError(absl::StrCat("the epoch has ", loaded_end_,
-                                              " samples, fewer than ", from + count));
+    return absl::OutOfRangeError(
+        absl::StrCat("the epoch has ", loaded_end_, " samples, fewer than ", from + count));
   }
   read_from_ = from;
   while (!windows_.empty() && windows_.front().end_position() <= from) windows_.pop_front();
@@ -295,19 +294,19 @@ absl::Status ClickStream::Read(int64_t from, int64_t count, ClickBatch& batch) {
     const int64_t line = window->order[p - window->first_position];
     const size_t start = window->line_starts[line];
     const absl::string_view text(window->text.data() + start,
-                                window->line_starts[line + 1] - start - 1);
+                                 window->line_starts[line + 1] - start - 1);
     absl::Status status = ParseClickLine(text, batch);
     if (!status.ok()) {
       Truncate(batch, before);
-      return absl::InvalidArgumentError(absl::StrCat(window->path, ":", window->first_line + line,
-                                                     ": ", status.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(window->path, ":", window->first_line + line, ": ", status.message()));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClickBatch> ReadClickFiles(const std::vector<std::string>& files,
-                                          ClickLayout layout, int64_t limit) {
+absl::StatusOr<ClickBatch> ReadClickFiles(const std::vector<std::string>& files, ClickLayout layout,
+                                          int64_t limit) {
   absl::StatusOr<std::unique_ptr<ClickStream>> stream =
       ClickStream::Open({.files = files, .layout = layout, .shuffle_window = 0});
   if (!stream.ok()) return stream.status();

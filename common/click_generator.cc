@@ -134,7 +134,8 @@ absl::Status CheckClickDataSpec(const ClickDataSpec& spec) {
   if (spec.max_values < 1 || spec.max_values > 1000) {
     return OutOfRange("max_values", spec.max_values, "[1, 1000]");
   }
-  if (!(spec.missing >= 0 && spec.missing < 1)) return OutOfRange("missing", spec.missing, "[0, 1)");
+  if (!(spec.missing >= 0 && spec.missing < 1))
+    return OutOfRange("missing", spec.missing, "[0, 1)");
   if (!(spec.token_weight >= 0 && spec.token_weight <= 100)) {
     return OutOfRange("token_weight", spec.token_weight, "[0, 100]");
   }
@@ -187,12 +188,12 @@ uint64_t ClickGenerator::TokenKey(int field, uint64_t rank) const {
 }
 
 double ClickGenerator::TokenWeight(int field, uint64_t rank) const {
-  return spec_.token_weight *
-         NormalFromHash(Mix64(spec_.seed ^ 0x70ce4000ULL) ^ Mix64((uint64_t{1} << 40) * field + rank));
+  return spec_.token_weight * NormalFromHash(Mix64(spec_.seed ^ 0x70ce4000ULL) ^
+                                             Mix64((uint64_t{1} << 40) * field + rank));
 }
 
-ClickGenerator::Planted ClickGenerator::Generate(ClickSplit split, int64_t index,
-                                                 ClickBatch& batch, std::string* line) const {
+ClickGenerator::Planted ClickGenerator::Generate(ClickSplit split, int64_t index, ClickBatch& batch,
+                                                 std::string* line) const {
   uint64_t state = Mix64(Mix64(spec_.seed) + (static_cast<uint64_t>(split) << 62) +
                          static_cast<uint64_t>(index));
   Planted planted;
@@ -200,8 +201,8 @@ ClickGenerator::Planted ClickGenerator::Generate(ClickSplit split, int64_t index
   std::string dense_text;
   for (int i = 0; i < spec_.layout.dense; ++i) {
     const bool missing = UnitDouble(SplitMix64(state)) < spec_.missing;
-    const int64_t x = static_cast<int64_t>(
-        std::floor(std::expm1(kDenseSpread * UnitDouble(SplitMix64(state)))));
+    const int64_t x =
+        static_cast<int64_t>(std::floor(std::expm1(kDenseSpread * UnitDouble(SplitMix64(state)))));
     const float value = missing ? 0.0f : DenseFeatureValue(x);
     batch.dense.push_back(value);
     if (!missing) planted.dense_logit += dense_weights_[i] * (value - kDenseCenter);
@@ -214,9 +215,10 @@ ClickGenerator::Planted ClickGenerator::Generate(ClickSplit split, int64_t index
   std::string fields_text;
   for (int f = 0; f < spec_.layout.fields; ++f) {
     const bool missing = UnitDouble(SplitMix64(state)) < spec_.missing;
-    const int count = missing ? 0
-                              : 1 + static_cast<int>(BelowN(SplitMix64(state),
-                                                            static_cast<uint64_t>(spec_.max_values)));
+    const int count = missing
+                          ? 0
+                          : 1 + static_cast<int>(BelowN(SplitMix64(state),
+                                                        static_cast<uint64_t>(spec_.max_values)));
     if (line != nullptr) fields_text.push_back('\t');
     double weights = 0;
     for (int v = 0; v < count; ++v) {
@@ -283,9 +285,8 @@ absl::StatusOr<ClickOracle> WriteClickData(const ClickDataSpec& spec, const std:
   if (error) return absl::InternalError(absl::StrCat(dir, ": ", error.message()));
   const ClickGenerator generator(spec);
   const std::string suffix = gzip ? ".txt.gz" : ".txt";
-  for (const auto& [split, rows, name] :
-       {std::tuple{ClickSplit::kTrain, spec.train_rows, "train"},
-        std::tuple{ClickSplit::kTest, spec.test_rows, "test"}}) {
+  for (const auto& [split, rows, name] : {std::tuple{ClickSplit::kTrain, spec.train_rows, "train"},
+                                          std::tuple{ClickSplit::kTest, spec.test_rows, "test"}}) {
     absl::Status written =
         WriteSplit(generator, split, rows, absl::StrCat(dir, "/", name, suffix), gzip, spec.layout);
     if (!written.ok()) return written;

@@ -26,7 +26,8 @@ absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
 }  // namespace
 
 absl::Status CheckSparseTableConfig(const SparseTableConfig& c) {
-  if (c.dim < 1 || c.dim > 1024) return Bad(c, absl::StrCat("dim ", c.dim, " is outside [1, 1024]"));
+  if (c.dim < 1 || c.dim > 1024)
+    return Bad(c, absl::StrCat("dim ", c.dim, " is outside [1, 1024]"));
   if (!(c.init_scale >= 0 && c.init_scale <= 10)) {
     return Bad(c, absl::StrCat("init scale ", c.init_scale, " is outside [0, 10]"));
   }
@@ -238,6 +239,7 @@ bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) 
 }
 
 void SparseTable::Remove(uint64_t key) {
+  if (config_.record_evictions) evicted_.push_back(key);
   const auto it = index_.find(key);
   free_slots_.push_back(it->second);
   index_.erase(it);
@@ -273,8 +275,8 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
       }
       const uint32_t at = it->second;
       if (named_by[at] == p) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table ", config_.name, ": key ", push.keys[i], " appears twice in one push"));
+        return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": key ",
+                                                       push.keys[i], " appears twice in one push"));
       }
       named_by[at] = p;
       float* sum = sums.data() + int64_t{at} * dim;
@@ -302,19 +304,19 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   }
   int64_t over_cap = 0;
   if (config_.max_memory_bytes > 0) {
-    const int64_t room =
-        (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) / BytesPerRow(config_);
-    const int64_t after = rows() - static_cast<int64_t>(expired.size()) +
-                          static_cast<int64_t>(admitted.size());
+    const int64_t room = (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) /
+                         BytesPerRow(config_);
+    const int64_t after =
+        rows() - static_cast<int64_t>(expired.size()) + static_cast<int64_t>(admitted.size());
     over_cap = std::max<int64_t>(0, after - room);
     int64_t evictable = rows() - static_cast<int64_t>(expired.size());
     for (const uint64_t key : keys) evictable -= index_.contains(key) ? 1 : 0;
     if (over_cap > evictable) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "table ", config_.name, ": step ", step, " needs ", after - evictable,
-          " rows (the rows it touched and admits), more than max_memory_bytes ",
-          config_.max_memory_bytes, " holds (", room, " rows of ", BytesPerRow(config_),
-          " bytes on this server)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("table ", config_.name, ": step ", step, " needs ", after - evictable,
+                       " rows (the rows it touched and admits), more than max_memory_bytes ",
+                       config_.max_memory_bytes, " holds (", room, " rows of ",
+                       BytesPerRow(config_), " bytes on this server)"));
     }
   }
 
@@ -366,11 +368,65 @@ void SparseTable::Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t
   stats.evicted += rows_to_free;
 }
 
-std::vector<SparseTable::Row> SparseTable::Rows() const {
+std::vector<uint64_t> SparseTable::TakeEvicted() {
+  std::vector<uint64_t> keys;
+  keys.swap(evicted_);
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<uint16_t>& filter) {
+  const int dim = config_.dim;
+  if (filter.size() != filter_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": a filter of ",
+                                                   filter.size(), " counters, expected ",
+                                                   filter_.size()));
+  }
+  absl::flat_hash_map<uint64_t, uint32_t> index;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    if (static_cast<int>(row.values.size()) != dim ||
+        static_cast<int>(row.state.size()) != state_floats_) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": row ", row.key,
+                                                     " has ", row.values.size(), " values and ",
+                                                     row.state.size(), " state floats"));
+    }
+    if (!index.try_emplace(row.key, static_cast<uint32_t>(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", config_.name, ": row ", row.key, " twice"));
+    }
+  }
+  if (config_.max_memory_bytes > 0 &&
+      static_cast<int64_t>(filter.size()) * 2 +
+              static_cast<int64_t>(rows.size()) * BytesPerRow(config_) >
+          config_.max_memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows.size(),
+                                                     " rows exceed max_memory_bytes ",
+                                                     config_.max_memory_bytes));
+  }
+  index_ = std::move(index);
+  filter_ = filter;
+  meta_.assign(rows.size(), Meta{});
+  values_.assign(rows.size() * dim, 0.0f);
+  state_.assign(rows.size() * state_floats_, 0.0f);
+  free_slots_.clear();
+  evicted_.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    std::copy(row.values.begin(), row.values.end(), values_.begin() + i * dim);
+    std::copy(row.state.begin(), row.state.end(), state_.begin() + i * state_floats_);
+    meta_[i] = Meta{
+        .key = row.key, .last_step = row.last_step, .touches = row.touches, .updates = row.updates};
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SparseTable::Row> SparseTable::Rows(int64_t since) const {
   std::vector<Row> rows;
-  rows.reserve(index_.size());
   for (const auto& [key, slot] : index_) {
     const Meta& meta = meta_[slot];
+    if (meta.last_step < since) continue;
     rows.push_back(Row{
         .key = key,
         .values = {values_.begin() + int64_t{slot} * config_.dim,

@@ -22,6 +22,7 @@
 #define PSTRAIN_SERVER_SPARSE_TABLE_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,8 @@ struct SparseTableConfig {
   // This server's bytes for the table: rows, state, index and filter. 0:
   // unlimited.
   int64_t max_memory_bytes = 0;
+  // Keep the keys evicted for TakeEvicted (a job with checkpoints).
+  bool record_evictions = false;
 };
 
 // INVALID_ARGUMENT naming the table and the field outside its range.
@@ -134,8 +137,23 @@ class SparseTable {
     int64_t touches = 0;    // steps that touched it
     int64_t updates = 0;    // updates applied (Adam's bias correction)
   };
-  // Every row, by key.
-  std::vector<Row> Rows() const;
+  // The rows (by key) that steps >= `since` touched or admitted: every
+  // row by default; an incremental checkpoint's since its last.
+  std::vector<Row> Rows(int64_t since = std::numeric_limits<int64_t>::min()) const;
+
+  // The keys evicted since the last call, by key: an incremental
+  // checkpoint's deletions (with record_evictions; else none).
+  std::vector<uint64_t> TakeEvicted();
+
+  // The counting filter's counters (4 rows of filter_counters, or none):
+  // a checkpoint holds them, so that admission goes on exactly.
+  const std::vector<uint16_t>& filter() const { return filter_; }
+
+  // Replaces the table's contents with a checkpoint's rows and filter.
+  // INVALID_ARGUMENT naming the table for a row of the wrong size, a
+  // repeated key or a filter of the wrong size; RESOURCE_EXHAUSTED past the
+  // cap. The table is unchanged after an error.
+  absl::Status Load(const std::vector<Row>& rows, const std::vector<uint16_t>& filter);
 
  private:
   explicit SparseTable(const SparseTableConfig& config);
@@ -165,6 +183,7 @@ class SparseTable {
   };
   std::vector<Meta> meta_;
   std::vector<uint32_t> free_slots_;
+  std::vector<uint64_t> evicted_;  // since TakeEvicted
   std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
   int64_t filter_width_ = 0;
 };

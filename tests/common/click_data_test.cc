@@ -70,7 +70,8 @@ class ClickDataTest : public ::testing::Test {
       samples.layout = options.layout;
       EXPECT_TRUE((*stream)->Read(t * global + int64_t{w} * batch, batch, samples).ok());
       std::vector<uint64_t> ids;
-      for (int64_t s = 0; s < samples.size(); ++s) ids.push_back(samples.keys[samples.bag_starts[2 * s]]);
+      for (int64_t s = 0; s < samples.size(); ++s)
+        ids.push_back(samples.keys[samples.bag_starts[2 * s]]);
       batches.push_back(ids);
     }
     return batches;
@@ -83,7 +84,8 @@ TEST_F(ClickDataTest, ACriteoLineParsesWithItsEmptyColumns) {
   // Criteo's layout: 13 integers, 26 categories; empty ones and a negative integer.
   std::vector<std::string> columns = {"1", "5", "", "-3", "0"};
   for (int i = 5; i <= 13; ++i) columns.push_back(absl::StrCat(i * 10));
-  for (int f = 0; f < 26; ++f) columns.push_back(f == 7 ? "" : absl::StrCat(absl::Hex(0x68fd1e64 + f)));
+  for (int f = 0; f < 26; ++f)
+    columns.push_back(f == 7 ? "" : absl::StrCat(absl::Hex(0x68fd1e64 + f)));
   columns.back() += "\r";
   ClickBatch batch;
   PSTRAIN_ASSERT_OK(ParseClickLine(absl::StrJoin(columns, "\t"), batch));
@@ -151,7 +153,8 @@ TEST_F(ClickDataTest, WorkersTogetherReadWhatOneProcessReadsOfEveryGlobalBatch) 
   EXPECT_EQ(seen.size(), 96u);  // no line twice
   for (int workers : {2, 3, 4}) {
     std::vector<std::vector<std::vector<uint64_t>>> each;
-    for (int w = 0; w < workers; ++w) each.push_back(WorkerBatches(options, w, workers, 12 / workers));
+    for (int w = 0; w < workers; ++w)
+      each.push_back(WorkerBatches(options, w, workers, 12 / workers));
     for (size_t t = 0; t < one.size(); ++t) {
       std::vector<uint64_t> together;
       for (int w = 0; w < workers; ++w) {
@@ -164,8 +167,10 @@ TEST_F(ClickDataTest, WorkersTogetherReadWhatOneProcessReadsOfEveryGlobalBatch) 
 }
 
 TEST_F(ClickDataTest, TheOrderIsAWindowedShuffleDrawnFromSeedAndEpoch) {
-  ClickStreamOptions options{
-      .files = {Write("a.txt", NumberedLines(0, 64))}, .layout = kSmall, .seed = 1, .shuffle_window = 16};
+  ClickStreamOptions options{.files = {Write("a.txt", NumberedLines(0, 64))},
+                             .layout = kSmall,
+                             .seed = 1,
+                             .shuffle_window = 16};
   const auto epoch0 = WorkerBatches(options, 0, 1, 64)[0];
   // Each window of 16 lines stays in its place, its lines permuted.
   for (int k = 0; k < 4; ++k) {
@@ -189,7 +194,8 @@ TEST_F(ClickDataTest, TheOrderIsAWindowedShuffleDrawnFromSeedAndEpoch) {
 TEST_F(ClickDataTest, PlainAndGzipFilesReadTheSame) {
   const std::string text = NumberedLines(0, 300);
   PSTRAIN_ASSERT_OK_AND_ASSIGN(ClickBatch plain, ReadClickFiles({Write("p.txt", text)}, kSmall));
-  PSTRAIN_ASSERT_OK_AND_ASSIGN(ClickBatch gzip, ReadClickFiles({Write("g.gz", text, true)}, kSmall));
+  PSTRAIN_ASSERT_OK_AND_ASSIGN(ClickBatch gzip,
+                               ReadClickFiles({Write("g.gz", text, true)}, kSmall));
   EXPECT_EQ(plain.size(), 300);
   EXPECT_EQ(plain, gzip);
   PSTRAIN_ASSERT_OK_AND_ASSIGN(ClickBatch first, ReadClickFiles({Write("p.txt", text)}, kSmall, 7));
@@ -206,14 +212,15 @@ TEST_F(ClickDataTest, BadFilesAreRefusedNamingTheFileAndLine) {
   EXPECT_EQ(ReadClickFiles({}, kSmall).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadClickFiles({dir_}, kSmall).status().code(), absl::StatusCode::kInvalidArgument);
 
-  const std::string bad = Write("bad.txt", NumberedLines(0, 5) + "1\t2\tab\n" + NumberedLines(5, 5));
+  const std::string bad =
+      Write("bad.txt", NumberedLines(0, 5) + "1\t2\tab\n" + NumberedLines(5, 5));
   absl::Status status = ReadClickFiles({bad}, kSmall).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), "bad.txt:6: 3 tab-separated columns")) << status;
 
   std::string long_line(kMaxClickLineBytes + 10, 'a');
-  status = ReadClickFiles({Write("long.txt", NumberedLines(0, 2) + long_line + "\n")}, kSmall)
-               .status();
+  status =
+      ReadClickFiles({Write("long.txt", NumberedLines(0, 2) + long_line + "\n")}, kSmall).status();
   EXPECT_TRUE(absl::StrContains(status.message(), "long.txt:3: line longer than")) << status;
 
   const std::string gz = Write("cut.gz", NumberedLines(0, 20000), true);
@@ -257,7 +264,8 @@ TEST_F(ClickDataTest, GeneratedFilesReadBackAsTheGeneratorsSamples) {
   ClickBatch generated;
   generated.layout = spec.layout;
   const ClickGenerator generator(spec);
-  for (int64_t i = 0; i < spec.train_rows; ++i) generator.Generate(ClickSplit::kTrain, i, generated);
+  for (int64_t i = 0; i < spec.train_rows; ++i)
+    generator.Generate(ClickSplit::kTrain, i, generated);
   EXPECT_EQ(read, generated);
   // Missing features and several tokens a field occur.
   int64_t empty = 0, multi = 0;

@@ -19,7 +19,8 @@ BagIndex RandomBags(int samples, int fields, int rows, uint32_t seed) {
   index.bag_starts = {0};
   for (int b = 0; b < samples * fields; ++b) {
     const int entries = static_cast<int>(rng() % 4);  // 0..3
-    for (int e = 0; e < entries; ++e) index.entry_rows.push_back(static_cast<int32_t>(rng() % rows));
+    for (int e = 0; e < entries; ++e)
+      index.entry_rows.push_back(static_cast<int32_t>(rng() % rows));
     index.bag_starts.push_back(static_cast<int64_t>(index.entry_rows.size()));
   }
   index.entry_rows.push_back(index.entry_rows.back());  // a repeat in the last bag
@@ -55,9 +56,9 @@ double ReferenceLoss(const ClickModelShape& shape, const std::vector<double>& al
   double total = 0;
   for (int i = 0; i < samples; ++i) {
     std::vector<std::vector<double>> vectors;
-    vectors.push_back(mlp(std::vector<double>(dense.begin() + i * shape.dense,
-                                              dense.begin() + (i + 1) * shape.dense),
-                          0, bottom_layers, true));
+    vectors.push_back(mlp(
+        std::vector<double>(dense.begin() + i * shape.dense, dense.begin() + (i + 1) * shape.dense),
+        0, bottom_layers, true));
     for (int f = 0; f < fields; ++f) {
       const int64_t b = int64_t{i} * fields + f;
       std::vector<double> pooled(dim, 0.0);
@@ -123,8 +124,9 @@ TEST_P(ClickModelTest, GradientsOfParamsAndRowsMatchFiniteDifferences) {
   std::vector<float> grad(n_params, -1.0f), row_grad(rows * shape.dim, -1.0f), logits(samples);
   ClickStats stats;
   const ClickInputs inputs{samples, dense.data(), labels.data(), &bags};
-  ASSERT_TRUE((*kernels)->ForwardBackward(params.data(), row_values.data(), inputs, 1.0f,
-                                          grad.data(), row_grad.data(), logits.data(), &stats)
+  ASSERT_TRUE((*kernels)
+                  ->ForwardBackward(params.data(), row_values.data(), inputs, 1.0f, grad.data(),
+                                    row_grad.data(), logits.data(), &stats)
                   .ok());
   EXPECT_EQ(stats.samples, samples);
   std::vector<float> all = params;
@@ -143,8 +145,9 @@ TEST_P(ClickModelTest, GradientsOfParamsAndRowsMatchFiniteDifferences) {
   EXPECT_EQ(again, logits);
   std::vector<float> half(n_params), half_rows(rows * shape.dim);
   ClickStats unused;
-  ASSERT_TRUE((*kernels)->ForwardBackward(params.data(), row_values.data(), inputs, 0.5f,
-                                          half.data(), half_rows.data(), nullptr, &unused)
+  ASSERT_TRUE((*kernels)
+                  ->ForwardBackward(params.data(), row_values.data(), inputs, 0.5f, half.data(),
+                                    half_rows.data(), nullptr, &unused)
                   .ok());
   for (int64_t i = 0; i < n_params; ++i) EXPECT_FLOAT_EQ(half[i], 0.5f * grad[i]);
   for (size_t i = 0; i < half_rows.size(); ++i) EXPECT_FLOAT_EQ(half_rows[i], 0.5f * row_grad[i]);
@@ -156,9 +159,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ClickModelTest,
                                            Case{Interaction::kCat, Pooling::kSum},
                                            Case{Interaction::kCat, Pooling::kMean}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.interaction == Interaction::kDot
-                                                  ? "Dot"
-                                                  : "Cat") +
+                           return std::string(info.param.interaction == Interaction::kDot ? "Dot"
+                                                                                          : "Cat") +
                                   (info.param.pooling == Pooling::kSum ? "Sum" : "Mean");
                          });
 
@@ -176,9 +178,9 @@ TEST(ClickModelShapeTest, TensorsAndWidths) {
   EXPECT_EQ(tensors[4].shape, (std::vector<int64_t>{16 + 351, 32}));
   EXPECT_EQ(tensors[7].shape, (std::vector<int64_t>{1}));
   EXPECT_EQ(ClickModelParams(dot), 13 * 64 + 64 + 64 * 16 + 16 + 367 * 32 + 32 + 32 + 1);
-  for (auto bad : {ClickModelShape{.dense = 0}, ClickModelShape{.fields = 0},
-                   ClickModelShape{.dim = 0}, ClickModelShape{.dim = 2000},
-                   ClickModelShape{.bottom = {0}}}) {
+  for (auto bad :
+       {ClickModelShape{.dense = 0}, ClickModelShape{.fields = 0}, ClickModelShape{.dim = 0},
+        ClickModelShape{.dim = 2000}, ClickModelShape{.bottom = {0}}}) {
     EXPECT_EQ(CheckClickModelShape(bad).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_FALSE(CreateCpuClickModelKernels(bad, 4).ok());
   }

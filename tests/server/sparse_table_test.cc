@@ -111,9 +111,9 @@ TEST(SparseTableTest, WorkersPushesAreSummedInWorkerOrderWhateverTheKeyOrder) {
 
 // One touched row against the optimizer's textbook formula, twice with a
 // step between that leaves it alone.
-void ExpectRowFollows(Config::Optimizer optimizer,
-                      const std::function<void(float& w, std::vector<float>& state, float g,
-                                               int update)>& formula) {
+void ExpectRowFollows(
+    Config::Optimizer optimizer,
+    const std::function<void(float& w, std::vector<float>& state, float g, int update)>& formula) {
   Config c = SmallConfig(optimizer);
   c.learning_rate = 0.1f;
   auto table = Make(c);
@@ -297,14 +297,56 @@ TEST(SparseTableTest, BadPushesAreRefusedWithNothingChanged) {
   EXPECT_TRUE(Step(*table, 1, {Push({1}, 0.5f), Push({1}, 0.5f)}).ok());
 }
 
+TEST(SparseTableTest, ACheckpointsRowsAndFilterLoadIntoATableThatGoesOnTheSame) {
+  for (Config::Optimizer optimizer : {Config::Optimizer::kAdam, Config::Optimizer::kFtrl}) {
+    Config c = SmallConfig(optimizer);
+    c.min_count = 2;
+    c.filter_counters = 64;
+    c.ttl_steps = 3;
+    c.record_evictions = true;
+    auto a = Make(c);
+    auto steps = [&](SparseTable& t, int64_t from, int64_t to) {
+      for (int64_t step = from; step < to; ++step) {
+        const uint64_t k = static_cast<uint64_t>(step % 5);
+        ASSERT_TRUE(
+            Step(t, step, {Push({k, k + 10, 20}, 0.1f * step), Push({k + 1, 20}, 0.2f)}).ok());
+      }
+    };
+    steps(*a, 0, 6);
+    auto b = Make(c);
+    ASSERT_TRUE(b->Load(a->Rows(), a->filter()).ok());
+    steps(*a, 6, 12);
+    steps(*b, 6, 12);
+    const auto rows_a = a->Rows(), rows_b = b->Rows();
+    ASSERT_EQ(rows_a.size(), rows_b.size());
+    for (size_t i = 0; i < rows_a.size(); ++i) {
+      EXPECT_EQ(rows_a[i].key, rows_b[i].key);
+      EXPECT_EQ(rows_a[i].values, rows_b[i].values);
+      EXPECT_EQ(rows_a[i].state, rows_b[i].state);
+      EXPECT_EQ(rows_a[i].updates, rows_b[i].updates);
+    }
+    // Incremental: the rows steps >= 10 touched or admitted, and the keys evicted.
+    for (const auto& row : a->Rows(10)) EXPECT_GE(row.last_step, 10);
+    EXPECT_LT(a->Rows(10).size(), rows_a.size());
+    EXPECT_FALSE(a->TakeEvicted().empty());
+    EXPECT_TRUE(a->TakeEvicted().empty());
+  }
+  auto table = Make(SmallConfig());
+  SparseTable::Row row{.key = 1, .values = {1, 2, 3}};
+  EXPECT_EQ(table->Load({row}, {}).code(), absl::StatusCode::kInvalidArgument);
+  row.values.push_back(4);
+  EXPECT_EQ(table->Load({row, row}, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->Load({row}, {1, 2}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->rows(), 0);
+  EXPECT_TRUE(table->Load({row}, {}).ok());
+  EXPECT_EQ(Read(*table, {1}), (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST(SparseTableTest, BadConfigsAreRefusedNamingTheTable) {
   std::vector<std::function<void(Config&)>> changes = {
-      [](Config& c) { c.dim = 0; },
-      [](Config& c) { c.learning_rate = 0; },
-      [](Config& c) { c.min_count = 0; },
-      [](Config& c) { c.probability = 0; },
-      [](Config& c) { c.beta1 = 1; },
-      [](Config& c) { c.ttl_steps = -1; },
+      [](Config& c) { c.dim = 0; },       [](Config& c) { c.learning_rate = 0; },
+      [](Config& c) { c.min_count = 0; }, [](Config& c) { c.probability = 0; },
+      [](Config& c) { c.beta1 = 1; },     [](Config& c) { c.ttl_steps = -1; },
   };
   for (const auto& change : changes) {
     Config c = SmallConfig();
