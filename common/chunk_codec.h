@@ -86,7 +86,8 @@ class Frame {
   float MaxAbs() const;
 
   // Copies the raw payload (payload_bytes() bytes) to dst. Counted in
-  // CopiedPayloadBytes: tools and tests only.
+  // CopiedPayloadBytes: tools, tests, and sparse frames (whose keys and rows
+  // the server decodes into arrays of its own).
   void CopyPayloadTo(void* dst) const;
 
   // The same frame with its payload copied to memory of its own: for a

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -105,6 +106,120 @@ absl::Status CheckSchedule(v1::OptimizerSpec& opt, int64_t total_steps) {
   return absl::OkStatus();
 }
 
+// Fills in an embedding table's defaults and checks its fields.
+absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
+  const bool named = !t.name().empty() && t.name().size() <= 64 &&
+                     std::all_of(t.name().begin(), t.name().end(), [](char c) {
+                       return absl::ascii_isalnum(c) || c == '_' || c == '.' || c == '-';
+                     });
+  if (!named) return FieldError(at + ".name", "1 to 64 of A-Z, a-z, 0-9, _, . and -");
+  if (t.dim() < 1 || t.dim() > 1024) {
+    return FieldError(at + ".dim", absl::StrCat("must be in [1, 1024], got ", t.dim()));
+  }
+  v1::TableInitializer& init = *t.mutable_initializer();
+  if (!v1::TableInitializerType_IsValid(init.type())) {
+    return FieldError(at + ".initializer.type", absl::StrCat("unknown value ", init.type()));
+  }
+  if (init.type() == v1::TABLE_INITIALIZER_TYPE_UNSPECIFIED) {
+    init.set_type(v1::TABLE_INITIALIZER_TYPE_UNIFORM);
+  }
+  if (init.type() == v1::TABLE_INITIALIZER_TYPE_ZEROS && init.has_scale()) {
+    return FieldError(at + ".initializer.scale", "zeros have no scale");
+  }
+  if (init.type() != v1::TABLE_INITIALIZER_TYPE_ZEROS && !init.has_scale()) init.set_scale(0.01f);
+  if (!(init.scale() >= 0 && init.scale() <= 10)) {
+    return FieldError(at + ".initializer.scale", "must be in [0, 10]");
+  }
+  v1::TableOptimizer& opt = *t.mutable_optimizer();
+  const std::string o = at + ".optimizer";
+  if (!v1::TableOptimizerType_IsValid(opt.type())) {
+    return FieldError(o + ".type", absl::StrCat("unknown value ", opt.type()));
+  }
+  if (opt.type() == v1::TABLE_OPTIMIZER_TYPE_UNSPECIFIED) {
+    opt.set_type(v1::TABLE_OPTIMIZER_TYPE_ADAGRAD);
+  }
+  if (opt.learning_rate() == 0) opt.set_learning_rate(0.01f);
+  if (!(opt.learning_rate() > 0 && opt.learning_rate() <= 1000)) {
+    return FieldError(o + ".learning_rate", "must be in (0, 1000]");
+  }
+  const v1::TableOptimizerType type = opt.type();
+  const bool adagrad = type == v1::TABLE_OPTIMIZER_TYPE_ADAGRAD;
+  const bool adam = type == v1::TABLE_OPTIMIZER_TYPE_ADAM;
+  const bool ftrl = type == v1::TABLE_OPTIMIZER_TYPE_FTRL;
+  struct Applies {
+    bool set;
+    const char* field;
+    bool applies;
+    const char* types;
+  };
+  const Applies fields[] = {
+      {opt.has_initial_accumulator(), "initial_accumulator", adagrad || ftrl, "adagrad and ftrl"},
+      {opt.has_beta1(), "beta1", adam, "adam"},
+      {opt.has_beta2(), "beta2", adam, "adam"},
+      {opt.has_epsilon(), "epsilon", adagrad || adam, "adagrad and adam"},
+      {opt.l1() != 0, "l1", ftrl, "ftrl"},
+      {opt.l2() != 0, "l2", ftrl, "ftrl"},
+      {opt.has_beta(), "beta", ftrl, "ftrl"},
+  };
+  for (const Applies& f : fields) {
+    if (f.set && !f.applies) {
+      return FieldError(absl::StrCat(o, ".", f.field),
+                        absl::StrCat("applies to ", f.types, " only"));
+    }
+  }
+  if ((adagrad || ftrl) && !opt.has_initial_accumulator()) opt.set_initial_accumulator(0.1f);
+  if (adam && !opt.has_beta1()) opt.set_beta1(0.9f);
+  if (adam && !opt.has_beta2()) opt.set_beta2(0.999f);
+  if ((adagrad || adam) && !opt.has_epsilon()) opt.set_epsilon(1e-8f);
+  if (ftrl && !opt.has_beta()) opt.set_beta(1.0f);
+  if (!(opt.initial_accumulator() >= 0 && opt.initial_accumulator() <= 1e6)) {
+    return FieldError(o + ".initial_accumulator", "must be in [0, 1e6]");
+  }
+  if (!(opt.beta1() >= 0 && opt.beta1() < 1) || !(opt.beta2() >= 0 && opt.beta2() < 1)) {
+    return FieldError(o + (opt.beta1() >= 0 && opt.beta1() < 1 ? ".beta2" : ".beta1"),
+                      "must be in [0, 1)");
+  }
+  if (adagrad || adam) {
+    if (!(opt.epsilon() > 0 && opt.epsilon() <= 1)) {
+      return FieldError(o + ".epsilon", "must be in (0, 1]");
+    }
+  }
+  if (!(opt.l1() >= 0 && opt.l1() <= 1e6) || !(opt.l2() >= 0 && opt.l2() <= 1e6) ||
+      !(opt.beta() >= 0 && opt.beta() <= 1e6)) {
+    return FieldError(o, "l1, l2 and beta must be in [0, 1e6]");
+  }
+  v1::TableAdmission& admission = *t.mutable_admission();
+  const std::string a = at + ".admission";
+  if (admission.min_count() == 0) admission.set_min_count(1);
+  if (admission.min_count() < 1 || admission.min_count() > 65535) {
+    return FieldError(a + ".min_count", "must be in [0, 65535]");
+  }
+  if (!admission.has_probability()) admission.set_probability(1.0);
+  if (!(admission.probability() > 0 && admission.probability() <= 1)) {
+    return FieldError(a + ".probability", "must be in (0, 1]");
+  }
+  const bool filtered = admission.min_count() > 1 || admission.probability() < 1;
+  if (admission.filter_counters() != 0 && !filtered) {
+    return FieldError(a + ".filter_counters", "only with min_count > 1 or probability < 1");
+  }
+  if (filtered && admission.filter_counters() == 0) admission.set_filter_counters(1 << 20);
+  if (admission.filter_counters() < 0 || admission.filter_counters() > (int64_t{1} << 32)) {
+    return FieldError(a + ".filter_counters", "must be in [1, 2^32]");
+  }
+  v1::TableEviction& eviction = *t.mutable_eviction();
+  if (eviction.ttl_steps() < 0 || eviction.ttl_steps() > (int64_t{1} << 40)) {
+    return FieldError(at + ".eviction.ttl_steps", "must be in [0, 2^40]");
+  }
+  if (!v1::TableEvictionPolicy_IsValid(eviction.policy())) {
+    return FieldError(at + ".eviction.policy", absl::StrCat("unknown value ", eviction.policy()));
+  }
+  if (eviction.policy() == v1::TABLE_EVICTION_POLICY_UNSPECIFIED) {
+    eviction.set_policy(v1::TABLE_EVICTION_POLICY_LRU);
+  }
+  if (t.max_memory_bytes() < 0) return FieldError(at + ".max_memory_bytes", "must be >= 0");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
@@ -173,6 +288,27 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("model.num_classes", absl::StrCat(model.num_classes(),
                                                         " does not match the data's ",
                                                         kFashionClasses, " classes"));
+  }
+
+  // Embedding tables.
+  if (spec.tables_size() > kMaxTables) {
+    return FieldError("tables", absl::StrCat(spec.tables_size(), " tables; at most ", kMaxTables));
+  }
+  if (spec.tables_size() > 0 && model.type() != v1::MODEL_TYPE_EXTERNAL) {
+    return FieldError("tables", "the built-in softmax, mlp and cnn read no embedding tables");
+  }
+  if (spec.tables_size() > 0 && !spec.checkpoint().dir().empty()) {
+    return FieldError("checkpoint.dir",
+                      "checkpoints do not hold embedding tables yet: a job with tables recovers "
+                      "from step 0");
+  }
+  std::set<std::string> table_names;
+  for (int t = 0; t < spec.tables_size(); ++t) {
+    const std::string at = absl::StrCat("tables[", t, "]");
+    PSTRAIN_RETURN_IF_ERROR(NormalizeTable(at, *spec.mutable_tables(t)));
+    if (!table_names.insert(spec.tables(t).name()).second) {
+      return FieldError(at + ".name", absl::StrCat("\"", spec.tables(t).name(), "\" twice"));
+    }
   }
 
   // Data.

@@ -25,6 +25,7 @@ inline constexpr int64_t kMaxChunkBytes = 64 << 20;
 inline constexpr int64_t kMaxParams = int64_t{1} << 30;
 inline constexpr int64_t kMaxChunks = 1 << 20;
 inline constexpr int kMaxExternalTensors = 100000;
+inline constexpr int kMaxTables = 1000;
 inline constexpr int64_t kMaxActivationFloats = int64_t{1} << 28;
 // The longest path a spec may name (PATH_MAX).
 inline constexpr size_t kMaxPathBytes = 4096;

@@ -4,12 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/sparse_shard.h"
 
 namespace pstrain::server {
 
 void ReplyingStream::OnValues(const v1::ChunkHeader& request, const ChunkValues& values) {
   v1::ChunkHeader reply;
-  reply.set_kind(v1::FRAME_KIND_VALUES);
+  const bool rows = request.kind() == v1::FRAME_KIND_SPARSE_PULL;
+  reply.set_kind(rows ? v1::FRAME_KIND_ROWS : v1::FRAME_KIND_VALUES);
+  if (rows) reply.set_num_keys(request.num_keys());
   reply.set_job_id(request.job_id());
   reply.set_worker(request.worker());
   reply.set_step(request.step());
@@ -29,7 +32,9 @@ absl::Status StreamRequests::Handle(const grpc::ByteBuffer& request,
                                                           : v1::FRAME_KIND_PUSH;
   const bool step_end = method_ == Method::kPush && kind == v1::FRAME_KIND_STEP_END;
   const bool init = method_ == Method::kPush && kind == v1::FRAME_KIND_INIT;
-  if (kind != expected && !step_end && !init) {
+  const bool sparse_push = method_ == Method::kPush && kind == v1::FRAME_KIND_SPARSE_PUSH;
+  const bool sparse_pull = method_ == Method::kPull && kind == v1::FRAME_KIND_SPARSE_PULL;
+  if (kind != expected && !step_end && !init && !sparse_push && !sparse_pull) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
   }
@@ -39,9 +44,10 @@ absl::Status StreamRequests::Handle(const grpc::ByteBuffer& request,
   switch (method_) {
     case Method::kPush: {
       v1::ChunkHeader ack = frame->header();
-      status = step_end ? store_->EndStep(ack)
-               : init   ? store_->Init(borrowed ? frame->OwnedCopy() : *frame)
-                        : store_->Push(*std::move(frame), nullptr, borrowed);
+      status = step_end      ? store_->EndStep(ack)
+               : init        ? store_->Init(borrowed ? frame->OwnedCopy() : *frame)
+               : sparse_push ? store_->SparsePush(*frame)
+                             : store_->Push(*std::move(frame), nullptr, borrowed);
       if (status.ok()) {
         ack.set_kind(v1::FRAME_KIND_ACK);
         ack.set_num_elements(0);
@@ -54,6 +60,11 @@ absl::Status StreamRequests::Handle(const grpc::ByteBuffer& request,
       status = store_->Push(*std::move(frame), stream, borrowed);
       break;
     case Method::kPull:
+      if (sparse_pull) {
+        parked_.emplace(frame->header().job_id(), kNoChunk);
+        status = store_->SparsePull(*frame, stream);
+        break;
+      }
       parked_.emplace(frame->header().job_id(), frame->header().chunk());
       status = store_->Pull(frame->header(), stream);
       break;
@@ -147,7 +158,7 @@ absl::Status WorkerRoster::Check(const std::string& caller, const v1::ChunkHeade
   }
   const std::vector<std::string>& workers = generation->workers;
   if (header.kind() == v1::FRAME_KIND_PUSH || header.kind() == v1::FRAME_KIND_STEP_END ||
-      header.kind() == v1::FRAME_KIND_INIT) {
+      header.kind() == v1::FRAME_KIND_INIT || header.kind() == v1::FRAME_KIND_SPARSE_PUSH) {
     if (header.worker() < workers.size() && workers[header.worker()] == caller) {
       return absl::OkStatus();
     }

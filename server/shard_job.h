@@ -6,8 +6,8 @@
 // chunk, chunk_waits.h answers the waits for its values,
 // shard_checkpoints.h copies and restores them.
 //
-// A second kind of shard state, embedding rows by 64-bit key, will sit
-// beside `chunks` (docs/architecture.md, "Where sparse tables plug in").
+// Beside the chunks, a job with embedding tables has its SparseShard
+// (sparse_shard.h): the rows by 64-bit key that this server holds.
 #ifndef PSTRAIN_SERVER_SHARD_JOB_H_
 #define PSTRAIN_SERVER_SHARD_JOB_H_
 
@@ -96,6 +96,8 @@ struct DenseChunk {
 };
 
 // One job as this server holds it.
+struct SparseShard;
+
 struct ShardJob {
   std::string id;
   int64_t bytes = 0;  // BytesNeeded
@@ -114,6 +116,8 @@ struct ShardJob {
   // By chunk id; null for chunks owned by other servers.
   std::vector<std::unique_ptr<DenseChunk>> chunks;
   int owned_chunks = 0;
+  // The job's embedding tables here; null without tables.
+  std::shared_ptr<SparseShard> sparse;
   uint32_t first_chunk = 0;  // the lowest owned: where stragglers are watched
   // External models: the initial values come from worker 0 (INIT frames);
   // until every owned chunk has them, the job's requests are UNAVAILABLE.

@@ -19,6 +19,7 @@
 #include "server/dense_chunk.h"
 #include "server/shard_checkpoints.h"
 #include "server/shard_job.h"
+#include "server/sparse_shard.h"
 
 namespace pstrain::server {
 
@@ -144,6 +145,11 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     }
     job->chunks[info.id()] = std::move(chunk);
   }
+  if (spec.tables_size() > 0) {
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<SparseShard> sparse,
+                             NewSparseShard(spec, job->num_workers));
+    job->sparse = std::move(sparse);
+  }
   job->optimizer = std::move(optimizer);
   job->optimizer_spec = spec.optimizer();
   job->total_steps = TotalSteps(spec);
@@ -212,6 +218,14 @@ absl::Status ShardStore::KeepAtGeneration(const std::string& job_id, int64_t gen
     for (std::optional<Frame>& held : chunk->pushed) held.reset();
     DropStaged(*chunk);
   }
+  if (job->sparse != nullptr) {
+    SparseShard& sparse = *job->sparse;
+    absl::MutexLock lock(&sparse.mu);
+    AbortSparseWaits(sparse, over);
+    if (job->mode != v1::MODE_SYNC) std::fill(sparse.clock.begin(), sparse.clock.end(), 0);
+    for (auto& held : sparse.pushed) held.reset();
+    sparse.received_count = 0;
+  }
   absl::MutexLock lock(&job->step_end_mu);
   std::fill(job->ended_step.begin(), job->ended_step.end(), -1);
   return absl::OkStatus();
@@ -262,6 +276,7 @@ void ShardStore::RemoveJob(const std::string& job_id) {
   for (auto& chunk : job->chunks) {
     if (chunk != nullptr) Close(*chunk, aborted);
   }
+  if (job->sparse != nullptr) Close(*job->sparse, aborted);
 }
 
 std::vector<std::string> ShardStore::JobIds() const {
@@ -284,6 +299,10 @@ int64_t ShardStore::OpenWaits() const {
       absl::MutexLock lock(&chunk->mu);
       n += static_cast<int64_t>(chunk->waiting.size());
     }
+    if (job->sparse != nullptr) {
+      absl::MutexLock lock(&job->sparse->mu);
+      n += static_cast<int64_t>(job->sparse->waiting.size());
+    }
   }
   return n;
 }
@@ -300,6 +319,7 @@ void ShardStore::Shutdown() {
     for (auto& chunk : job->chunks) {
       if (chunk != nullptr) Close(*chunk, unavailable);
     }
+    if (job->sparse != nullptr) Close(*job->sparse, unavailable);
   }
 }
 
@@ -589,11 +609,23 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
   PSTRAIN_RETURN_IF_ERROR(CheckInitialized(*job));
-  PSTRAIN_RETURN_IF_ERROR(FindChunk(*job, h).status());
+  // A server that holds tables takes step ends that name no chunk.
+  if (h.chunk() != kNoChunk || job->sparse == nullptr) {
+    PSTRAIN_RETURN_IF_ERROR(FindChunk(*job, h).status());
+  }
   PSTRAIN_RETURN_IF_ERROR(CheckWorker(*job, h));
   if (h.step() < 0) return absl::InvalidArgumentError("negative step");
   if (h.num_elements() != 0) return absl::InvalidArgumentError("a step end carries no values");
   const bool sync = job->mode == v1::MODE_SYNC;
+  if (sync && job->sparse != nullptr) {
+    absl::MutexLock lock(&job->sparse->mu);
+    if (!job->sparse->closed.ok()) return job->sparse->closed;
+    if (h.step() > job->sparse->version) {
+      return absl::InvalidArgumentError(absl::StrCat("step end of step ", h.step(),
+                                                     " is ahead of the tables at step ",
+                                                     job->sparse->version));
+    }
+  }
   if (sync) {
     // Every chunk here must have applied the step before: else the step
     // ends of the step they wait for would be overwritten.
@@ -626,6 +658,51 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
     }
     AnswerWaits(*chunk, job->wire_dtype);
   }
+  if (job->sparse != nullptr) {
+    SparseShard& sparse = *job->sparse;
+    absl::MutexLock lock(&sparse.mu);
+    if (!sync || sparse.version == h.step()) {
+      PSTRAIN_RETURN_IF_ERROR(CompleteSparseStep(*job, sparse, h.worker()));
+    }
+    WaitAndAnswerSparse(sparse, std::nullopt);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SparseSection>> ShardStore::CheckSparseFrame(
+    const ShardJob& job, const Frame& frame) const {
+  const v1::ChunkHeader& h = frame.header();
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(job, h));
+  PSTRAIN_RETURN_IF_ERROR(CheckInitialized(job));
+  PSTRAIN_RETURN_IF_ERROR(CheckWorker(job, h));
+  if (job.sparse == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job.id, " has no embedding tables"));
+  }
+  if (h.step() < 0 || h.version() < 0 || h.pushed_steps() < 0) {
+    return absl::InvalidArgumentError("negative step, version or pushed_steps");
+  }
+  return DecodeSparseFrame(frame, job.sparse->dims, job.server_index, job.num_servers);
+}
+
+absl::Status ShardStore::SparsePush(const Frame& frame) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(frame.header().job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<SparseSection> sections, CheckSparseFrame(*job, frame));
+  SparseShard& sparse = *job->sparse;
+  absl::MutexLock lock(&sparse.mu);
+  PSTRAIN_RETURN_IF_ERROR(AddSparsePush(*job, sparse, frame.header(), std::move(sections)));
+  WaitAndAnswerSparse(sparse, std::nullopt);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::SparsePull(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(frame.header().job_id()));
+  PSTRAIN_ASSIGN_OR_RETURN(std::vector<SparseSection> sections, CheckSparseFrame(*job, frame));
+  SparseShard& sparse = *job->sparse;
+  absl::MutexLock lock(&sparse.mu);
+  if (!sparse.closed.ok()) return sparse.closed;
+  ChunkWait wait = PullWait(frame.header(), std::move(waiter));
+  if (job->mode != v1::MODE_SYNC) wait.own_clock = frame.header().step();
+  WaitAndAnswerSparse(sparse, SparseShard::Wait{std::move(sections), std::move(wait)});
   return absl::OkStatus();
 }
 
@@ -646,6 +723,13 @@ absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWai
 void ShardStore::DropAbandonedWaits(const std::string& job_id, uint32_t chunk_id) {
   absl::StatusOr<std::shared_ptr<ShardJob>> job = FindJob(job_id);
   if (!job.ok()) return;
+  if (chunk_id == kNoChunk && (*job)->sparse != nullptr) {
+    SparseShard& sparse = *(*job)->sparse;
+    absl::MutexLock lock(&sparse.mu);
+    std::erase_if(sparse.waiting,
+                  [](const SparseShard::Wait& w) { return w.wait.waiter->Abandoned(); });
+    return;
+  }
   v1::ChunkHeader h;
   h.set_chunk(chunk_id);
   absl::StatusOr<DenseChunk*> chunk = FindChunk(**job, h);

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
 #include "common/file_system.h"
+#include "common/sparse_frames.h"
 #include "kernels/model.h"
 #include "pstrain/v1/membership.pb.h"
 #include "pstrain/v1/parameters.pb.h"
@@ -144,8 +145,19 @@ class ShardStore {
   // header.pushed_steps() steps applied). Errors as for Push.
   absl::Status Pull(const v1::ChunkHeader& header, std::shared_ptr<ChunkWaiter> waiter);
 
-  // Drops the abandoned waits of a chunk now (a stream that parked there is
-  // gone) rather than when the chunk is next answered.
+  // A SPARSE_PUSH: a worker's rows of a step for the job's tables here
+  // (sparse_shard.h); the same errors as Push, and INVALID_ARGUMENT for a
+  // job without tables or a payload DecodeSparseFrame refuses — with
+  // nothing changed.
+  absl::Status SparsePush(const Frame& frame);
+
+  // A SPARSE_PULL: the waiter gets the rows once the tables here have
+  // had h.version() steps applied, every worker h.pushed_steps() of them,
+  // and (async, SSP) the asking worker h.step(). Errors as for SparsePush.
+  absl::Status SparsePull(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter);
+
+  // Drops the abandoned waits of a chunk (kNoChunk: of the tables) now (a
+  // stream that parked there is gone) rather than when next answered.
   void DropAbandonedWaits(const std::string& job_id, uint32_t chunk);
 
   // Ends every open wait with UNAVAILABLE and rejects later requests.
@@ -162,6 +174,9 @@ class ShardStore {
 
  private:
   absl::StatusOr<std::shared_ptr<ShardJob>> FindJob(const std::string& job_id) const;
+  // The checks of a sparse frame, and its sections.
+  absl::StatusOr<std::vector<SparseSection>> CheckSparseFrame(const ShardJob& job,
+                                                               const Frame& frame) const;
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Sync: applies (or skips) the chunk's open step if every worker has

@@ -95,6 +95,7 @@ export ASAN_SYMBOLIZER_PATH=/usr/bin/llvm-symbolizer-14
 declare -A runs=(
   [checkpoint]=40000 [chunk_frame]=2100000 [click_file]=40000 [control_requests]=14500 [job_log]=120000
   [job_spec]=360000 [model_file]=1300000 [parameter_requests]=42000
+  [sparse_requests]=60000
 )
 mkdir -p $build/fuzz-crashes
 

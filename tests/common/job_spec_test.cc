@@ -197,6 +197,65 @@ TEST(JobSpecTest, AnExternalModelIsItsTensors) {
   EXPECT_EQ(StepsPerEpoch(*spec), 3);
 }
 
+TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*ParseJobSpecYaml(
+      External("[{name: w}]",
+               "tables:\n"
+               "  - {name: users, dim: 16}\n"
+               "  - {name: ads.v2, dim: 8, optimizer: {type: ftrl, l1: 0.1},\n"
+               "     admission: {min_count: 3}, eviction: {ttl_steps: 100, policy: lfu},\n"
+               "     initializer: {type: normal, scale: 0.05}, max_memory_bytes: 1000000}\n")));
+  PSTRAIN_ASSERT_OK(spec);
+  ASSERT_EQ(spec->tables_size(), 2);
+  const v1::EmbeddingTableSpec& users = spec->tables(0);
+  EXPECT_EQ(users.optimizer().type(), v1::TABLE_OPTIMIZER_TYPE_ADAGRAD);
+  EXPECT_FLOAT_EQ(users.optimizer().learning_rate(), 0.01f);
+  EXPECT_FLOAT_EQ(users.optimizer().initial_accumulator(), 0.1f);
+  EXPECT_FLOAT_EQ(users.optimizer().epsilon(), 1e-8f);
+  EXPECT_EQ(users.initializer().type(), v1::TABLE_INITIALIZER_TYPE_UNIFORM);
+  EXPECT_FLOAT_EQ(users.initializer().scale(), 0.01f);
+  EXPECT_EQ(users.admission().min_count(), 1);
+  EXPECT_EQ(users.admission().probability(), 1.0);
+  EXPECT_EQ(users.admission().filter_counters(), 0);  // no filter needed
+  EXPECT_EQ(users.eviction().policy(), v1::TABLE_EVICTION_POLICY_LRU);
+  const v1::EmbeddingTableSpec& ads = spec->tables(1);
+  EXPECT_FLOAT_EQ(ads.optimizer().beta(), 1.0f);
+  EXPECT_EQ(ads.admission().filter_counters(), 1 << 20);
+  EXPECT_EQ(ads.eviction().policy(), v1::TABLE_EVICTION_POLICY_LFU);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"- {name: '', dim: 4}", "tables[0].name"},
+      {"- {name: 'a b', dim: 4}", "tables[0].name"},
+      {"- {name: a, dim: 0}", "tables[0].dim"},
+      {"- {name: a, dim: 4}\n  - {name: a, dim: 4}", "tables[1].name: \"a\" twice"},
+      {"- {name: a, dim: 4, optimizer: {type: sgd, beta1: 0.5}}", "tables[0].optimizer.beta1"},
+      {"- {name: a, dim: 4, optimizer: {type: adam, l1: 0.5}}", "tables[0].optimizer.l1"},
+      {"- {name: a, dim: 4, optimizer: {learning_rate: -1}}", "tables[0].optimizer.learning_rate"},
+      {"- {name: a, dim: 4, admission: {probability: 0}}", "tables[0].admission.probability"},
+      {"- {name: a, dim: 4, admission: {min_count: 70000}}", "tables[0].admission.min_count"},
+      {"- {name: a, dim: 4, admission: {filter_counters: 8}}",
+       "tables[0].admission.filter_counters"},
+      {"- {name: a, dim: 4, eviction: {ttl_steps: -1}}", "tables[0].eviction.ttl_steps"},
+      {"- {name: a, dim: 4, initializer: {type: zeros, scale: 1}}",
+       "tables[0].initializer.scale"},
+      {"- {name: a, dim: 4, max_memory_bytes: -1}", "tables[0].max_memory_bytes"},
+  };
+  for (const auto& [table, field] : bad) {
+    absl::StatusOr<v1::JobSpec> s =
+        NormalizeJobSpec(*ParseJobSpecYaml(External("[{name: w}]", "tables:\n  " + table + "\n")));
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << table;
+    EXPECT_TRUE(absl::StartsWith(s.status().message(), field)) << s.status() << " for " << table;
+  }
+  // Built-in models read no tables; checkpoints do not hold them yet.
+  absl::StatusOr<v1::JobSpec> mlp = NormalizeJobSpec(
+      *ParseJobSpecYaml(std::string(kValid) + "tables: [{name: a, dim: 4}]\n"));
+  EXPECT_TRUE(absl::StartsWith(mlp.status().message(), "tables:")) << mlp.status();
+  absl::StatusOr<v1::JobSpec> checkpointed = NormalizeJobSpec(*ParseJobSpecYaml(External(
+      "[{name: w}]", "tables: [{name: a, dim: 4}]\ncheckpoint: {dir: /tmp/x}\n")));
+  EXPECT_TRUE(absl::StartsWith(checkpointed.status().message(), "checkpoint.dir"))
+      << checkpointed.status();
+}
+
 // The three modes' bounds and what a worker computing a step waits for.
 TEST(JobSpecTest, StalenessBoundsOfTheThreeModes) {
   absl::StatusOr<v1::JobSpec> ssp = ParseJobSpecYaml(With("mode: sync", "mode: ssp\nstaleness: 3"));

@@ -54,6 +54,35 @@ inline v1::ServerAssignment SmallJobAssignment(const std::string& job_id, const 
   return a;
 }
 
+// An external model of 3 floats with two embedding tables (dims 2 and 3),
+// one server and two workers (worker-0, worker-1), in `mode`: every key is
+// this server's.
+inline v1::ServerAssignment SparseJobAssignment(const std::string& job_id, const char* mode) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
+      "model: {type: external, tensors: [{name: w, shape: [3]}]}\n"
+      "optimizer: {type: sgd, learning_rate: 0.1}\nbatch_size: 4\nsteps: 4\n"
+      "num_servers: 1\nnum_workers: 2\nmode: ",
+      mode,
+      "\ntables:\n"
+      "  - {name: a, dim: 2, admission: {min_count: 2, filter_counters: 16}}\n"
+      "  - {name: b, dim: 3, optimizer: {type: adam}, eviction: {ttl_steps: 2}}\n"));
+  CHECK(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  CHECK(spec.ok()) << spec.status();
+  absl::StatusOr<v1::PartitionPlan> plan =
+      ComputePartitionPlan(JobTensors(*spec), spec->chunk_bytes(), spec->num_servers());
+  CHECK(plan.ok()) << plan.status();
+  v1::ServerAssignment a;
+  a.set_job_id(job_id);
+  *a.mutable_spec() = *spec;
+  *a.mutable_plan() = *plan;
+  a.set_generation(1);
+  a.set_num_workers(2);
+  a.add_worker_nodes("worker-0");
+  a.add_worker_nodes("worker-1");
+  return a;
+}
+
 }  // namespace pstrain::fuzz
 
 #endif  // PSTRAIN_TESTS_FUZZ_FUZZ_UTIL_H_

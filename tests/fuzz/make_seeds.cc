@@ -15,6 +15,7 @@
 #include "common/file_system.h"
 #include "common/job_spec.h"
 #include "common/model_file.h"
+#include "common/sparse_frames.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "pstrain/v1/control.pb.h"
 #include "pstrain/v1/membership.pb.h"
@@ -235,6 +236,64 @@ void ClickSeeds(const std::string& dir) {
   CHECK(system(absl::StrCat("rm -rf ", tmp).c_str()) == 0);
 }
 
+// Two steps of both workers of the sparse jobs: a dense push, a sparse push
+// with both tables, a step end and a sparse pull each, as the fuzz target
+// reads them ([u16 LE length][frame]).
+void SparseSeeds(const std::string& dir) {
+  for (const char* job : {"s", "a"}) {
+    std::string input;
+    const auto add = [&input](const grpc::ByteBuffer& buffer) {
+      std::vector<grpc::Slice> slices;
+      CHECK(buffer.Dump(&slices).ok());
+      std::string frame;
+      for (const grpc::Slice& s : slices)
+        frame.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      input.push_back(static_cast<char>(frame.size() & 0xff));
+      input.push_back(static_cast<char>(frame.size() >> 8));
+      input += frame;
+    };
+    for (int64_t step = 0; step < 2; ++step) {
+      for (uint32_t worker = 0; worker < 2; ++worker) {
+        v1::ChunkHeader h = Header(v1::FRAME_KIND_PUSH, job, worker, step, 0, 3);
+        const std::vector<float> g = {0.5f, -0.25f, 1.0f};
+        add(EncodeFrame(h, g.data()));
+        std::vector<SparseSection> sections(2);
+        sections[0].table = 0;
+        sections[0].keys = {7, 1000 + worker};
+        sections[0].counts = {2, 1};
+        sections[0].grads = {0.5f, -0.5f, 0.25f, 1.0f};
+        sections[1].table = 1;
+        sections[1].keys = {uint64_t{1} << 40};
+        sections[1].counts = {1};
+        sections[1].grads = {0.1f, 0.2f, 0.3f};
+        int64_t keys = 0;
+        std::string payload = EncodeSparsePayload(sections, true, &keys);
+        v1::ChunkHeader sparse = Header(v1::FRAME_KIND_SPARSE_PUSH, job, worker, step, 0, 0);
+        sparse.set_chunk(0xffffffffu);
+        sparse.set_num_keys(static_cast<uint32_t>(keys));
+        sparse.set_num_elements(static_cast<uint32_t>(payload.size() / 4));
+        add(EncodeFrame(sparse, payload.data()));
+        v1::ChunkHeader end = Header(v1::FRAME_KIND_STEP_END, job, worker, step, 0, 0);
+        end.set_gradient_max_abs(1.0f);
+        add(EncodeFrame(end, nullptr));
+        for (SparseSection& s : sections) {
+          s.counts.clear();
+          s.grads.clear();
+        }
+        payload = EncodeSparsePayload(sections, false, &keys);
+        v1::ChunkHeader pull = Header(v1::FRAME_KIND_SPARSE_PULL, job, worker, step + 1, 0, 0);
+        pull.set_chunk(0xffffffffu);
+        pull.set_version(job[0] == 's' ? step + 1 : 0);
+        pull.set_num_keys(static_cast<uint32_t>(keys));
+        pull.set_dtype(v1::DTYPE_FP32);
+        pull.set_num_elements(static_cast<uint32_t>(payload.size() / 4));
+        add(EncodeFrame(pull, payload.data()));
+      }
+    }
+    Write(dir, "sparse_requests", std::string(job) + "-two-steps", input);
+  }
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -247,5 +306,6 @@ int main(int argc, char** argv) {
   pstrain::FileSeeds(argv[1]);
   pstrain::SpecSeeds(argv[1], argv[2]);
   pstrain::ClickSeeds(argv[1]);
+  pstrain::SparseSeeds(argv[1]);
   return 0;
 }
