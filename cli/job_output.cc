@@ -66,6 +66,12 @@ std::string ModelSummary(const v1::JobSpec& spec) {
     return absl::StrCat("external, ", spec.model().tensors_size(), " tensors, ",
                         NumParamsOf(spec), " parameters");
   }
+  if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
+    const v1::ClickModelSpec& click = spec.model().click();
+    return absl::StrCat("click (", EnumName(click.interaction()), ") bottom ",
+                        absl::StrJoin(click.bottom(), "-"), " top ", absl::StrJoin(click.top(), "-"),
+                        ", ", spec.tables_size(), " tables of dim ", spec.tables(0).dim());
+  }
   std::vector<int64_t> widths = {kernels::DenseInputDim(ModelShapeOf(spec))};
   widths.insert(widths.end(), spec.model().hidden().begin(), spec.model().hidden().end());
   widths.push_back(kFashionClasses);
@@ -245,14 +251,20 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
 std::string ResultJson(const v1::Job& job) {
   const v1::JobSpec& spec = job.spec();
   const v1::JobResult& r = job.result();
+  // A click model's measures, also among the metrics, at the top.
+  std::string click;
+  for (const char* name : {"test_auc", "oracle_auc"}) {
+    const auto it = r.metrics().find(name);
+    if (it != r.metrics().end()) absl::StrAppendFormat(&click, "\"%s\":%.6f,", name, it->second);
+  }
   return absl::StrFormat(
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
-      "\"test_accuracy\":%.4f,\"recoveries\":%d,\"last_checkpoint_step\":%d,"
+      "\"test_accuracy\":%.4f,%s\"recoveries\":%d,\"last_checkpoint_step\":%d,"
       "\"metrics\":%s}",
       JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(EnumName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
-      r.samples_per_second(), r.final_loss(), r.test_accuracy(), job.recoveries(),
+      r.samples_per_second(), r.final_loss(), r.test_accuracy(), click, job.recoveries(),
       job.last_checkpoint_step(), MetricsJson(r.metrics()));
 }
 

@@ -83,6 +83,12 @@ int Evaluate(const std::string& path) {
     return kExitUsage;
   }
   const v1::JobSpec& spec = model->header.spec();
+  if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
+    std::cerr << "pstrain-local: " << path
+              << ": a click model's file holds its dense part only (its embedding rows stay on "
+                 "the servers): it cannot be evaluated alone\n";
+    return kExitUsage;
+  }
   const std::string dir =
       absl::GetFlag(FLAGS_data_dir).empty() ? spec.data().dir() : absl::GetFlag(FLAGS_data_dir);
   absl::StatusOr<Dataset> test = LoadFashionMnist(dir, /*train=*/false);
@@ -161,21 +167,36 @@ int Run() {
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_path);
   // Checkpoints go to the run directory unless the job file names a
-  // directory: the job is checked as it will run (the run directory itself
+  // directory (or the job has embedding tables, which checkpoints do not
+  // hold yet): the job is checked as it will run (the run directory itself
   // is made further down).
-  const bool checkpoints_in_run_dir = spec.ok() && spec->checkpoint().dir().empty();
+  const bool checkpoints_in_run_dir =
+      spec.ok() && spec->checkpoint().dir().empty() && spec->tables_size() == 0;
   if (checkpoints_in_run_dir) spec->mutable_checkpoint()->set_dir("/run-dir/checkpoints");
   if (spec.ok()) spec = NormalizeJobSpec(*std::move(spec));
   if (!spec.ok()) {
     std::cerr << "pstrain-local: " << job_path << ": " << spec.status().message() << "\n";
     return kExitUsage;
   }
-  for (const char* file : {"train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"}) {
-    const std::string path = absl::StrCat(spec->data().dir(), "/", file);
-    if (access(path.c_str(), R_OK) != 0) {
-      std::cerr << "pstrain-local: " << job_path << ": data.dir: cannot read " << path
-                << " (Debian package dataset-fashion-mnist)\n";
-      return kExitUsage;
+  if (spec->data().dataset() == v1::DATASET_FASHION_MNIST) {
+    for (const char* file : {"train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"}) {
+      const std::string path = absl::StrCat(spec->data().dir(), "/", file);
+      if (access(path.c_str(), R_OK) != 0) {
+        std::cerr << "pstrain-local: " << job_path << ": data.dir: cannot read " << path
+                  << " (Debian package dataset-fashion-mnist)\n";
+        return kExitUsage;
+      }
+    }
+  }
+  const v1::ClickDataSpec& clicks = spec->data().clicks();
+  for (const auto& [field, files] : {std::pair{"train_files", &clicks.train_files()},
+                                     std::pair{"test_files", &clicks.test_files()}}) {
+    for (const std::string& path : *files) {
+      if (access(path.c_str(), R_OK) != 0) {
+        std::cerr << "pstrain-local: " << job_path << ": data.clicks." << field
+                  << ": cannot read " << path << "\n";
+        return kExitUsage;
+      }
     }
   }
 

@@ -45,6 +45,9 @@ class DatasetCache {
   // empty: anywhere.
   explicit DatasetCache(std::string root = "") : root_(std::move(root)) {}
 
+  // The directory data must come from; empty: anywhere.
+  const std::string& root() const { return root_; }
+
   // INVALID_ARGUMENT naming data.dir for a `dir` outside the root.
   absl::StatusOr<std::shared_ptr<const Dataset>> FashionMnist(const std::string& dir, bool train);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/click_generator.h"
 #include "common/enum_names.h"
 #include "common/job_yaml.h"
 #include "common/status.h"
@@ -220,6 +221,127 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
   return absl::OkStatus();
 }
 
+// The click model's MLPs, interaction and pooling.
+absl::Status NormalizeClickModel(v1::ClickModelSpec& click) {
+  for (auto [name, widths] : {std::pair{"bottom", click.mutable_bottom()},
+                              std::pair{"top", click.mutable_top()}}) {
+    if (widths->empty()) widths->Add(64);
+    if (widths->size() > 16) return FieldError(absl::StrCat("model.click.", name), "at most 16 layers");
+    for (int i = 0; i < widths->size(); ++i) {
+      if (widths->Get(i) < 1 || widths->Get(i) > 16384) {
+        return FieldError(absl::StrCat("model.click.", name, "[", i, "]"),
+                          absl::StrCat("must be in [1, 16384], got ", widths->Get(i)));
+      }
+    }
+  }
+  if (!v1::Interaction_IsValid(click.interaction()) || !v1::Pooling_IsValid(click.pooling())) {
+    return FieldError(v1::Interaction_IsValid(click.interaction()) ? "model.click.pooling"
+                                                                   : "model.click.interaction",
+                      "unknown value");
+  }
+  if (click.interaction() == v1::INTERACTION_UNSPECIFIED) click.set_interaction(v1::INTERACTION_DOT);
+  if (click.pooling() == v1::POOLING_UNSPECIFIED) click.set_pooling(v1::POOLING_SUM);
+  return absl::OkStatus();
+}
+
+// data.clicks: files or a generator, the layout and the shuffle window.
+absl::Status NormalizeClickData(v1::ClickDataSpec& clicks) {
+  const bool generated = clicks.has_generate();
+  if (generated == (clicks.train_files_size() > 0)) {
+    return FieldError("data.clicks", "give train_files (and test_files) or generate, not both");
+  }
+  if (clicks.dense() == 0) clicks.set_dense(13);
+  if (clicks.fields() == 0) clicks.set_fields(26);
+  if (clicks.dense() < 1 || clicks.dense() > 1000) {
+    return FieldError("data.clicks.dense", "must be in [1, 1000]");
+  }
+  if (clicks.fields() < 1 || clicks.fields() > 1000) {
+    return FieldError("data.clicks.fields", "must be in [1, 1000]");
+  }
+  if (!clicks.has_shuffle_window()) clicks.set_shuffle_window(65536);
+  if (clicks.shuffle_window() < 0 || clicks.shuffle_window() > (int64_t{1} << 24)) {
+    return FieldError("data.clicks.shuffle_window", "must be in [0, 2^24]");
+  }
+  if (clicks.test_samples() < 0) return FieldError("data.clicks.test_samples", "must be >= 0");
+  if (generated) {
+    if (clicks.test_files_size() > 0) {
+      return FieldError("data.clicks.test_files", "generated data has its own test split");
+    }
+    if (clicks.shuffle_window() > 1) clicks.set_shuffle_window(0);  // rows are drawn independently
+    v1::ClickGeneratorSpec& g = *clicks.mutable_generate();
+    const ClickDataSpec defaults;
+    if (g.vocabulary() == 0) g.set_vocabulary(defaults.vocabulary);
+    if (!g.has_zipf()) g.set_zipf(defaults.zipf);
+    if (g.max_values() == 0) g.set_max_values(defaults.max_values);
+    if (!g.has_token_weight()) g.set_token_weight(defaults.token_weight);
+    if (!g.has_dense_weight()) g.set_dense_weight(defaults.dense_weight);
+    if (!g.has_bias()) g.set_bias(defaults.bias);
+    v1::DataSpec data;
+    *data.mutable_clicks() = clicks;
+    if (absl::Status s = CheckClickDataSpec(ClickDataSpecOf(data)); !s.ok()) {
+      return FieldError("data.clicks.generate", s.message());
+    }
+    return absl::OkStatus();
+  }
+  for (const auto* files : {&clicks.train_files(), &clicks.test_files()}) {
+    for (const std::string& file : *files) {
+      const char* which = files == &clicks.train_files() ? "train_files" : "test_files";
+      if (file.empty() || file.front() != '/' || file.size() > kMaxPathBytes) {
+        return FieldError(absl::StrCat("data.clicks.", which),
+                          absl::StrCat("\"", file.substr(0, 100),
+                                       "\" is not an absolute path of at most ", kMaxPathBytes,
+                                       " bytes"));
+      }
+    }
+  }
+  if (clicks.test_files_size() == 0) {
+    return FieldError("data.clicks.test_files", "required: the model is evaluated on them");
+  }
+  if (clicks.train_files_size() + clicks.test_files_size() > 10000) {
+    return FieldError("data.clicks", "at most 10000 files");
+  }
+  return absl::OkStatus();
+}
+
+// A click model's tables: one dimension, and every field read from one.
+absl::Status CheckClickTables(const v1::JobSpec& spec) {
+  const int fields = spec.data().clicks().fields();
+  if (spec.tables_size() == 0) {
+    return FieldError("tables", "a click model reads its categorical fields from tables");
+  }
+  std::vector<int> table_of(fields + 1, -1);
+  for (int t = 0; t < spec.tables_size(); ++t) {
+    const v1::EmbeddingTableSpec& table = spec.tables(t);
+    if (table.dim() != spec.tables(0).dim()) {
+      return FieldError(absl::StrCat("tables[", t, "].dim"),
+                        absl::StrCat(table.dim(), " differs from tables[0].dim ",
+                                     spec.tables(0).dim(), ": the click model's interaction "
+                                     "needs one dimension"));
+    }
+    if (table.fields_size() == 0) {
+      return FieldError(absl::StrCat("tables[", t, "].fields"), "required: the fields it serves");
+    }
+    for (int i = 0; i < table.fields_size(); ++i) {
+      const int f = table.fields(i);
+      const std::string at = absl::StrCat("tables[", t, "].fields[", i, "]");
+      if (f < 1 || f > fields) {
+        return FieldError(at, absl::StrCat(f, " is not a field in [1, ", fields, "]"));
+      }
+      if (table_of[f] >= 0) {
+        return FieldError(at, absl::StrCat("field ", f, " is read from tables[", table_of[f],
+                                           "] already"));
+      }
+      table_of[f] = t;
+    }
+  }
+  for (int f = 1; f <= fields; ++f) {
+    if (table_of[f] < 0) {
+      return FieldError("tables", absl::StrCat("no table reads field ", f, " (of ", fields, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
@@ -269,9 +391,17 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     case v1::MODEL_TYPE_EXTERNAL:
       PSTRAIN_RETURN_IF_ERROR(CheckExternalModel(model));
       break;
+    case v1::MODEL_TYPE_CLICK:
+      if (model.hidden_size() != 0) {
+        return FieldError("model.hidden", "a click model's widths are model.click.bottom and top");
+      }
+      PSTRAIN_RETURN_IF_ERROR(NormalizeClickModel(*model.mutable_click()));
+      break;
     default:
-      return FieldError("model.type", "required (softmax, mlp, cnn or external)");
+      return FieldError("model.type", "required (softmax, mlp, cnn, external or click)");
   }
+  const bool click = model.type() == v1::MODEL_TYPE_CLICK;
+  if (!click && model.has_click()) return FieldError("model.click", "only a click model has it");
   if (model.type() != v1::MODEL_TYPE_EXTERNAL && model.tensors_size() != 0) {
     return FieldError("model.tensors", "only an external model lists its tensors");
   }
@@ -279,12 +409,12 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("model.conv", "only a cnn has convolutions");
   }
 
-  if (model.input_dim() != 0 && model.input_dim() != kFashionInputDim) {
+  if (!click && model.input_dim() != 0 && model.input_dim() != kFashionInputDim) {
     return FieldError("model.input_dim", absl::StrCat(model.input_dim(),
                                                       " does not match the data's ",
                                                       kFashionInputDim, " inputs"));
   }
-  if (model.num_classes() != 0 && model.num_classes() != kFashionClasses) {
+  if (!click && model.num_classes() != 0 && model.num_classes() != kFashionClasses) {
     return FieldError("model.num_classes", absl::StrCat(model.num_classes(),
                                                         " does not match the data's ",
                                                         kFashionClasses, " classes"));
@@ -294,7 +424,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (spec.tables_size() > kMaxTables) {
     return FieldError("tables", absl::StrCat(spec.tables_size(), " tables; at most ", kMaxTables));
   }
-  if (spec.tables_size() > 0 && model.type() != v1::MODEL_TYPE_EXTERNAL) {
+  if (spec.tables_size() > 0 && model.type() != v1::MODEL_TYPE_EXTERNAL && !click) {
     return FieldError("tables", "the built-in softmax, mlp and cnn read no embedding tables");
   }
   if (spec.tables_size() > 0 && !spec.checkpoint().dir().empty()) {
@@ -308,6 +438,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     PSTRAIN_RETURN_IF_ERROR(NormalizeTable(at, *spec.mutable_tables(t)));
     if (!table_names.insert(spec.tables(t).name()).second) {
       return FieldError(at + ".name", absl::StrCat("\"", spec.tables(t).name(), "\" twice"));
+    }
+    if (!click && spec.tables(t).fields_size() > 0) {
+      return FieldError(at + ".fields", "only a click model's tables serve fields");
     }
   }
 
@@ -325,12 +458,24 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("data.train_samples", "only an external model's data is counted so");
   }
   if (!external && data.dataset() == v1::DATASET_UNSPECIFIED) {
-    data.set_dataset(v1::DATASET_FASHION_MNIST);
+    data.set_dataset(click ? v1::DATASET_CLICKS : v1::DATASET_FASHION_MNIST);
   }
-  if (!external && data.dataset() != v1::DATASET_FASHION_MNIST) {
-    return FieldError("data.dataset", "unsupported dataset");
+  if (!external && data.dataset() != (click ? v1::DATASET_CLICKS : v1::DATASET_FASHION_MNIST)) {
+    return FieldError("data.dataset", click ? "a click model reads clicks"
+                                            : "unsupported dataset for this model");
   }
-  if (!external && data.dir().empty()) data.set_dir(kDefaultDataDir);
+  if (click) {
+    if (!data.dir().empty()) return FieldError("data.dir", "click data names its files");
+    PSTRAIN_RETURN_IF_ERROR(NormalizeClickData(*data.mutable_clicks()));
+    PSTRAIN_RETURN_IF_ERROR(CheckClickTables(spec));
+    if (model.input_dim() != 0 || model.num_classes() != 0) {
+      return FieldError(model.input_dim() != 0 ? "model.input_dim" : "model.num_classes",
+                        "a click model's inputs are the data's columns");
+    }
+  } else if (data.has_clicks()) {
+    return FieldError("data.clicks", "only a click model reads click data");
+  }
+  if (!external && !click && data.dir().empty()) data.set_dir(kDefaultDataDir);
   if (data.dir().size() > kMaxPathBytes) {
     return FieldError("data.dir", absl::StrCat("a path of ", data.dir().size(),
                                                " bytes; at most ", kMaxPathBytes));
@@ -442,6 +587,23 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
   PSTRAIN_RETURN_IF_ERROR(range("accumulate_steps", spec.accumulate_steps(), 1, 1024));
+  if (click) {
+    // The click model's worker: one CPU device, fp32, no micro-batches.
+    if (spec.accumulate_steps() != 1) {
+      return FieldError("accumulate_steps", "the click model pushes every batch");
+    }
+    if (spec.precision() != v1::PRECISION_FP32) {
+      return FieldError("precision", "the click model computes in fp32");
+    }
+    if (spec.early_stopping().patience() != 0) {
+      return FieldError("early_stopping.patience", "judges test accuracy: not a click model's");
+    }
+    if (spec.epochs() != 0 && !data.clicks().has_generate()) {
+      return FieldError("epochs",
+                        "click data from files needs steps (an epoch's length is unknown before "
+                        "the files are read)");
+    }
+  }
   if (external) {
     // What pstrain's own workers do for built-in models, the client does
     // (accumulate_steps: it sums its micro-batches' gradients and pushes
@@ -459,7 +621,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     }
   }
   const int64_t global_batch = GlobalBatch(spec);
-  if ((!external || data.train_samples() > 0) && global_batch > TrainSamplesOf(spec)) {
+  if (TrainSamplesOf(spec) > 0 && global_batch > TrainSamplesOf(spec)) {
     return FieldError("batch_size",
                       absl::StrCat("num_workers * accumulate_steps * batch_size = ", global_batch,
                                    " exceeds the ", TrainSamplesOf(spec), " training samples"));
@@ -552,6 +714,20 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                                                   " chunks; at most ", kMaxChunks));
   }
   if (external) return spec;
+  if (click) {
+    const kernels::ClickModelShape shape = ClickModelShapeOf(spec);
+    int64_t widest = std::max<int64_t>(kernels::InteractionWidth(shape),
+                                       int64_t{shape.fields} * shape.dim);
+    for (int w : shape.bottom) widest = std::max<int64_t>(widest, w);
+    for (int w : shape.top) widest = std::max<int64_t>(widest, w);
+    if (int64_t{spec.batch_size()} * widest > kMaxActivationFloats) {
+      return FieldError("batch_size", absl::StrCat("batch_size * widest layer = ",
+                                                   int64_t{spec.batch_size()} * widest,
+                                                   " floats per activation; at most ",
+                                                   kMaxActivationFloats));
+    }
+    return spec;
+  }
   const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widest = std::max<int64_t>(shape.input_dim, kernels::DenseInputDim(shape));
   for (int width : shape.hidden) widest = std::max<int64_t>(widest, width);

@@ -10,9 +10,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/click_generator.h"
 #include "common/dataset.h"
 #include "common/enum_names.h"
 #include "common/job_yaml.h"
+#include "kernels/click_model.h"
 #include "kernels/model.h"
 #include "pstrain/v1/job.pb.h"
 
@@ -63,6 +65,10 @@ absl::Status CheckDataFitsJob(const v1::JobSpec& spec, const Dataset& data, bool
 
 // The built-in model's shape.
 kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec);
+// A click model's shape: the data's columns, the tables' dimension, the MLPs.
+kernels::ClickModelShape ClickModelShapeOf(const v1::JobSpec& spec);
+// The generator's parameters of data.clicks.generate (its layout the data's).
+ClickDataSpec ClickDataSpecOf(const v1::DataSpec& data);
 // The tensors of the job's model in flat-space order: a built-in model's
 // (kernels::ModelTensors), or an external model's as its spec lists them.
 std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec);

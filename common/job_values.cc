@@ -25,6 +25,38 @@ kernels::ModelShape ModelShapeOf(const v1::JobSpec& spec) {
   return shape;
 }
 
+kernels::ClickModelShape ClickModelShapeOf(const v1::JobSpec& spec) {
+  const v1::ClickModelSpec& click = spec.model().click();
+  kernels::ClickModelShape shape;
+  shape.dense = spec.data().clicks().dense();
+  shape.fields = spec.data().clicks().fields();
+  shape.dim = spec.tables_size() > 0 ? spec.tables(0).dim() : 1;
+  shape.bottom.assign(click.bottom().begin(), click.bottom().end());
+  shape.top.assign(click.top().begin(), click.top().end());
+  shape.interaction = click.interaction() == v1::INTERACTION_CAT ? kernels::Interaction::kCat
+                                                                  : kernels::Interaction::kDot;
+  shape.pooling =
+      click.pooling() == v1::POOLING_MEAN ? kernels::Pooling::kMean : kernels::Pooling::kSum;
+  return shape;
+}
+
+ClickDataSpec ClickDataSpecOf(const v1::DataSpec& data) {
+  const v1::ClickGeneratorSpec& g = data.clicks().generate();
+  ClickDataSpec spec;
+  spec.seed = g.seed();
+  spec.train_rows = g.train_rows();
+  spec.test_rows = g.test_rows();
+  spec.layout = {.dense = data.clicks().dense(), .fields = data.clicks().fields()};
+  spec.vocabulary = g.vocabulary();
+  spec.zipf = g.zipf();
+  spec.max_values = g.max_values();
+  spec.missing = g.missing();
+  spec.token_weight = g.token_weight();
+  spec.dense_weight = g.dense_weight();
+  spec.bias = g.bias();
+  return spec;
+}
+
 kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
   kernels::OptimizerConfig c;
   switch (spec.type()) {
@@ -47,6 +79,9 @@ kernels::OptimizerConfig OptimizerConfigOf(const v1::OptimizerSpec& spec) {
 }
 
 std::vector<kernels::TensorDesc> JobTensors(const v1::JobSpec& spec) {
+  if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
+    return kernels::ClickModelTensors(ClickModelShapeOf(spec));
+  }
   if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) {
     return kernels::ModelTensors(ModelShapeOf(spec));
   }
@@ -96,6 +131,9 @@ int64_t FloatsOf(const v1::ExternalTensor& tensor) {
 }
 
 int64_t NumParamsOf(const v1::JobSpec& spec) {
+  if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
+    return kernels::ClickModelParams(ClickModelShapeOf(spec));
+  }
   if (spec.model().type() != v1::MODEL_TYPE_EXTERNAL) return kernels::NumParams(ModelShapeOf(spec));
   int64_t n = 0;
   for (const kernels::TensorDesc& t : JobTensors(spec)) n += t.size;
@@ -103,13 +141,38 @@ int64_t NumParamsOf(const v1::JobSpec& spec) {
 }
 
 int64_t TrainSamplesOf(const v1::JobSpec& spec) {
-  return spec.model().type() == v1::MODEL_TYPE_EXTERNAL ? spec.data().train_samples()
-                                                        : kFashionTrainSamples;
+  switch (spec.model().type()) {
+    case v1::MODEL_TYPE_EXTERNAL:
+      return spec.data().train_samples();
+    case v1::MODEL_TYPE_CLICK:  // files: unknown before they are read
+      return spec.data().clicks().generate().train_rows();
+    default:
+      return kFashionTrainSamples;
+  }
 }
 
 int64_t WorkerBytesNeeded(const v1::JobSpec& spec) {
   // An external model's worker is the client's own process.
   if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) return 0;
+  if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
+    // Parameters, gradient and pushed gradient; per sample the activations
+    // and their gradients, the pooled rows, and each key's row and gradient;
+    // a window of lines (about 300 bytes each) and the test set's samples.
+    const kernels::ClickModelShape shape = ClickModelShapeOf(spec);
+    int64_t widths = shape.dense + 2 * int64_t{shape.fields} * shape.dim +
+                     kernels::InteractionWidth(shape) + 1;
+    for (int w : shape.bottom) widths += w;
+    for (int w : shape.top) widths += w;
+    const v1::ClickDataSpec& clicks = spec.data().clicks();
+    const int64_t values = std::max(1, clicks.generate().max_values());
+    const int64_t per_sample = 4 * (2 * widths + 3 * shape.fields * values * (shape.dim + 2));
+    const int64_t test = clicks.test_samples() > 0 ? clicks.test_samples()
+                         : clicks.has_generate() ? clicks.generate().test_rows()
+                                                 : 1000000;
+    return 4 * 3 * NumParamsOf(spec) + per_sample * spec.batch_size() +
+           300 * std::max<int64_t>(clicks.shuffle_window(), 65536) +
+           test * 4 * (shape.dense + 3 * shape.fields * values + 1);
+  }
   const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widths = shape.input_dim + shape.num_classes;
   for (int h : shape.hidden) widths += h;

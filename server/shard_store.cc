@@ -748,4 +748,14 @@ absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::strin
   return ChunkSnapshot{chunk->version, *chunk->values, chunk->staged_values != nullptr};
 }
 
+absl::StatusOr<std::vector<SparseTable::Row>> ShardStore::ReadTable(const std::string& job_id,
+                                                                  uint32_t table) const {
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(job_id));
+  if (job->sparse == nullptr || table >= job->sparse->dims.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, " has no table ", table));
+  }
+  absl::MutexLock lock(&job->sparse->mu);
+  return job->sparse->tables[table]->Rows();
+}
+
 }  // namespace pstrain::server

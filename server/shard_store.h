@@ -24,6 +24,7 @@
 #include "pstrain/v1/parameters.pb.h"
 #include "server/chunk_waits.h"
 #include "server/server_metrics.h"
+#include "server/sparse_table.h"
 
 namespace pstrain::server {
 
@@ -171,6 +172,10 @@ class ShardStore {
     bool update_staged = false;
   };
   absl::StatusOr<ChunkSnapshot> ReadChunk(const std::string& job_id, uint32_t chunk) const;
+  // A copy of table `table`'s rows held here, by key (tests, export).
+  // NOT_FOUND for a job not held; INVALID_ARGUMENT for a table it has not.
+  absl::StatusOr<std::vector<SparseTable::Row>> ReadTable(const std::string& job_id,
+                                                           uint32_t table) const;
 
  private:
   absl::StatusOr<std::shared_ptr<ShardJob>> FindJob(const std::string& job_id) const;

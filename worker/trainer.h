@@ -87,31 +87,44 @@ struct TrainerOptions {
   ParameterClient::Options client;
 };
 
-class Trainer {
+// A worker's part of one job, whichever model it trains: Trainer (the
+// softmax, MLP and CNN on Fashion-MNIST, over the node's devices) or
+// ClickTrainer (the click model, click_trainer.h).
+class JobTrainer {
+ public:
+  virtual ~JobTrainer() = default;
+  // Pulls the values of the generation's first step, trains every step
+  // from there, and (worker 0) evaluates the final model on the test set.
+  // Sends the final report (finished) on success. CANCELLED after Cancel();
+  // ABORTED when the servers have gone on to a newer generation.
+  virtual absl::Status Run() = 0;
+  // Thread-safe; Run returns soon after.
+  virtual void Cancel() = 0;
+  // A checkpoint asked for at `step` (psctl checkpoint): the worker's
+  // resume state at that step goes out with its progress. Thread-safe.
+  virtual void RequestCheckpointAt(int64_t step) = 0;
+  // The job's spec, normalized.
+  virtual const v1::JobSpec& spec() const = 0;
+  // The dense parameters as this worker last received them.
+  virtual const std::vector<float>& params() const = 0;
+};
+
+// The trainer of the assignment's model.
+absl::StatusOr<std::unique_ptr<JobTrainer>> CreateJobTrainer(TrainerOptions options);
+
+class Trainer final : public JobTrainer {
  public:
   // Creates the devices, loads the data and builds the kernels.
   // INVALID_ARGUMENT on an inconsistent assignment; the devices' or the
   // data loader's error otherwise.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options);
-  ~Trainer();
+  ~Trainer() override;
 
-  // Pulls the values of the generation's first step, trains every step
-  // from there, and (worker 0) evaluates the final model on the test set.
-  // Sends the final report (finished) on success. CANCELLED after Cancel();
-  // ABORTED when the servers have gone on to a newer generation.
-  absl::Status Run();
-
-  // Thread-safe; Run returns soon after.
-  void Cancel();
-
-  // A checkpoint asked for at `step` (psctl checkpoint): the worker's
-  // resume state at that step goes out with its progress. Thread-safe.
-  void RequestCheckpointAt(int64_t step) { requested_checkpoint_ = step; }
-
-  // The job's spec, normalized.
-  const v1::JobSpec& spec() const { return spec_; }
-  // The parameters as this worker last received them.
-  const std::vector<float>& params() const { return host_params_; }
+  absl::Status Run() override;
+  void Cancel() override;
+  void RequestCheckpointAt(int64_t step) override { requested_checkpoint_ = step; }
+  const v1::JobSpec& spec() const override { return spec_; }
+  const std::vector<float>& params() const override { return host_params_; }
   int64_t steps_done() const { return steps_done_; }
   // Samples device k has processed.
   int64_t samples_processed(int device) const;

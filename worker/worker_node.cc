@@ -14,6 +14,7 @@
 #include "common/model_file.h"
 #include "common/retry.h"
 #include "glog/logging.h"
+#include "worker/click_trainer.h"
 #include "worker/generation.h"
 #include "worker/progress_reporter.h"
 #include "worker/trainer.h"
@@ -168,7 +169,7 @@ class WorkerNodeImpl final : public WorkerNode {
     };
     absl::Status status;
     std::string final_model;
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(std::move(t));
+    absl::StatusOr<std::unique_ptr<JobTrainer>> trainer = CreateJobTrainer(std::move(t));
     if (trainer.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -262,7 +263,7 @@ class WorkerNodeImpl final : public WorkerNode {
   std::set<std::string> assigned_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = true;
   // Owned by the job thread; set while Run() may be cancelled.
-  Trainer* running_trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  JobTrainer* running_trainer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -70,7 +70,7 @@ TEST(JobSpecTest, ExampleJobIsValid) {
 TEST(JobSpecTest, EveryExampleIsValid) {
   for (const char* name : {"fashion_mlp_colocated", "fashion_mlp", "fashion_mlp_async",
                            "fashion_mlp_ssp", "fashion_mlp_bf16", "fashion_mlp_gpu",
-                           "fashion_cnn"}) {
+                           "fashion_cnn", "ctr_small"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(
         absl::StrCat(PSTRAIN_SOURCE_DIR, "/examples/", name, ".yaml"));
     PSTRAIN_ASSERT_OK(spec) << name;
@@ -254,6 +254,67 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
       "[{name: w}]", "tables: [{name: a, dim: 4}]\ncheckpoint: {dir: /tmp/x}\n")));
   EXPECT_TRUE(absl::StartsWith(checkpointed.status().message(), "checkpoint.dir"))
       << checkpointed.status();
+}
+
+TEST(JobSpecTest, AClickModelReadsEveryFieldFromOneTable) {
+  const std::string job = R"(
+model: {type: click}
+data: {clicks: {dense: 2, fields: 3, generate: {train_rows: 1000, test_rows: 100}}}
+tables:
+  - {name: a, dim: 4, fields: [1, 3]}
+  - {name: b, dim: 4, fields: [2]}
+optimizer: {type: sgd, learning_rate: 0.1}
+batch_size: 10
+epochs: 2
+num_servers: 1
+num_workers: 2
+)";
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*ParseJobSpecYaml(job));
+  PSTRAIN_ASSERT_OK(spec);
+  EXPECT_EQ(spec->data().dataset(), v1::DATASET_CLICKS);
+  EXPECT_EQ(spec->model().click().bottom(0), 64);
+  EXPECT_EQ(spec->model().click().interaction(), v1::INTERACTION_DOT);
+  EXPECT_EQ(spec->model().click().pooling(), v1::POOLING_SUM);
+  EXPECT_EQ(spec->data().clicks().generate().vocabulary(), 1000000);
+  EXPECT_EQ(StepsPerEpoch(*spec), 50);  // 1000 rows, global batch 20
+  EXPECT_EQ(TotalSteps(*spec), 100);
+  EXPECT_EQ(NumParamsOf(*spec), kernels::ClickModelParams(ClickModelShapeOf(*spec)));
+  EXPECT_EQ(ClickModelShapeOf(*spec).dim, 4);
+  EXPECT_GT(WorkerBytesNeeded(*spec), 0);
+
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string yaml = job;
+    yaml.replace(yaml.find(from), from.size(), to);
+    absl::StatusOr<v1::JobSpec> parsed = ParseJobSpecYaml(yaml);
+    return parsed.ok() ? NormalizeJobSpec(*parsed).status() : parsed.status();
+  };
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {"fields: [1, 3]", "fields: [1]", "tables: no table reads field 3"},
+      {"fields: [2]", "fields: [2, 1]", "tables[1].fields[1]: field 1 is read from tables[0]"},
+      {"fields: [2]", "fields: [4]", "tables[1].fields[0]: 4 is not a field"},
+      {"{name: b, dim: 4,", "{name: b, dim: 8,", "tables[1].dim"},
+      {"- {name: b, dim: 4, fields: [2]}", "", "tables: no table reads field 2"},
+      {"generate: {train_rows: 1000, test_rows: 100}", "train_files: [data.txt]",
+       "data.clicks.train_files"},
+      {"generate: {train_rows: 1000, test_rows: 100}", "train_files: [/d.txt]",
+       "data.clicks.test_files: required"},
+      {"generate: {train_rows: 1000, test_rows: 100}",
+       "train_files: [/d.txt], test_files: [/t.txt]", "epochs: click data from files"},
+      {"generate: {train_rows: 1000, test_rows: 100}", "generate: {train_rows: 0, test_rows: 1}",
+       "data.clicks.generate: train_rows"},
+      {"test_rows: 100}", "test_rows: 100, zipf: -1}", "data.clicks.generate: zipf"},
+      {"model: {type: click}", "model: {type: click, hidden: [8]}", "model.hidden"},
+      {"model: {type: click}", "model: {type: click, click: {top: [0]}}", "model.click.top[0]"},
+      {"batch_size: 10", "batch_size: 10\naccumulate_steps: 2", "accumulate_steps"},
+      {"batch_size: 10", "batch_size: 10\nprecision: bf16", "precision"},
+      {"batch_size: 10", "batch_size: 600", "batch_size"},  // more than the 1000 rows
+      {"model: {type: click}", "model: {type: mlp, hidden: [8]}", "tables"},
+  };
+  for (const auto& [from, to, message] : bad) {
+    const absl::Status status = with(from, to);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << to;
+    EXPECT_TRUE(absl::StartsWith(status.message(), message)) << status << " for " << to;
+  }
 }
 
 // The three modes' bounds and what a worker computing a step waits for.

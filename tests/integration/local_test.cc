@@ -159,6 +159,27 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
   EXPECT_NE(fields.at("last_checkpoint_step"), "0");
 }
 
+// The click example as a user runs it: a model with embedding tables on
+// generated click logs reaches, on the test split, an AUC within 0.01 of
+// the data's oracle (the planted model's), and the result line carries
+// both.
+TEST(LocalTest, TheClickExampleComesWithin001OfItsDatasOracleAuc) {
+  ProcessResult r = RunProcess(
+      {BinDir() + "/pstrain-local", "--job", std::string(PSTRAIN_SOURCE_DIR) + "/examples/ctr_small.yaml"},
+      absl::Minutes(10));
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  const auto fields = ResultFields(r.out);
+  ASSERT_TRUE(fields.contains("test_auc")) << r.out;
+  ASSERT_TRUE(fields.contains("oracle_auc")) << r.out;
+  const double test_auc = std::stod(fields.at("test_auc"));
+  const double oracle_auc = std::stod(fields.at("oracle_auc"));
+  RecordProperty("test_auc", fields.at("test_auc"));
+  RecordProperty("oracle_auc", fields.at("oracle_auc"));
+  EXPECT_GT(oracle_auc, 0.75);
+  EXPECT_LE(oracle_auc - test_auc, 0.01) << r.out;
+  EXPECT_LE(test_auc, oracle_auc + 0.005) << r.out;  // no model ranks better than the truth
+}
+
 // --export keeps what was trained: the model file a user loads again
 // (pstrain-local --eval) evaluates to the job's accuracy; a path that cannot
 // be written is refused before anything runs.

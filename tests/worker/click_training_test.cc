@@ -1,0 +1,192 @@
+// The click model over real gRPC servers with embedding tables: sync mode
+// with tables is one big batch (2 workers x b train the dense model and
+// every row as 1 x 2b does, to rounding; a rerun is bitwise the same,
+// admission and eviction included), servers that own no dense chunk take
+// part, click files (gzip) train as generated rows do, and async trains.
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/click_generator.h"
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_util.h"
+#include "tests/integration/integration_util.h"
+#include "tests/test_util.h"
+#include "worker/click_trainer.h"
+
+namespace pstrain::testing {
+namespace {
+
+// The job without its data, and the generated data.
+constexpr char kJob[] = R"(
+model: {type: click, click: {bottom: [8], top: [8]}}
+tables:
+  - {name: a, dim: 4, fields: [1, 3], optimizer: {type: adagrad, learning_rate: 0.1}}
+  - {name: b, dim: 4, fields: [2], optimizer: {type: adam, learning_rate: 0.01},
+     admission: {min_count: 3, filter_counters: 256}, eviction: {ttl_steps: 6}}
+optimizer: {type: sgd, learning_rate: 0.2}
+steps: 30
+seed: 9
+)";
+constexpr char kGenerated[] = R"(
+data:
+  clicks:
+    dense: 2
+    fields: 3
+    generate: {seed: 4, train_rows: 4096, test_rows: 512, vocabulary: 60, max_values: 2,
+               missing: 0.1, token_weight: 0.8}
+)";
+
+v1::JobSpec Spec(int workers, int batch, int servers, const std::string& more = "",
+                 const std::string& data = kGenerated) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(
+      absl::StrCat(kJob, data, "num_workers: ", workers, "\nbatch_size: ", batch,
+                   "\nnum_servers: ", servers, "\n", more));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+struct Trained {
+  absl::Status status;
+  std::vector<float> params;  // the servers' dense values
+  // Every table's rows, gathered from the servers, by table and key.
+  std::vector<std::map<uint64_t, std::vector<float>>> rows;
+  std::map<std::string, double> metrics;  // worker 0's final report's
+};
+
+// Runs the job's workers (ClickTrainers, one thread each) against
+// `servers` in-process servers over gRPC until they finish.
+Trained Train(const v1::JobSpec& spec, int64_t generation = 1) {
+  Trained result;
+  InProcessServers servers(spec.num_servers());
+  const v1::PartitionPlan plan = PlanFor(spec);
+  v1::ServerAssignment start;
+  start.set_generation(generation);
+  result.status = servers.AddJob("job", spec, plan, start);
+  if (!result.status.ok()) return result;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < spec.num_workers(); ++w) {
+    threads.emplace_back([&, w] {
+      worker::TrainerOptions options;
+      options.assignment.set_job_id("job");
+      options.assignment.set_worker_index(w);
+      options.assignment.set_generation(generation);
+      *options.assignment.mutable_spec() = spec;
+      *options.assignment.mutable_plan() = plan;
+      for (const std::string& a : servers.addresses()) options.assignment.add_server_addresses(a);
+      options.client.retry = options.client.retry.WithPatience(absl::Seconds(30));
+      options.report = [&, w](const v1::ReportProgressRequest& r) {
+        if (w != 0 || !r.finished()) return;
+        absl::MutexLock lock(&mu);
+        for (const auto& [name, value] : r.metrics()) result.metrics[name] = value;
+      };
+      absl::StatusOr<std::unique_ptr<worker::JobTrainer>> trainer =
+          worker::CreateJobTrainer(std::move(options));
+      const absl::Status status = trainer.ok() ? (*trainer)->Run() : trainer.status();
+      absl::MutexLock lock(&mu);
+      if (!status.ok() && result.status.ok()) result.status = status;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  result.params = servers.Gather("job", plan);
+  result.rows.resize(spec.tables_size());
+  for (int s = 0; s < spec.num_servers(); ++s) {
+    for (int t = 0; t < spec.tables_size(); ++t) {
+      absl::StatusOr<std::vector<server::SparseTable::Row>> rows =
+          servers.server(s).store().ReadTable("job", t);
+      EXPECT_TRUE(rows.ok()) << rows.status();
+      if (!rows.ok()) continue;
+      for (server::SparseTable::Row& row : *rows) {
+        EXPECT_FALSE(result.rows[t].contains(row.key)) << "a row on two servers";
+        result.rows[t][row.key] = std::move(row.values);
+      }
+    }
+  }
+  return result;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = a.size() == b.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::abs(double{a[i]} - b[i]));
+  }
+  return worst;
+}
+
+TEST(ClickTrainingTest, SyncWorkersWithTablesTrainWhatOneProcessOfTheirBatchTrains) {
+  const Trained two = Train(Spec(2, 32, 2));
+  PSTRAIN_ASSERT_OK(two.status);
+  const Trained one = Train(Spec(1, 64, 2));
+  PSTRAIN_ASSERT_OK(one.status);
+  EXPECT_LT(MaxAbsDiff(two.params, one.params), 1e-5);
+  for (size_t t = 0; t < one.rows.size(); ++t) {
+    ASSERT_GT(one.rows[t].size(), 10u) << "table " << t;
+    ASSERT_EQ(two.rows[t].size(), one.rows[t].size()) << "table " << t;
+    for (const auto& [key, values] : one.rows[t]) {
+      ASSERT_TRUE(two.rows[t].contains(key)) << "table " << t << " key " << key;
+      EXPECT_LT(MaxAbsDiff(two.rows[t].at(key), values), 1e-5) << "table " << t << " key " << key;
+    }
+  }
+  ASSERT_TRUE(one.metrics.contains("test_auc"));
+  EXPECT_NEAR(two.metrics.at("test_auc"), one.metrics.at("test_auc"), 1e-3);
+  EXPECT_GT(one.metrics.at("oracle_auc"), 0.5);
+
+  // The same job again: bitwise the same model, rows and evaluation.
+  const Trained again = Train(Spec(2, 32, 2));
+  PSTRAIN_ASSERT_OK(again.status);
+  EXPECT_EQ(again.params, two.params);
+  EXPECT_EQ(again.rows, two.rows);
+  EXPECT_EQ(again.metrics, two.metrics);
+}
+
+TEST(ClickTrainingTest, ServersThatOwnNoDenseChunkServeTheirRows) {
+  const v1::JobSpec spec = Spec(2, 16, 12);
+  const v1::PartitionPlan plan = PlanFor(spec);
+  std::vector<bool> owns(12, false);
+  for (const v1::ChunkInfo& c : plan.chunks()) owns[c.server()] = true;
+  ASSERT_LT(std::count(owns.begin(), owns.end(), true), 12);  // the case under test
+  const Trained trained = Train(spec);
+  PSTRAIN_ASSERT_OK(trained.status);
+  int64_t rows = 0;
+  for (const auto& table : trained.rows) rows += static_cast<int64_t>(table.size());
+  EXPECT_GT(rows, 20);
+  EXPECT_TRUE(trained.metrics.contains("test_auc"));
+}
+
+TEST(ClickTrainingTest, ClickFilesTrainAsTheirGeneratedRowsDo) {
+  TempDir dir;
+  PSTRAIN_ASSERT_OK(WriteClickData(ClickDataSpecOf(Spec(1, 64, 1).data()), dir.path(),
+                                    /*gzip=*/true));
+  const v1::JobSpec spec = Spec(2, 32, 2, "", absl::StrCat(R"(
+data:
+  clicks:
+    dense: 2
+    fields: 3
+    shuffle_window: 1000
+    train_files: [)", dir.path(), "/train.txt.gz]\n    test_files: [", dir.path(),
+                                                         "/test.txt.gz]\n"));
+  const Trained files = Train(spec);
+  PSTRAIN_ASSERT_OK(files.status);
+  ASSERT_TRUE(files.metrics.contains("test_auc"));
+  EXPECT_FALSE(files.metrics.contains("oracle_auc"));  // files carry no oracle
+  // The same rows in another order (the files' windows): a model as good.
+  const Trained generated_rows = Train(Spec(2, 32, 2));
+  PSTRAIN_ASSERT_OK(generated_rows.status);
+  EXPECT_NEAR(files.metrics.at("test_auc"), generated_rows.metrics.at("test_auc"), 0.05);
+}
+
+TEST(ClickTrainingTest, AsyncTrainsTheTablesToo) {
+  const Trained trained = Train(Spec(2, 32, 2, "mode: async\n"));
+  PSTRAIN_ASSERT_OK(trained.status);
+  EXPECT_GT(trained.rows[0].size(), 10u);
+  EXPECT_TRUE(trained.metrics.contains("test_auc"));
+}
+
+}  // namespace
+}  // namespace pstrain::testing
