@@ -167,11 +167,9 @@ int Run() {
   }
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_path);
   // Checkpoints go to the run directory unless the job file names a
-  // directory (or the job has embedding tables, which checkpoints do not
-  // hold yet): the job is checked as it will run (the run directory itself
+  // directory: the job is checked as it will run (the run directory itself
   // is made further down).
-  const bool checkpoints_in_run_dir =
-      spec.ok() && spec->checkpoint().dir().empty() && spec->tables_size() == 0;
+  const bool checkpoints_in_run_dir = spec.ok() && spec->checkpoint().dir().empty();
   if (checkpoints_in_run_dir) spec->mutable_checkpoint()->set_dir("/run-dir/checkpoints");
   if (spec.ok()) spec = NormalizeJobSpec(*std::move(spec));
   if (!spec.ok()) {

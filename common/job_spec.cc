@@ -427,11 +427,6 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   if (spec.tables_size() > 0 && model.type() != v1::MODEL_TYPE_EXTERNAL && !click) {
     return FieldError("tables", "the built-in softmax, mlp and cnn read no embedding tables");
   }
-  if (spec.tables_size() > 0 && !spec.checkpoint().dir().empty()) {
-    return FieldError("checkpoint.dir",
-                      "checkpoints do not hold embedding tables yet: a job with tables recovers "
-                      "from step 0");
-  }
   std::set<std::string> table_names;
   for (int t = 0; t < spec.tables_size(); ++t) {
     const std::string at = absl::StrCat("tables[", t, "]");

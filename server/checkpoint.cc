@@ -47,6 +47,35 @@ std::vector<float> FloatsAt(const std::string& bytes, size_t at, int64_t n) {
   return floats;
 }
 
+uint64_t GetU64(const std::string& bytes, size_t at) {
+  return uint64_t{GetU32(bytes, at)} | (uint64_t{GetU32(bytes, at + 4)} << 32);
+}
+
+void PutU64(std::string& out, uint64_t v) {
+  PutU32(out, static_cast<uint32_t>(v));
+  PutU32(out, static_cast<uint32_t>(v >> 32));
+}
+
+// A table's part of the file: its rows, then its filter's counters.
+std::string TableBytes(const TableCheckpoint& table) {
+  std::string out;
+  out.reserve(table.rows.size() * (32 + 4 * (table.dim + table.state_floats)) +
+              2 * table.filter.size());
+  for (const SparseTable::Row& row : table.rows) {
+    PutU64(out, row.key);
+    PutU64(out, static_cast<uint64_t>(row.last_step));
+    PutU64(out, static_cast<uint64_t>(row.touches));
+    PutU64(out, static_cast<uint64_t>(row.updates));
+    out.append(reinterpret_cast<const char*>(row.values.data()), 4 * row.values.size());
+    out.append(reinterpret_cast<const char*>(row.state.data()), 4 * row.state.size());
+  }
+  for (uint16_t counter : table.filter) {
+    out.push_back(static_cast<char>(counter & 0xff));
+    out.push_back(static_cast<char>(counter >> 8));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string CheckpointDirOf(const std::string& dir, const std::string& job_id, uint32_t server) {
@@ -80,6 +109,15 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
     h->set_version(chunk.version);
     h->set_state_floats(static_cast<int64_t>(chunk.state.size()));
   }
+  for (const TableCheckpoint& table : c.tables) {
+    v1::CheckpointHeader::Table* h = header.add_tables();
+    h->set_index(table.index);
+    h->set_dim(table.dim);
+    h->set_state_floats(table.state_floats);
+    h->set_rows(static_cast<int64_t>(table.rows.size()));
+    h->set_filter_counters(static_cast<int64_t>(table.filter.size()));
+    h->set_version(table.version);
+  }
   std::string head(kMagic, sizeof(kMagic));
   PutU32(head, kFormatVersion);
   const std::string header_bytes = header.SerializeAsString();
@@ -96,6 +134,12 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
       crc = Crc32(floats->data(), bytes, crc);
       s = file->Append(absl::string_view(reinterpret_cast<const char*>(floats->data()), bytes));
     }
+  }
+  for (const TableCheckpoint& table : c.tables) {
+    if (!s.ok()) break;
+    std::string bytes = TableBytes(table);
+    crc = Crc32(bytes.data(), bytes.size(), crc);
+    s = file->Append(bytes);
   }
   std::string trailer;
   PutU32(trailer, crc);
@@ -164,7 +208,39 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
     chunk.state = FloatsAt(bytes, at, h.state_floats());
     at += h.state_floats() * sizeof(float);
   }
-  if (at != end) return damaged(absl::StrCat(end - at, " bytes beyond the last chunk"));
+  for (const v1::CheckpointHeader::Table& h : header.tables()) {
+    const uint64_t row_bytes = 32 + 4 * (uint64_t{static_cast<uint32_t>(h.dim())} +
+                                         static_cast<uint32_t>(h.state_floats()));
+    if (h.dim() < 1 || h.state_floats() < 0 || h.rows() < 0 || h.filter_counters() < 0 ||
+        static_cast<uint64_t>(h.rows()) > (end - at) / row_bytes ||
+        static_cast<uint64_t>(h.filter_counters()) > (end - at - h.rows() * row_bytes) / 2) {
+      return damaged(absl::StrCat("table ", h.index(), " runs past the end of the file"));
+    }
+    TableCheckpoint& table = c.tables.emplace_back();
+    table.index = h.index();
+    table.dim = h.dim();
+    table.state_floats = h.state_floats();
+    table.version = h.version();
+    table.rows.resize(h.rows());
+    for (SparseTable::Row& row : table.rows) {
+      row.key = GetU64(bytes, at);
+      row.last_step = static_cast<int64_t>(GetU64(bytes, at + 8));
+      row.touches = static_cast<int64_t>(GetU64(bytes, at + 16));
+      row.updates = static_cast<int64_t>(GetU64(bytes, at + 24));
+      at += 32;
+      row.values = FloatsAt(bytes, at, h.dim());
+      at += 4 * static_cast<size_t>(h.dim());
+      row.state = FloatsAt(bytes, at, h.state_floats());
+      at += 4 * static_cast<size_t>(h.state_floats());
+    }
+    table.filter.resize(h.filter_counters());
+    for (uint16_t& counter : table.filter) {
+      counter = static_cast<uint16_t>(static_cast<uint8_t>(bytes[at]) |
+                                      static_cast<uint8_t>(bytes[at + 1]) << 8);
+      at += 2;
+    }
+  }
+  if (at != end) return damaged(absl::StrCat(end - at, " bytes beyond the last chunk or table"));
   return c;
 }
 

@@ -1,5 +1,6 @@
 // A parameter server's checkpoints: for one job, the values, optimizer
-// state and version of every chunk the server owns, at one step, in one file
+// state and version of every chunk the server owns, and every row of its
+// embedding tables with their admission filters, at one step, in one file
 // per (job, server index, step, generation):
 //
 //   DIR/JOB_ID/server-I/step-SSSSSSSSSSSS.gG.ckpt
@@ -19,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/file_system.h"
 #include "pstrain/v1/job.pb.h"
+#include "server/sparse_table.h"
 
 namespace pstrain::server {
 
@@ -38,6 +41,16 @@ struct ChunkCheckpoint {
   std::vector<float> state;  // optimizer state
 };
 
+// A table's rows and admission filter at the checkpoint's step.
+struct TableCheckpoint {
+  uint32_t index = 0;
+  int dim = 0;
+  int state_floats = 0;
+  int64_t version = 0;
+  std::vector<SparseTable::Row> rows;  // by key
+  std::vector<uint16_t> filter;
+};
+
 struct ServerCheckpoint {
   std::string job_id;
   uint32_t server_index = 0;
@@ -46,12 +59,15 @@ struct ServerCheckpoint {
   int64_t generation = 0;
   int64_t total_floats = 0;
   std::vector<ChunkCheckpoint> chunks;  // in id order
+  std::vector<TableCheckpoint> tables;  // in table order
 };
 
-// A checkpoint being gathered: a copy of each chunk as it passes the step.
+// A checkpoint being gathered: a copy of each chunk, and of the tables, as
+// they pass the step.
 struct GatheredCheckpoint {
   ServerCheckpoint checkpoint;
   std::map<uint32_t, ChunkCheckpoint> chunks;
+  std::optional<std::vector<TableCheckpoint>> tables;
   double copy_seconds = 0;  // the copies' time, which the step waited for
 };
 

@@ -1,5 +1,6 @@
 #include "server/shard_checkpoints.h"
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "glog/logging.h"
+#include "server/sparse_shard.h"
 
 namespace pstrain::server {
 
@@ -85,24 +87,41 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
       std::fill(chunk->clock.begin(), chunk->clock.end(), saved.version);
     }
   }
+  if (c.tables.size() != (job.sparse != nullptr ? job.sparse->dims.size() : 0)) {
+    return mismatch(absl::StrCat(c.tables.size(), " tables"));
+  }
+  if (job.sparse != nullptr) {
+    SparseShard& shard = *job.sparse;
+    absl::MutexLock lock(&shard.mu);
+    for (uint32_t t = 0; t < c.tables.size(); ++t) {
+      const TableCheckpoint& saved = c.tables[t];
+      if (saved.index != t || saved.dim != shard.dims[t]) {
+        return mismatch(absl::StrCat("table ", t, " has another index or dim"));
+      }
+      if (job.mode == v1::MODE_SYNC && saved.version != a.restore_step()) {
+        return mismatch(absl::StrCat("table ", t, " is at version ", saved.version));
+      }
+      if (absl::Status s = shard.tables[t]->Load(saved.rows, saved.filter); !s.ok()) {
+        return mismatch(s.message());
+      }
+      shard.version = saved.version;
+    }
+    if (job.mode == v1::MODE_SYNC) std::fill(shard.clock.begin(), shard.clock.end(), shard.version);
+  }
   job.restored = true;
   LOG(INFO) << "job " << job.id << " restored from the checkpoint of step " << c.step
             << " (generation " << c.generation << ") as server " << job.server_index;
   return absl::OkStatus();
 }
 
-void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
-                   DenseChunk& chunk) {
-  const int64_t step = CheckpointStepOf(*job, chunk.version);
-  if (step < 0) return;
-  const absl::Time start = MonotonicNow();
-  ChunkCheckpoint copy;
-  copy.id = chunk.id;
-  copy.version = chunk.version;
-  copy.values = *chunk.values;
-  copy.state = chunk.optimizer_state;
-  const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
-  if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
+namespace {
+
+// Adds a part (`add` fills it in) to the gathered checkpoint of `step`, and
+// hands the checkpoint to the writer once it has every chunk of the server
+// and, with tables, the tables.
+void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
+            int64_t step, double copy_seconds,
+            const std::function<void(GatheredCheckpoint&)>& add) {
   std::optional<ServerCheckpoint> complete;
   double copies = 0;
   {
@@ -125,12 +144,14 @@ void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_p
       c.generation = job->generation;
       c.total_floats = job->total_floats;
     }
-    it->second.chunks.emplace(chunk.id, std::move(copy));
+    add(it->second);
     it->second.copy_seconds += copy_seconds;
     if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
+    if (job->sparse != nullptr && !it->second.tables.has_value()) return;
     copies = it->second.copy_seconds;
     complete = std::move(it->second.checkpoint);
     for (auto& [id, c] : it->second.chunks) complete->chunks.push_back(std::move(c));
+    if (it->second.tables.has_value()) complete->tables = std::move(*it->second.tables);
     job->gathering.erase(it);
   }
   const v1::CheckpointRecord record = [&] {
@@ -168,6 +189,45 @@ void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_p
                     job->written = ListCheckpoints(fs, job->checkpoint_dir, job->id,
                                                    job->server_index, false);
                   });
+}
+
+}  // namespace
+
+void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
+                   DenseChunk& chunk) {
+  const int64_t step = CheckpointStepOf(*job, chunk.version);
+  if (step < 0) return;
+  const absl::Time start = MonotonicNow();
+  ChunkCheckpoint copy;
+  copy.id = chunk.id;
+  copy.version = chunk.version;
+  copy.values = *chunk.values;
+  copy.state = chunk.optimizer_state;
+  const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
+  if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
+  Gather(fs, writer, job, step, copy_seconds, [&](GatheredCheckpoint& gathered) {
+    gathered.chunks.emplace(chunk.id, std::move(copy));
+  });
+}
+
+void SnapshotTables(FileSystem* fs, CheckpointWriter* writer,
+                    const std::shared_ptr<ShardJob>& job, SparseShard& shard) {
+  const int64_t step = CheckpointStepOf(*job, shard.version);
+  if (step < 0) return;
+  const absl::Time start = MonotonicNow();
+  std::vector<TableCheckpoint> tables;
+  for (uint32_t t = 0; t < shard.tables.size(); ++t) {
+    const SparseTable& table = *shard.tables[t];
+    tables.push_back(TableCheckpoint{.index = t,
+                                     .dim = table.config().dim,
+                                     .state_floats = StateFloatsPerRow(table.config()),
+                                     .version = shard.version,
+                                     .rows = table.Rows(),
+                                     .filter = table.filter()});
+  }
+  const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
+  Gather(fs, writer, job, step, copy_seconds,
+         [&](GatheredCheckpoint& gathered) { gathered.tables = std::move(tables); });
 }
 
 }  // namespace pstrain::server

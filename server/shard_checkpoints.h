@@ -1,7 +1,8 @@
 // A shard's checkpoints (checkpoint.h has the files): at the job's
 // checkpoint steps every chunk's values and optimizer state are copied as
-// the chunk passes the step, and once every chunk of the server has its
-// copy the checkpoint is written in the background; a generation that
+// the chunk passes the step (and the tables' rows as they pass it), and
+// once every part of the server has its copy the checkpoint is written in
+// the background; a generation that
 // starts from a checkpoint loads it back.
 #ifndef PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
 #define PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
@@ -14,6 +15,7 @@
 #include "pstrain/v1/membership.pb.h"
 #include "server/checkpoint.h"
 #include "server/shard_job.h"
+#include "server/sparse_shard.h"
 
 namespace pstrain::server {
 
@@ -36,6 +38,12 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
 // behind loses checkpoints, never training speed).
 void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
                    DenseChunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+// At a checkpoint step of the job's tables (their version): copies every
+// row and admission filter, as SnapshotChunk does a chunk.
+void SnapshotTables(FileSystem* fs, CheckpointWriter* writer,
+                    const std::shared_ptr<ShardJob>& job, SparseShard& shard)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
 }  // namespace pstrain::server
 

@@ -662,7 +662,10 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
     SparseShard& sparse = *job->sparse;
     absl::MutexLock lock(&sparse.mu);
     if (!sync || sparse.version == h.step()) {
-      PSTRAIN_RETURN_IF_ERROR(CompleteSparseStep(*job, sparse, h.worker()));
+      PSTRAIN_RETURN_IF_ERROR(CompleteSparseStep(*job, sparse, h.worker(), [&] {
+        sparse.mu.AssertHeld();
+        SnapshotTables(fs_, writer_.get(), job, sparse);
+      }));
     }
     WaitAndAnswerSparse(sparse, std::nullopt);
   }
@@ -689,7 +692,11 @@ absl::Status ShardStore::SparsePush(const Frame& frame) {
   PSTRAIN_ASSIGN_OR_RETURN(std::vector<SparseSection> sections, CheckSparseFrame(*job, frame));
   SparseShard& sparse = *job->sparse;
   absl::MutexLock lock(&sparse.mu);
-  PSTRAIN_RETURN_IF_ERROR(AddSparsePush(*job, sparse, frame.header(), std::move(sections)));
+  PSTRAIN_RETURN_IF_ERROR(
+      AddSparsePush(*job, sparse, frame.header(), std::move(sections), [&] {
+        sparse.mu.AssertHeld();
+        SnapshotTables(fs_, writer_.get(), job, sparse);
+      }));
   WaitAndAnswerSparse(sparse, std::nullopt);
   return absl::OkStatus();
 }

@@ -163,7 +163,8 @@ absl::StatusOr<std::unique_ptr<SparseShard>> NewSparseShard(const v1::JobSpec& s
 }
 
 absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHeader& h,
-                           std::vector<SparseSection> sections) {
+                           std::vector<SparseSection> sections,
+                           const std::function<void()>& stepped) {
   if (!shard.closed.ok()) return shard.closed;
   std::optional<SparseShard::Held>& held = shard.pushed[h.worker()];
   const int64_t step = h.step();
@@ -184,10 +185,11 @@ absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHea
   const float max_abs = MaxAbsOfSections(sections);
   held = SparseShard::Held{step, std::move(sections), max_abs};
   ++shard.received_count;
-  return CompleteSparseStep(job, shard, h.worker());
+  return CompleteSparseStep(job, shard, h.worker(), stepped);
 }
 
-absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t worker) {
+absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t worker,
+                                const std::function<void()>& stepped) {
   if (!shard.closed.ok()) return shard.closed;
   if (job.mode == v1::MODE_SYNC) {
     if (shard.received_count < static_cast<int>(job.num_workers)) return absl::OkStatus();
@@ -206,6 +208,7 @@ absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t work
     std::fill(shard.clock.begin(), shard.clock.end(), shard.version);
     for (auto& held : shard.pushed) held.reset();
     shard.received_count = 0;
+    if (stepped) stepped();
     return absl::OkStatus();
   }
   std::optional<SparseShard::Held>& held = shard.pushed[worker];
@@ -222,6 +225,7 @@ absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t work
   shard.clock[worker] = held->step + 1;
   held.reset();
   --shard.received_count;
+  if (stepped) stepped();
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #define PSTRAIN_SERVER_SPARSE_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -69,14 +70,17 @@ absl::StatusOr<std::unique_ptr<SparseShard>> NewSparseShard(const v1::JobSpec& s
 // already applied, or repeated, changes nothing. INVALID_ARGUMENT for a
 // step ahead of the shard (sync) or other than the one held (async).
 absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHeader& h,
-                           std::vector<SparseSection> sections)
+                           std::vector<SparseSection> sections,
+                           const std::function<void()>& stepped)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
 // Sync: applies (or skips) step `version` if every worker's push and step
 // end are in. Async: worker `worker`'s held push, if its step end is in.
 // A table that cannot take the step (its cap) fails the job (job.error)
 // and closes the shard with the reason.
-absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t worker)
+// `stepped` runs (with the lock held) each time the version advances.
+absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t worker,
+                                const std::function<void()>& stepped)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
 // Adds a SPARSE_PULL's wait and answers every wait the shard satisfies.

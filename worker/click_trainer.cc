@@ -205,6 +205,7 @@ absl::StatusOr<std::unique_ptr<ClickTrainer>> ClickTrainer::Create(TrainerOption
 
 void ClickTrainer::Cancel() {
   cancelled_ = true;
+  if (client_ != nullptr) client_->Cancel();
   if (sparse_ != nullptr) sparse_->Cancel();
 }
 
@@ -388,10 +389,18 @@ absl::Status ClickTrainer::Run() {
       before = client_->stats();
       evaluated = true;
     }
+    // At a checkpoint step (sync: what the servers checkpoint after this
+    // step), what a replacement needs to go on from it exactly.
+    if (sync && !spec_.checkpoint().dir().empty() &&
+        (done % spec_.checkpoint().every_steps() == 0 || done == requested_checkpoint_)) {
+      *report.add_checkpoint_states() =
+          log.ResumeState(a.worker_index(), done, a.generation(), step_end);
+    }
     if (log.WindowDue(step_end, options_.report_interval) || done == total_steps || evaluated) {
       log.TakeWindow(step_end, &report);
       report.set_step(done);
       if (options_.report) options_.report(report);
+      report.clear_checkpoint_states();
       report.clear_evaluated();
       report.clear_evaluated_step();
       report.clear_test_accuracy();

@@ -246,14 +246,10 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << table;
     EXPECT_TRUE(absl::StartsWith(s.status().message(), field)) << s.status() << " for " << table;
   }
-  // Built-in models read no tables; checkpoints do not hold them yet.
+  // Built-in models read no tables.
   absl::StatusOr<v1::JobSpec> mlp = NormalizeJobSpec(
       *ParseJobSpecYaml(std::string(kValid) + "tables: [{name: a, dim: 4}]\n"));
   EXPECT_TRUE(absl::StartsWith(mlp.status().message(), "tables:")) << mlp.status();
-  absl::StatusOr<v1::JobSpec> checkpointed = NormalizeJobSpec(*ParseJobSpecYaml(External(
-      "[{name: w}]", "tables: [{name: a, dim: 4}]\ncheckpoint: {dir: /tmp/x}\n")));
-  EXPECT_TRUE(absl::StartsWith(checkpointed.status().message(), "checkpoint.dir"))
-      << checkpointed.status();
 }
 
 TEST(JobSpecTest, AClickModelReadsEveryFieldFromOneTable) {

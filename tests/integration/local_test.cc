@@ -180,6 +180,27 @@ TEST(LocalTest, TheClickExampleComesWithin001OfItsDatasOracleAuc) {
   EXPECT_LE(test_auc, oracle_auc + 0.005) << r.out;  // no model ranks better than the truth
 }
 
+// The click example with a server and a worker killed: their tables'
+// rows, optimizer states and admission filters come back from the
+// checkpoints, and the run ends bitwise as a clean one.
+TEST(LocalTest, AKilledClickJobRecoversItsTablesBitwise) {
+  TempDir dir;
+  const std::string job = std::string(PSTRAIN_SOURCE_DIR) + "/examples/ctr_small.yaml";
+  ProcessResult clean = RunProcess({BinDir() + "/pstrain-local", "--job", job}, absl::Minutes(10));
+  ASSERT_EQ(clean.exit_code(), 0) << clean.err;
+  const auto expected = ResultFields(clean.out);
+  KilledRun run;
+  ASSERT_NO_FATAL_FAILURE(
+      RunWithKills(dir, job, {{"--node_id=server-1", 1000}, {"--node_id=worker-0", 2000}}, &run));
+  ASSERT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0)
+      << DescribeWaitStatus(run.status) << run.err;
+  const auto fields = ResultFields(run.out);
+  EXPECT_EQ(fields.at("recoveries"), "2");
+  EXPECT_NE(fields.at("last_checkpoint_step"), "0");
+  EXPECT_EQ(fields.at("final_loss"), expected.at("final_loss"));
+  EXPECT_EQ(fields.at("test_auc"), expected.at("test_auc"));
+}
+
 // --export keeps what was trained: the model file a user loads again
 // (pstrain-local --eval) evaluates to the job's accuracy; a path that cannot
 // be written is refused before anything runs.

@@ -11,7 +11,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/click_generator.h"
 #include "common/job_spec.h"
+#include "common/file_system.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/integration_util.h"
 #include "tests/test_util.h"
@@ -60,13 +62,16 @@ struct Trained {
 };
 
 // Runs the job's workers (ClickTrainers, one thread each) against
-// `servers` in-process servers over gRPC until they finish.
-Trained Train(const v1::JobSpec& spec, int64_t generation = 1) {
+// in-process servers over gRPC until they finish: at generation 1 from the
+// start, or as `start` says (its generation and the checkpoint its servers
+// restore), the workers resuming at `resume_step`.
+Trained Train(const v1::JobSpec& spec, v1::ServerAssignment start = {},
+              int64_t resume_step = 0) {
   Trained result;
   InProcessServers servers(spec.num_servers());
   const v1::PartitionPlan plan = PlanFor(spec);
-  v1::ServerAssignment start;
-  start.set_generation(generation);
+  if (start.generation() == 0) start.set_generation(1);
+  const int64_t generation = start.generation();
   result.status = servers.AddJob("job", spec, plan, start);
   if (!result.status.ok()) return result;
   absl::Mutex mu;
@@ -77,6 +82,7 @@ Trained Train(const v1::JobSpec& spec, int64_t generation = 1) {
       options.assignment.set_job_id("job");
       options.assignment.set_worker_index(w);
       options.assignment.set_generation(generation);
+      options.assignment.set_resume_step(resume_step);
       *options.assignment.mutable_spec() = spec;
       *options.assignment.mutable_plan() = plan;
       for (const std::string& a : servers.addresses()) options.assignment.add_server_addresses(a);
@@ -143,6 +149,34 @@ TEST(ClickTrainingTest, SyncWorkersWithTablesTrainWhatOneProcessOfTheirBatchTrai
   EXPECT_EQ(again.params, two.params);
   EXPECT_EQ(again.rows, two.rows);
   EXPECT_EQ(again.metrics, two.metrics);
+}
+
+// Servers that start again from the checkpoint of step 20 (rows, optimizer
+// state and admission filters of every table) and workers that resume
+// there end bitwise as the run that went through.
+TEST(ClickTrainingTest, ARecoveryFromACheckpointWithTablesEndsBitwiseAsTheRunWithout) {
+  TempDir dir;
+  const v1::JobSpec spec =
+      Spec(2, 32, 2, absl::StrCat("checkpoint: {dir: ", dir.path(), ", every_steps: 10}\n"));
+  const Trained through = Train(spec);
+  PSTRAIN_ASSERT_OK(through.status);
+  v1::ServerAssignment start;
+  start.set_generation(2);
+  start.set_restore_step(20);
+  start.set_restore_generation(1);
+  const Trained recovered = Train(spec, start, /*resume_step=*/20);
+  PSTRAIN_ASSERT_OK(recovered.status);
+  EXPECT_EQ(recovered.params, through.params);
+  EXPECT_EQ(recovered.rows, through.rows);
+  EXPECT_EQ(recovered.metrics, through.metrics);
+  // What the servers restored: every table's rows and admission filter.
+  absl::StatusOr<server::ServerCheckpoint> saved = server::ReadCheckpoint(
+      PosixFileSystem(), server::CheckpointPath(dir.path(), "job", 0, 20, 1));
+  PSTRAIN_ASSERT_OK(saved);
+  ASSERT_EQ(saved->tables.size(), 2u);
+  EXPECT_GT(saved->tables[0].rows.size(), 5u);
+  EXPECT_EQ(saved->tables[1].filter.size(), 4u * 256);  // min_count 3: 256 counters
+  EXPECT_EQ(saved->tables[1].version, 20);
 }
 
 TEST(ClickTrainingTest, ServersThatOwnNoDenseChunkServeTheirRows) {
