@@ -68,8 +68,8 @@ std::vector<TensorDesc> ClickModelTensors(const ClickModelShape& shape) {
 }
 
 int64_t ClickModelParams(const ClickModelShape& shape) {
-  const TensorDesc& last = ClickModelTensors(shape).back();
-  return last.offset + last.size;
+  const std::vector<TensorDesc> tensors = ClickModelTensors(shape);
+  return tensors.back().offset + tensors.back().size;
 }
 
 void InitClickParams(const ClickModelShape& shape, uint64_t seed, int64_t begin, int64_t end,

@@ -70,7 +70,7 @@ TEST(JobSpecTest, ExampleJobIsValid) {
 TEST(JobSpecTest, EveryExampleIsValid) {
   for (const char* name : {"fashion_mlp_colocated", "fashion_mlp", "fashion_mlp_async",
                            "fashion_mlp_ssp", "fashion_mlp_bf16", "fashion_mlp_gpu",
-                           "fashion_cnn", "ctr_small"}) {
+                           "fashion_cnn", "ctr_small", "ctr_large"}) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(
         absl::StrCat(PSTRAIN_SOURCE_DIR, "/examples/", name, ".yaml"));
     PSTRAIN_ASSERT_OK(spec) << name;
