@@ -276,7 +276,20 @@ void ShardStore::RemoveJob(const std::string& job_id) {
   for (auto& chunk : job->chunks) {
     if (chunk != nullptr) Close(*chunk, aborted);
   }
-  if (job->sparse != nullptr) Close(*job->sparse, aborted);
+  if (job->sparse != nullptr) {
+    Close(*job->sparse, aborted);
+    absl::MutexLock lock(&job->sparse->mu);
+    int64_t rows = 0, bytes = 0;
+    for (const auto& table : job->sparse->tables) {
+      rows += table->rows();
+      bytes += table->bytes();
+    }
+    const SparseStepStats& t = job->sparse->totals;
+    LOG(INFO) << "job " << job_id << ": its tables held " << rows << " rows (" << bytes
+              << " bytes) here; admitted " << t.admitted << ", evicted " << t.evicted
+              << ", gradients dropped " << t.gradients_dropped << ", row updates "
+              << t.rows_updated;
+  }
 }
 
 std::vector<std::string> ShardStore::JobIds() const {
