@@ -15,9 +15,9 @@ constexpr uint32_t kMaxSightings = 0xffff;
 // A key's sightings past this many in one step draw no further admission
 // chances (beyond it a probability below 1 has long admitted the key).
 constexpr uint32_t kMaxDrawsPerStep = 4096;
-// The index's bytes per row, with its slack (a hash map of 12-byte slots
-// and a control byte, between 7/16 and 7/8 full).
-constexpr int64_t kIndexBytesPerRow = 32;
+// The index's bytes per row at its emptiest, just after it doubled: a hash
+// map of 16-byte slots (12 and padding) and a control byte, 7/16 full.
+constexpr int64_t kIndexBytesPerRow = 40;
 
 absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("table ", c.name, ": ", what));
@@ -70,6 +70,8 @@ int StateFloatsPerRow(const SparseTableConfig& c) {
 }
 
 int64_t BytesPerRow(const SparseTableConfig& c) {
+  // Values and state, the row's bookkeeping (key, last step, touches,
+  // updates: 32 bytes) and its share of the index.
   return (int64_t{c.dim} + StateFloatsPerRow(c)) * 4 + 32 + kIndexBytesPerRow;
 }
 
@@ -118,6 +120,20 @@ uint32_t SparseTable::NewSlot() {
     return slot;
   }
   const uint32_t slot = static_cast<uint32_t>(meta_.size());
+  if (meta_.size() == meta_.capacity()) {
+    // Grow by half, but under a cap never past the rows it holds: the
+    // arrays' spare capacity is memory too.
+    size_t rows = std::max<size_t>(1024, meta_.size() + meta_.size() / 2);
+    if (config_.max_memory_bytes > 0) {
+      const int64_t room =
+          (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) /
+          BytesPerRow(config_);
+      rows = std::clamp<size_t>(rows, meta_.size() + 1, std::max<int64_t>(room, 1));
+    }
+    meta_.reserve(rows);
+    values_.reserve(rows * config_.dim);
+    state_.reserve(rows * state_floats_);
+  }
   meta_.emplace_back();
   values_.resize(values_.size() + config_.dim);
   state_.resize(state_.size() + state_floats_);

@@ -148,9 +148,11 @@ absl::Status SparseClient::Pull(int64_t step, int64_t version, int64_t pushed_st
                                 std::vector<std::vector<float>>& rows) {
   const int servers = transport_->num_servers();
   const ServerFrames frames = ByServer(tables, options_.dims, servers, /*with_grads=*/false);
+  // Every server, with keys there or not: the answer says that its tables
+  // have reached `version`, which this worker's push and step end of the
+  // step need (a server a step ahead of the others' pushes refuses them).
   std::vector<grpc::ByteBuffer> requests(servers);
   for (int s = 0; s < servers; ++s) {
-    if (frames.sections[s].empty()) continue;
     int64_t keys = 0;
     const std::string payload = EncodeSparsePayload(frames.sections[s], false, &keys);
     v1::ChunkHeader h = Header(v1::FRAME_KIND_SPARSE_PULL, step);
@@ -158,7 +160,7 @@ absl::Status SparseClient::Pull(int64_t step, int64_t version, int64_t pushed_st
     h.set_pushed_steps(pushed_steps);
     h.set_num_keys(static_cast<uint32_t>(keys));
     h.set_num_elements(static_cast<uint32_t>(payload.size() / 4));
-    requests[s] = EncodeFrame(h, payload.data());
+    requests[s] = EncodeFrame(h, payload.empty() ? nullptr : payload.data());
   }
   std::vector<std::optional<Frame>> replies;
   if (absl::Status s = ExchangeAll(ParameterMethod::kPull, requests, &replies); !s.ok()) return s;
@@ -167,7 +169,6 @@ absl::Status SparseClient::Pull(int64_t step, int64_t version, int64_t pushed_st
     rows[t].assign(tables[t].keys.size() * options_.dims[t], 0.0f);
   }
   for (int s = 0; s < servers; ++s) {
-    if (frames.sections[s].empty()) continue;
     const Frame& reply = *replies[s];
     int64_t expected = 0;
     for (const SparseSection& section : frames.sections[s]) {

@@ -48,6 +48,8 @@ class SparseClient {
   // The rows of tables[t].keys into rows[t] (keys.size() x dim floats) once
   // the servers' tables have had `version` steps applied, every worker's
   // clock is at `pushed_steps`, and (async, SSP) this worker's at `step`.
+  // Every server is asked, with keys there or none: sync, its answer is
+  // what lets this worker's push and step end of the step in.
   absl::Status Pull(int64_t step, int64_t version, int64_t pushed_steps,
                     const std::vector<TableKeys>& tables, std::vector<std::vector<float>>& rows);
 
