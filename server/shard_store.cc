@@ -277,14 +277,15 @@ void ShardStore::RemoveJob(const std::string& job_id) {
     if (chunk != nullptr) Close(*chunk, aborted);
   }
   if (job->sparse != nullptr) {
-    Close(*job->sparse, aborted);
-    absl::MutexLock lock(&job->sparse->mu);
+    SparseShard& sparse = *job->sparse;
+    Close(sparse, aborted);
+    absl::MutexLock lock(&sparse.mu);
     int64_t rows = 0, bytes = 0;
-    for (const auto& table : job->sparse->tables) {
+    for (const auto& table : sparse.tables) {
       rows += table->rows();
       bytes += table->bytes();
     }
-    const SparseStepStats& t = job->sparse->totals;
+    const SparseStepStats t = sparse.totals;
     LOG(INFO) << "job " << job_id << ": its tables held " << rows << " rows (" << bytes
               << " bytes) here; admitted " << t.admitted << ", evicted " << t.evicted
               << ", gradients dropped " << t.gradients_dropped << ", row updates "
