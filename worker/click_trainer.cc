@@ -262,11 +262,9 @@ absl::Status ClickTrainer::PullRows(int64_t step, int64_t version, int64_t pushe
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClickTrainer::Evaluation> ClickTrainer::EvaluateAfter(int64_t steps) {
+absl::StatusOr<ClickTrainer::Evaluation> ClickTrainer::Evaluate(const std::vector<float>& params,
+                                                               int64_t steps) {
   const bool sync = spec_.mode() == v1::MODE_SYNC;
-  std::vector<float> params(params_.size());
-  PSTRAIN_RETURN_IF_ERROR(
-      client_->PullAll(params.data(), StepsAppliedBefore(steps, StalenessOf(spec_))));
   const ClickBatch& test = *test_;
   std::vector<double> logits;
   std::vector<float> labels;
@@ -384,7 +382,10 @@ absl::Status ClickTrainer::Run() {
     const int64_t done = step + 1;
     bool evaluated = false;
     if (evaluates && eval_every > 0 && done % eval_every == 0 && done < total_steps) {
-      PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, EvaluateAfter(done));
+      std::vector<float> params(params_.size());
+      PSTRAIN_RETURN_IF_ERROR(
+          client_->PullAll(params.data(), StepsAppliedBefore(done, staleness)));
+      PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(params, done));
       set_evaluation(report, done, eval);
       before = client_->stats();
       evaluated = true;
@@ -400,12 +401,7 @@ absl::Status ClickTrainer::Run() {
       log.TakeWindow(step_end, &report);
       report.set_step(done);
       if (options_.report) options_.report(report);
-      report.clear_checkpoint_states();
-      report.clear_evaluated();
-      report.clear_evaluated_step();
-      report.clear_test_accuracy();
-      report.clear_test_loss();
-      report.clear_metrics();
+      ClearSentOnce(&report);
     }
   }
   *report.mutable_step_times() = log.MeanStepTimes(total_steps - first_step);
@@ -418,7 +414,7 @@ absl::Status ClickTrainer::Run() {
   if (evaluates) {
     // The final model: every worker's last push applied everywhere.
     PSTRAIN_RETURN_IF_ERROR(client_->PullAll(params_.data(), total_steps));
-    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, EvaluateAfter(total_steps));
+    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(params_, total_steps));
     set_evaluation(report, total_steps, eval);
     LOG(INFO) << "job " << a.job_id() << ": test AUC " << eval.auc << ", log loss "
               << eval.log_loss

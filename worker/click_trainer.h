@@ -52,8 +52,9 @@ class ClickTrainer final : public JobTrainer {
   struct Batch;
   absl::Status Prepare(const ClickBatch& samples, Batch& batch) const;
   absl::Status PullRows(int64_t step, int64_t version, int64_t pushed_steps, Batch& batch);
-  // The test set's AUC with the model the servers hold after `steps` steps.
-  absl::StatusOr<Evaluation> EvaluateAfter(int64_t steps);
+  // The test set's AUC with dense values `params` and the rows the servers
+  // hold after `steps` steps.
+  absl::StatusOr<Evaluation> Evaluate(const std::vector<float>& params, int64_t steps);
 
   TrainerOptions options_;
   v1::JobSpec spec_;

@@ -136,4 +136,13 @@ void EarlyStopper::SaveTo(v1::WorkerResumeState* state) const {
   state->set_evaluations_without_improvement(without_improvement_);
 }
 
+void ClearSentOnce(v1::ReportProgressRequest* report) {
+  report->clear_checkpoint_states();
+  report->clear_evaluated();
+  report->clear_evaluated_step();
+  report->clear_test_accuracy();
+  report->clear_test_loss();
+  report->clear_metrics();
+}
+
 }  // namespace pstrain::worker

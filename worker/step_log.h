@@ -87,6 +87,10 @@ class StepLog {
   int64_t window_samples_ = 0;
 };
 
+// Clears what a progress report carries once, after it went out: the
+// checkpoint states, an evaluation and its metrics.
+void ClearSentOnce(v1::ReportProgressRequest* report);
+
 // Early stopping (spec.early_stopping) over the evaluations during
 // training, resumed from the generation's state: the best accuracy, its
 // step, and the evaluations since without an improvement of more than

@@ -619,11 +619,7 @@ absl::Status Trainer::Run() {
       report.set_step(done);
       report.set_epoch(static_cast<int32_t>(epoch));
       if (options_.report) options_.report(report);
-      report.clear_checkpoint_states();
-      report.clear_evaluated();
-      report.clear_evaluated_step();
-      report.clear_test_accuracy();
-      report.clear_test_loss();
+      ClearSentOnce(&report);
     }
     if (done == last_step) break;
   }
