@@ -7,7 +7,7 @@
 // start-up from the registry it is given, follows (server/server_metrics.h,
 // worker/worker_metrics.h, server/coordinator_metrics.h); the names follow
 // Prometheus conventions (pstrain_ prefix, base units, _total counters) and
-// labels stay bounded: job_id, role, node, method, code, phase, state.
+// labels stay bounded: job_id, role, node, method, code, phase, state, table.
 #ifndef PSTRAIN_COMMON_METRICS_H_
 #define PSTRAIN_COMMON_METRICS_H_
 

@@ -56,6 +56,27 @@ namespace pstrain::server {
   FAMILY_GAUGE(stragglers, "pstrain_server_straggler",                                        \
                "1 while a worker's pushes reach the barrier more than 3x the median lag of "  \
                "the others, 10 steps in a row.")                                              \
+  FAMILY_GAUGE(table_rows, "pstrain_server_table_rows",                                      \
+               "Rows of an embedding table this server holds.")                              \
+  FAMILY_GAUGE(table_bytes, "pstrain_server_table_bytes",                                    \
+               "Bytes of an embedding table on this server: rows, optimizer state, index "   \
+               "and admission filter (what its cap bounds).")                                \
+  FAMILY_GAUGE(table_max_bytes, "pstrain_server_table_max_bytes",                            \
+               "An embedding table's cap on this server (max_memory_bytes; 0: none).")       \
+  FAMILY_COUNTER(table_admitted, "pstrain_server_table_admitted_total",                      \
+                 "Keys that became rows of an embedding table.")                             \
+  FAMILY_COUNTER(table_evicted, "pstrain_server_table_evicted_total",                        \
+                 "Rows evicted from an embedding table (by age or by its cap).")             \
+  FAMILY_COUNTER(table_dropped_gradients, "pstrain_server_table_dropped_gradients_total",    \
+                 "Row gradients dropped because their key was not admitted (yet).")          \
+  FAMILY_COUNTER(table_rows_pulled, "pstrain_server_table_rows_pulled_total",                \
+                 "Rows of an embedding table sent to workers (one per key a pull names).")   \
+  FAMILY_COUNTER(table_rows_pushed, "pstrain_server_table_rows_pushed_total",                \
+                 "Row gradients of an embedding table received (one per key a push names).") \
+  FAMILY_GAUGE(table_hot_key_share, "pstrain_server_table_hot_key_share",                    \
+               "The share of an embedding table's sightings on this server that its "        \
+               "hottest 1% of keys took, over the steps since the last multiple of 100 "     \
+               "(updated every 10 steps; a bounded sketch that never overstates it).")       \
   GAUGE(held_bytes, "pstrain_server_held_bytes", "Bytes of job state held.")                  \
   GAUGE(jobs, "pstrain_server_jobs", "Jobs held.")                                            \
   GAUGE(open_waits, "pstrain_server_open_waits",                                              \
@@ -77,6 +98,22 @@ struct ServerMetrics {
   // The straggler gauge of one worker of a job; it expires with the job's
   // other series.
   prometheus::Gauge* BindStraggler(const std::string& job_id, uint32_t worker);
+
+  // One embedding table's series on this server.
+  struct Table {
+    prometheus::Gauge* rows = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Gauge* max_bytes = nullptr;
+    prometheus::Counter* admitted = nullptr;
+    prometheus::Counter* evicted = nullptr;
+    prometheus::Counter* dropped_gradients = nullptr;
+    prometheus::Counter* rows_pulled = nullptr;
+    prometheus::Counter* rows_pushed = nullptr;
+    prometheus::Gauge* hot_key_share = nullptr;
+  };
+  // The series of a job's table (labels job_id, table); they expire with
+  // the job's other series.
+  Table BindTable(const std::string& job_id, const std::string& table);
 
   ExpiringSeries expiring;
 

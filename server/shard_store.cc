@@ -198,6 +198,10 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
       }
       job->stragglers.SetGauges(std::move(gauges));
     }
+    if (job->sparse != nullptr) {
+      absl::MutexLock sparse_lock(&job->sparse->mu);
+      MeasureTables(*job->sparse, *options_.metrics, job->id);
+    }
   }
   UpdateGauges();
   return absl::OkStatus();

@@ -12,6 +12,24 @@ namespace {
 
 using Config = SparseTableConfig;
 
+// The hot-key share is computed every kHotShareEvery versions, over the
+// versions since the last multiple of kHotWindow.
+constexpr int64_t kHotShareEvery = 10;
+constexpr int64_t kHotWindow = 100;
+
+// Table t's gauges after a step, and its hot-key share when due.
+void UpdateTableGauges(SparseShard& shard, uint32_t t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+  const ServerMetrics::Table& m = shard.metrics[t];
+  const SparseTable& table = *shard.tables[t];
+  m.rows->Set(static_cast<double>(table.rows()));
+  m.bytes->Set(static_cast<double>(table.bytes()));
+  const int64_t version = shard.version + 1;  // the step being applied, done
+  if (version % kHotShareEvery == 0) {
+    m.hot_key_share->Set(shard.hot_keys[t].HotShare());
+    if (version % kHotWindow == 0) shard.hot_keys[t].Reset();
+  }
+}
+
 float MaxAbsOfSections(const std::vector<SparseSection>& sections) {
   float max_abs = 0;
   for (const SparseSection& s : sections) {
@@ -72,6 +90,18 @@ absl::Status Apply(ShardJob& job, SparseShard& shard, int64_t step,
     }
     absl::StatusOr<SparseStepStats> stats = shard.tables[t]->ApplyStep(step, pushes);
     if (!stats.ok()) return stats.status();
+    if (!shard.metrics.empty()) {
+      const ServerMetrics::Table& m = shard.metrics[t];
+      m.admitted->Increment(static_cast<double>(stats->admitted));
+      m.evicted->Increment(static_cast<double>(stats->evicted));
+      m.dropped_gradients->Increment(static_cast<double>(stats->gradients_dropped));
+      for (const SparsePush& push : pushes) {
+        for (size_t i = 0; i < push.keys.size(); ++i) {
+          shard.hot_keys[t].Add(push.keys[i], push.counts[i]);
+        }
+      }
+      UpdateTableGauges(shard, t);
+    }
     shard.totals.rows_updated += stats->rows_updated;
     shard.totals.gradients_dropped += stats->gradients_dropped;
     shard.totals.admitted += stats->admitted;
@@ -162,6 +192,18 @@ absl::StatusOr<std::unique_ptr<SparseShard>> NewSparseShard(const v1::JobSpec& s
   return shard;
 }
 
+void MeasureTables(SparseShard& shard, ServerMetrics& metrics, const std::string& job_id) {
+  shard.metrics.clear();
+  for (const auto& table : shard.tables) {
+    ServerMetrics::Table& m =
+        shard.metrics.emplace_back(metrics.BindTable(job_id, table->config().name));
+    m.rows->Set(static_cast<double>(table->rows()));
+    m.bytes->Set(static_cast<double>(table->bytes()));
+    m.max_bytes->Set(static_cast<double>(table->config().max_memory_bytes));
+  }
+  shard.hot_keys.assign(shard.tables.size(), HotKeys());
+}
+
 absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHeader& h,
                            std::vector<SparseSection> sections,
                            const std::function<void()>& stepped) {
@@ -183,6 +225,11 @@ absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHea
     }
   }
   const float max_abs = MaxAbsOfSections(sections);
+  if (!shard.metrics.empty()) {
+    for (const SparseSection& s : sections) {
+      shard.metrics[s.table].rows_pushed->Increment(static_cast<double>(s.keys.size()));
+    }
+  }
   held = SparseShard::Held{step, std::move(sections), max_abs};
   ++shard.received_count;
   return CompleteSparseStep(job, shard, h.worker(), stepped);
@@ -251,6 +298,9 @@ void WaitAndAnswerSparse(SparseShard& shard, std::optional<SparseShard::Wait> wa
     for (const SparseSection& s : w.sections) {
       shard.tables[s.table]->Read(s.keys, out);
       out += static_cast<int64_t>(s.keys.size()) * shard.dims[s.table];
+      if (!shard.metrics.empty()) {
+        shard.metrics[s.table].rows_pulled->Increment(static_cast<double>(s.keys.size()));
+      }
     }
     w.wait.waiter->OnValues(request,
                             ChunkValues{shard.version, v1::DTYPE_FP32, rows->data(), floats, rows});

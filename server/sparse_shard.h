@@ -24,6 +24,8 @@
 #include "common/sparse_frames.h"
 #include "pstrain/v1/job.pb.h"
 #include "server/chunk_waits.h"
+#include "server/hot_keys.h"
+#include "server/server_metrics.h"
 #include "server/shard_job.h"
 #include "server/sparse_table.h"
 
@@ -59,12 +61,20 @@ struct SparseShard {
   std::vector<Wait> waiting ABSL_GUARDED_BY(mu);
   SparseStepStats totals ABSL_GUARDED_BY(mu);
   int64_t skipped ABSL_GUARDED_BY(mu) = 0;
+  // Each table's series and hot-key sketch, if the server is measured.
+  std::vector<ServerMetrics::Table> metrics ABSL_GUARDED_BY(mu);
+  std::vector<HotKeys> hot_keys ABSL_GUARDED_BY(mu);
   absl::Status closed ABSL_GUARDED_BY(mu);
 };
 
 // The shard of a job with tables, for num_workers workers.
 absl::StatusOr<std::unique_ptr<SparseShard>> NewSparseShard(const v1::JobSpec& spec,
                                                             uint32_t num_workers);
+
+// Measures the shard's tables from now on (labels job_id and the tables'
+// names).
+void MeasureTables(SparseShard& shard, ServerMetrics& metrics, const std::string& job_id)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
 // A worker's decoded SPARSE_PUSH of step h.step(). A push of a step
 // already applied, or repeated, changes nothing. INVALID_ARGUMENT for a

@@ -52,6 +52,15 @@ const std::map<std::string, Expected>& Documented() {
       {"pstrain_server_checkpoint_bytes_total", {T::Counter, {"job_id"}}},
       {"pstrain_server_last_checkpoint_step", {T::Gauge, {"job_id"}}},
       {"pstrain_server_straggler", {T::Gauge, {"job_id", "worker"}}},
+      {"pstrain_server_table_rows", {T::Gauge, {"job_id", "table"}}},
+      {"pstrain_server_table_bytes", {T::Gauge, {"job_id", "table"}}},
+      {"pstrain_server_table_max_bytes", {T::Gauge, {"job_id", "table"}}},
+      {"pstrain_server_table_admitted_total", {T::Counter, {"job_id", "table"}}},
+      {"pstrain_server_table_evicted_total", {T::Counter, {"job_id", "table"}}},
+      {"pstrain_server_table_dropped_gradients_total", {T::Counter, {"job_id", "table"}}},
+      {"pstrain_server_table_rows_pulled_total", {T::Counter, {"job_id", "table"}}},
+      {"pstrain_server_table_rows_pushed_total", {T::Counter, {"job_id", "table"}}},
+      {"pstrain_server_table_hot_key_share", {T::Gauge, {"job_id", "table"}}},
       {"pstrain_server_held_bytes", {T::Gauge, {}}},
       {"pstrain_server_jobs", {T::Gauge, {}}},
       {"pstrain_server_open_waits", {T::Gauge, {}}},
@@ -111,6 +120,7 @@ TEST(MetricsTest, EveryFamilyOnceWithItsDocumentedNameTypeAndLabels) {
   AllMetrics m = BuildAll(/*serve=*/false);
   m.shard->BindJob("job-1");
   m.shard->BindStraggler("job-1", 0);
+  m.shard->BindTable("job-1", "users");
   m.worker->BindJob("job-1");
   pstrain::server::CoordinatorMetrics::Job job = m.coordinator->BindJob("job-1");
   m.coordinator->SetScriptMetric(job, "mse", 0.5);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/files.h"
+#include "common/job_yaml.h"
 #include "common/process.h"
 #include "common/status.h"
 #include "absl/strings/str_format.h"
@@ -187,6 +188,51 @@ TEST_F(PrometheusTest, ARealPrometheusScrapesEveryProcess) {
     ASSERT_LT(absl::Now(), give_up + absl::Minutes(4)) << "the end was never scraped";
     absl::SleepFor(absl::Milliseconds(200));
   }
+
+  // A click model's job: its embedding tables' series.
+  absl::StatusOr<v1::JobSpec> click_spec = ParseJobSpecYaml(R"(
+model: {type: click, click: {bottom: [8], top: [8]}}
+tables:
+  - {name: users, dim: 4, fields: [1], max_memory_bytes: 100000000}
+  - {name: ads, dim: 4, fields: [2], admission: {min_count: 2, filter_counters: 256}}
+data:
+  clicks:
+    dense: 2
+    fields: 2
+    generate: {seed: 4, train_rows: 6400, test_rows: 256, vocabulary: 50}
+optimizer: {type: sgd, learning_rate: 0.1}
+batch_size: 32
+steps: 100
+num_workers: 2
+num_servers: 2
+)");
+  PSTRAIN_ASSERT_OK(click_spec);
+  const std::string click_id = Submit(*click_spec);
+  const v1::Job click_job = WaitForEnd(click_id);
+  ASSERT_EQ(click_job.state(), v1::JOB_STATE_SUCCEEDED) << click_job.reason();
+  const std::string click_label = "{job_id=\"" + click_id + "\"}";
+  // Every step, both workers push rows of both tables; and each series has
+  // two samples (the dashboard's rates need them).
+  while (!(prometheus.Scalar("sum(pstrain_server_table_rows_pushed_total" + click_label + ")") >=
+           2 * 100 * 2) ||
+         !(prometheus.Scalar("min(count_over_time(pstrain_server_table_rows_pushed_total" +
+                             click_label + "[1m]))") >= 2)) {
+    ASSERT_LT(absl::Now(), give_up + absl::Minutes(5)) << "the tables' end was never scraped";
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  for (const char* series :
+       {"pstrain_server_table_rows", "pstrain_server_table_bytes",
+        "pstrain_server_table_admitted_total", "pstrain_server_table_rows_pulled_total",
+        "pstrain_server_table_dropped_gradients_total", "pstrain_server_table_hot_key_share"}) {
+    EXPECT_GT(prometheus.Scalar(std::string("sum(") + series + click_label + ")"), 0) << series;
+  }
+  EXPECT_EQ(prometheus.Scalar("max(pstrain_server_table_max_bytes{job_id=\"" + click_id +
+                              "\",table=\"users\"})"),
+            100000000);
+  // Every token of a vocabulary of 50 is admitted at once in "users".
+  EXPECT_LE(prometheus.Scalar("sum(pstrain_server_table_rows{job_id=\"" + click_id +
+                              "\",table=\"users\"})"),
+            50);
 
   // A job of the client library's whose program reports a metric of its
   // own (pstrain_job_metric).
