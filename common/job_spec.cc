@@ -648,9 +648,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   // Checkpoints and recovery.
   v1::CheckpointSpec& checkpoint = *spec.mutable_checkpoint();
   if (checkpoint.dir().empty()) {
-    if (checkpoint.every_steps() != 0 || checkpoint.keep() != 0) {
+    if (checkpoint.every_steps() != 0 || checkpoint.keep() != 0 || checkpoint.full_every() != 0) {
       return FieldError(checkpoint.every_steps() != 0 ? "checkpoint.every_steps"
-                                                      : "checkpoint.keep",
+                        : checkpoint.keep() != 0      ? "checkpoint.keep"
+                                                      : "checkpoint.full_every",
                         "needs checkpoint.dir");
     }
   } else {
@@ -663,9 +664,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     }
     if (checkpoint.every_steps() == 0) checkpoint.set_every_steps(kDefaultCheckpointEverySteps);
     if (checkpoint.keep() == 0) checkpoint.set_keep(kDefaultCheckpointsKept);
+    if (checkpoint.full_every() == 0) checkpoint.set_full_every(kDefaultFullCheckpointEvery);
     PSTRAIN_RETURN_IF_ERROR(
         range("checkpoint.every_steps", checkpoint.every_steps(), 1, int64_t{1} << 40));
     PSTRAIN_RETURN_IF_ERROR(range("checkpoint.keep", checkpoint.keep(), 1, 1000));
+    PSTRAIN_RETURN_IF_ERROR(range("checkpoint.full_every", checkpoint.full_every(), 1, 1000));
   }
   v1::RecoverySpec& recovery = *spec.mutable_recovery();
   if (!recovery.has_replace_after_seconds()) {

@@ -34,6 +34,7 @@ inline constexpr size_t kMaxPathBytes = 4096;
 // Checkpoint and recovery defaults (JobSpec.checkpoint, .recovery).
 inline constexpr int64_t kDefaultCheckpointEverySteps = 100;
 inline constexpr int kDefaultCheckpointsKept = 2;
+inline constexpr int kDefaultFullCheckpointEvery = 10;
 inline constexpr int kDefaultReplaceAfterSeconds = 30;
 inline constexpr int kDefaultWaitTimeoutSeconds = 600;
 // precision fp16: the loss scale a worker starts from (JobSpec.loss_scale).

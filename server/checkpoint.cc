@@ -56,11 +56,12 @@ void PutU64(std::string& out, uint64_t v) {
   PutU32(out, static_cast<uint32_t>(v >> 32));
 }
 
-// A table's part of the file: its rows, then its filter's counters.
+// A table's part of the file: its rows, the keys deleted, then its
+// filter's counters.
 std::string TableBytes(const TableCheckpoint& table) {
   std::string out;
   out.reserve(table.rows.size() * (32 + 4 * (table.dim + table.state_floats)) +
-              2 * table.filter.size());
+              8 * table.deleted.size() + 2 * table.filter.size());
   for (const SparseTable::Row& row : table.rows) {
     PutU64(out, row.key);
     PutU64(out, static_cast<uint64_t>(row.last_step));
@@ -69,11 +70,46 @@ std::string TableBytes(const TableCheckpoint& table) {
     out.append(reinterpret_cast<const char*>(row.values.data()), 4 * row.values.size());
     out.append(reinterpret_cast<const char*>(row.state.data()), 4 * row.state.size());
   }
+  for (uint64_t key : table.deleted) PutU64(out, key);
   for (uint16_t counter : table.filter) {
     out.push_back(static_cast<char>(counter & 0xff));
     out.push_back(static_cast<char>(counter >> 8));
   }
   return out;
+}
+
+// Reads just the header of a checkpoint file (no CRC check: pruning's
+// view of a file, not a restore's).
+absl::StatusOr<v1::CheckpointHeader> ReadHeader(FileSystem* fs, const std::string& path) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->OpenForRead(path));
+  PSTRAIN_ASSIGN_OR_RETURN(std::string head, file->Read(12));
+  if (head.size() < 12 || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 ||
+      GetU32(head, 8) > kMaxHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no readable header"));
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, file->Read(GetU32(head, 8)));
+  v1::CheckpointHeader header;
+  if (!header.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no readable header"));
+  }
+  return header;
+}
+
+// `delta`'s rows and deletions applied to `base`'s rows (both by key).
+void MergeRows(TableCheckpoint& base, TableCheckpoint& delta) {
+  std::vector<SparseTable::Row> merged;
+  merged.reserve(base.rows.size() + delta.rows.size());
+  auto changed = delta.rows.begin();
+  for (SparseTable::Row& row : base.rows) {
+    while (changed != delta.rows.end() && changed->key < row.key)
+      merged.push_back(std::move(*changed++));
+    if (changed != delta.rows.end() && changed->key == row.key) continue;  // changed: it comes next
+    if (std::binary_search(delta.deleted.begin(), delta.deleted.end(), row.key)) continue;
+    merged.push_back(std::move(row));
+  }
+  while (changed != delta.rows.end()) merged.push_back(std::move(*changed++));
+  delta.rows = std::move(merged);
+  delta.deleted.clear();
 }
 
 }  // namespace
@@ -94,6 +130,15 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
   PSTRAIN_RETURN_IF_ERROR(fs->MakeDirs(parent));
   const std::string path = CheckpointPath(dir, c.job_id, c.server_index, c.step, c.generation);
   const std::string tmp = path + ".tmp";
+  if (c.base_step != 0) {
+    const std::string base =
+        CheckpointPath(dir, c.job_id, c.server_index, c.base_step, c.base_generation);
+    if (!fs->Exists(base)) {
+      return absl::FailedPreconditionError(absl::StrCat("incremental checkpoint of step ", c.step,
+                                                        " not written: its base ", base,
+                                                        " is not on disk"));
+    }
+  }
 
   v1::CheckpointHeader header;
   header.set_job_id(c.job_id);
@@ -102,6 +147,8 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
   header.set_step(c.step);
   header.set_generation(c.generation);
   header.set_total_floats(c.total_floats);
+  header.set_base_step(c.base_step);
+  header.set_base_generation(c.base_generation);
   for (const ChunkCheckpoint& chunk : c.chunks) {
     v1::CheckpointHeader::Chunk* h = header.add_chunks();
     h->set_id(chunk.id);
@@ -117,6 +164,7 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
     h->set_rows(static_cast<int64_t>(table.rows.size()));
     h->set_filter_counters(static_cast<int64_t>(table.filter.size()));
     h->set_version(table.version);
+    h->set_deleted(static_cast<int64_t>(table.deleted.size()));
   }
   std::string head(kMagic, sizeof(kMagic));
   PutU32(head, kFormatVersion);
@@ -177,8 +225,8 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
                                    stored, computed, bytes.size() - 4));
   }
   if (GetU32(bytes, 4) != kFormatVersion) {
-    return damaged(absl::StrCat("format version ", GetU32(bytes, 4), ", expected ",
-                                kFormatVersion));
+    return damaged(
+        absl::StrCat("format version ", GetU32(bytes, 4), ", expected ", kFormatVersion));
   }
   const uint32_t header_len = GetU32(bytes, 8);
   v1::CheckpointHeader header;
@@ -193,6 +241,8 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
   c.step = header.step();
   c.generation = header.generation();
   c.total_floats = header.total_floats();
+  c.base_step = header.base_step();
+  c.base_generation = header.base_generation();
   size_t at = 12 + header_len;
   const size_t end = bytes.size() - 4;
   for (const v1::CheckpointHeader::Chunk& h : header.chunks()) {
@@ -211,9 +261,11 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
   for (const v1::CheckpointHeader::Table& h : header.tables()) {
     const uint64_t row_bytes = 32 + 4 * (uint64_t{static_cast<uint32_t>(h.dim())} +
                                          static_cast<uint32_t>(h.state_floats()));
-    if (h.dim() < 1 || h.state_floats() < 0 || h.rows() < 0 || h.filter_counters() < 0 ||
-        static_cast<uint64_t>(h.rows()) > (end - at) / row_bytes ||
-        static_cast<uint64_t>(h.filter_counters()) > (end - at - h.rows() * row_bytes) / 2) {
+    if (h.dim() < 1 || h.state_floats() < 0 || h.rows() < 0 || h.deleted() < 0 ||
+        h.filter_counters() < 0 || static_cast<uint64_t>(h.rows()) > (end - at) / row_bytes ||
+        static_cast<uint64_t>(h.deleted()) > (end - at - h.rows() * row_bytes) / 8 ||
+        static_cast<uint64_t>(h.filter_counters()) >
+            (end - at - h.rows() * row_bytes - h.deleted() * 8) / 2) {
       return damaged(absl::StrCat("table ", h.index(), " runs past the end of the file"));
     }
     TableCheckpoint& table = c.tables.emplace_back();
@@ -233,6 +285,11 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
       row.state = FloatsAt(bytes, at, h.state_floats());
       at += 4 * static_cast<size_t>(h.state_floats());
     }
+    table.deleted.resize(h.deleted());
+    for (uint64_t& key : table.deleted) {
+      key = GetU64(bytes, at);
+      at += 8;
+    }
     table.filter.resize(h.filter_counters());
     for (uint16_t& counter : table.filter) {
       counter = static_cast<uint16_t>(static_cast<uint8_t>(bytes[at]) |
@@ -242,6 +299,53 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
   }
   if (at != end) return damaged(absl::StrCat(end - at, " bytes beyond the last chunk or table"));
   return c;
+}
+
+absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::string& dir,
+                                                     const std::string& job_id, uint32_t server,
+                                                     int64_t step, int64_t generation) {
+  const std::string path = CheckpointPath(dir, job_id, server, step, generation);
+  PSTRAIN_ASSIGN_OR_RETURN(ServerCheckpoint newest, ReadCheckpoint(fs, path));
+  // The chain, newest first: each base is older, of the same job, server
+  // and generation, with the same tables.
+  std::vector<ServerCheckpoint> chain;
+  chain.push_back(std::move(newest));
+  while (chain.back().base_step != 0) {
+    const ServerCheckpoint& c = chain.back();
+    const std::string base_path =
+        CheckpointPath(dir, job_id, server, c.base_step, c.base_generation);
+    auto broken = [&](absl::string_view why) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, " cannot be restored: its base ", base_path, " ", why));
+    };
+    if (c.base_step >= c.step || c.base_generation != c.generation) {
+      return broken("is not an older checkpoint of its generation");
+    }
+    absl::StatusOr<ServerCheckpoint> base = ReadCheckpoint(fs, base_path);
+    if (!base.ok()) return broken(absl::StrCat("is unreadable: ", base.status().message()));
+    if (base->job_id != c.job_id || base->server_index != c.server_index ||
+        base->tables.size() != c.tables.size()) {
+      return broken("belongs to another job, server or set of tables");
+    }
+    for (size_t t = 0; t < c.tables.size(); ++t) {
+      if (base->tables[t].dim != c.tables[t].dim ||
+          base->tables[t].state_floats != c.tables[t].state_floats) {
+        return broken(absl::StrCat("has table ", t, " of another row size"));
+      }
+    }
+    chain.push_back(*std::move(base));
+  }
+  // From the full checkpoint up, each one's rows merged over the rows
+  // before it.
+  for (size_t i = chain.size() - 1; i > 0; --i) {
+    for (size_t t = 0; t < chain[i].tables.size(); ++t) {
+      MergeRows(chain[i].tables[t], chain[i - 1].tables[t]);
+    }
+  }
+  ServerCheckpoint merged = std::move(chain.front());
+  merged.base_step = 0;
+  merged.base_generation = 0;
+  return merged;
 }
 
 std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::string& dir,
@@ -278,15 +382,33 @@ void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string&
   }
   const std::vector<v1::CheckpointRecord> found = ListCheckpoints(fs, dir, job_id, server, false);
   const size_t newest = found.size() > static_cast<size_t>(keep) ? found.size() - keep : 0;
-  for (size_t i = 0; i < newest; ++i) {
-    if (kept.contains({found[i].step(), found[i].generation()})) continue;
-    if (found[i].step() > newest_retained &&
-        found.size() - i <= static_cast<size_t>(keep + kUnrecordedSlack)) {
-      continue;
-    }
+  std::vector<bool> keeps(found.size(), false);
+  for (size_t i = 0; i < found.size(); ++i) {
+    keeps[i] = i >= newest || kept.contains({found[i].step(), found[i].generation()}) ||
+               (found[i].step() > newest_retained &&
+                found.size() - i <= static_cast<size_t>(keep + kUnrecordedSlack));
+  }
+  // The bases of the kept, newest first: a base is older than what it is
+  // the base of, so one pass down keeps whole chains.
+  for (size_t i = found.size(); i-- > 0;) {
+    if (!keeps[i]) continue;
     const std::string path =
         CheckpointPath(dir, job_id, server, found[i].step(), found[i].generation());
-    if (absl::Status s = fs->Remove(path); !s.ok()) LOG(WARNING) << "cannot delete " << path << ": " << s;
+    absl::StatusOr<v1::CheckpointHeader> header = ReadHeader(fs, path);
+    if (!header.ok() || header->base_step() == 0) continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (found[j].step() == header->base_step() &&
+          found[j].generation() == header->base_generation()) {
+        keeps[j] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (keeps[i]) continue;
+    const std::string path =
+        CheckpointPath(dir, job_id, server, found[i].step(), found[i].generation());
+    if (absl::Status s = fs->Remove(path); !s.ok())
+      LOG(WARNING) << "cannot delete " << path << ": " << s;
   }
 }
 
@@ -318,9 +440,8 @@ void CheckpointWriter::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](CheckpointWriter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return w->stopping_ || !w->queue_.empty();
-          },
+          +[](CheckpointWriter* w)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stopping_ || !w->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, nothing left
       task = std::move(queue_.front());

@@ -1,9 +1,17 @@
 // A parameter server's checkpoints: for one job, the values, optimizer
-// state and version of every chunk the server owns, and every row of its
+// state and version of every chunk the server owns, and the rows of its
 // embedding tables with their admission filters, at one step, in one file
 // per (job, server index, step, generation):
 //
 //   DIR/JOB_ID/server-I/step-SSSSSSSSSSSS.gG.ckpt
+//
+// A full checkpoint holds every row; an incremental one (base_step not 0)
+// only the rows changed since its base — the server's checkpoint before it
+// in the same generation — and the keys evicted since, so that the base's
+// rows with these changes are the tables at its step. Its chain (it, its
+// base, the base's base... down to a full one) reads back as one
+// checkpoint (ReadCheckpointChain), and pruning keeps the chain of every
+// checkpoint it keeps.
 //
 // laid out as CheckpointHeader in proto/pstrain/v1/job.proto says, with a
 // CRC-32 of the whole file at its end. A file is written to a temporary
@@ -48,6 +56,7 @@ struct TableCheckpoint {
   int state_floats = 0;
   int64_t version = 0;
   std::vector<SparseTable::Row> rows;  // by key
+  std::vector<uint64_t> deleted;       // incremental: keys evicted since the base, by key
   std::vector<uint16_t> filter;
 };
 
@@ -60,6 +69,9 @@ struct ServerCheckpoint {
   int64_t total_floats = 0;
   std::vector<ChunkCheckpoint> chunks;  // in id order
   std::vector<TableCheckpoint> tables;  // in table order
+  // Incremental: the checkpoint whose rows the tables change (0: full).
+  int64_t base_step = 0;
+  int64_t base_generation = 0;
 };
 
 // A checkpoint being gathered: a copy of each chunk, and of the tables, as
@@ -77,13 +89,24 @@ std::string CheckpointPath(const std::string& dir, const std::string& job_id, ui
                            int64_t step, int64_t generation);
 
 // Writes the checkpoint under its final name, atomically; returns the bytes
-// written. The file system's error otherwise (the final name untouched).
+// written. The file system's error otherwise (the final name untouched);
+// FAILED_PRECONDITION for an incremental checkpoint whose base is not on
+// disk (its write failed: the chain would be broken).
 absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
                                         const ServerCheckpoint& checkpoint);
 
 // Reads and checks a checkpoint file. NOT_FOUND if it is missing;
 // DATA_LOSS naming the file and what is wrong with it otherwise.
 absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::string& path);
+
+// Reads a checkpoint and, if it is incremental, its chain, merged into one
+// full checkpoint (the newest file's chunks and filters, the rows as the
+// chain leaves them). NOT_FOUND or DATA_LOSS naming the file at fault,
+// also for a chain that does not hold together (a base of another job,
+// server or generation, or of another set of tables).
+absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::string& dir,
+                                                     const std::string& job_id, uint32_t server,
+                                                     int64_t step, int64_t generation);
 
 // The checkpoints of a job's server index on disk (by their names), oldest
 // first. With `remove_partial`, temporary files that a crash left behind
@@ -97,7 +120,8 @@ std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::str
 // those newer than the newest of `retained`: the coordinator may have just
 // recorded one of them as complete, which this server learns only with its
 // next heartbeat. (Of those, only the newest keep + kUnrecordedSlack stay:
-// a coordinator that long silent has not recorded the older ones.)
+// a coordinator that long silent has not recorded the older ones.) The
+// chain of every checkpoint kept stays too.
 inline constexpr int kUnrecordedSlack = 8;
 void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string& job_id,
                       uint32_t server, int keep,

@@ -46,8 +46,8 @@ namespace pstrain::server {
                 "Writing one checkpoint of a job's chunks (in the background).",              \
                 LatencyBuckets())                                                             \
   JOB_HISTOGRAM(checkpoint_copy, "pstrain_server_checkpoint_copy_seconds",                    \
-                "Copying a chunk's values and optimizer state at a checkpoint step (what "    \
-                "training waits for).",                                                       \
+                "Copying a chunk's values and optimizer state, or a job's table rows, at a "  \
+                "checkpoint step (what training waits for).",                                 \
                 LatencyBuckets())                                                             \
   JOB_COUNTER(checkpoint_bytes, "pstrain_server_checkpoint_bytes_total",                      \
               "Bytes of checkpoint files written.")                                           \

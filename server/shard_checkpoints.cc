@@ -23,16 +23,15 @@ int64_t CheckpointStepOf(const ShardJob& job, int64_t version) {
 
 absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJob& job) {
   if (job.checkpoint_dir.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job.id, " has no checkpoint.dir to restore step ", a.restore_step(),
-                     " from"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.id, " has no checkpoint.dir to restore step ", a.restore_step(), " from"));
   }
   // The checkpoint to load: the one named, or (-1) this server's newest
   // that reads back whole, if any.
   absl::StatusOr<ServerCheckpoint> loaded;
   if (a.restore_step() > 0) {
-    loaded = ReadCheckpoint(fs, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
-                                                a.restore_step(), a.restore_generation()));
+    loaded = ReadCheckpointChain(fs, job.checkpoint_dir, job.id, job.server_index, a.restore_step(),
+                                 a.restore_generation());
   } else {
     std::vector<v1::CheckpointRecord> found;
     {
@@ -41,8 +40,8 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
     }
     loaded = absl::NotFoundError("no checkpoint");
     for (auto it = found.rbegin(); it != found.rend() && !loaded.ok(); ++it) {
-      loaded = ReadCheckpoint(fs, CheckpointPath(job.checkpoint_dir, job.id, job.server_index,
-                                                  it->step(), it->generation()));
+      loaded = ReadCheckpointChain(fs, job.checkpoint_dir, job.id, job.server_index, it->step(),
+                                   it->generation());
       if (!loaded.ok()) LOG(ERROR) << loaded.status() << "; trying an older one";
     }
     if (!loaded.ok()) {
@@ -59,8 +58,8 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
   const ServerCheckpoint& c = *loaded;
   auto mismatch = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat(
-        "checkpoint ", CheckpointPath(job.checkpoint_dir, job.id, job.server_index, c.step,
-                                      c.generation),
+        "checkpoint ",
+        CheckpointPath(job.checkpoint_dir, job.id, job.server_index, c.step, c.generation),
         " does not belong to this job and server: ", what));
   };
   if (c.job_id != job.id || c.server_index != job.server_index ||
@@ -71,7 +70,8 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
   const int state_floats = job.optimizer->StateFloatsPerParam();
   for (const ChunkCheckpoint& saved : c.chunks) {
     DenseChunk* chunk = saved.id < job.chunks.size() ? job.chunks[saved.id].get() : nullptr;
-    if (chunk == nullptr) return mismatch(absl::StrCat("chunk ", saved.id, " is not this server's"));
+    if (chunk == nullptr)
+      return mismatch(absl::StrCat("chunk ", saved.id, " is not this server's"));
     absl::MutexLock lock(&chunk->mu);
     if (static_cast<int64_t>(saved.values.size()) != chunk->size ||
         saved.state.size() != static_cast<size_t>(state_floats) * chunk->size) {
@@ -116,9 +116,31 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
 
 namespace {
 
-// Adds a part (`add` fills it in) to the gathered checkpoint of `step`, and
-// hands the checkpoint to the writer once it has every chunk of the server
-// and, with tables, the tables.
+// Makes room for the checkpoint of `step` being gathered, unless it has
+// it already; false if the checkpoint is skipped: memory for at most a few
+// checkpoints at once, so that a disk that falls behind loses checkpoints,
+// never training speed.
+bool Reserve(CheckpointWriter* writer, ShardJob& job, int64_t step) {
+  absl::MutexLock lock(&job.checkpoint_mu);
+  if (job.gathering.contains(step)) return true;
+  if (job.gathering.size() >= 2 || writer->backlog() >= 2) {
+    LOG_EVERY_N(WARNING, 10) << "job " << job.id << ": checkpoint of step " << step
+                             << " skipped, the disk is behind";
+    return false;
+  }
+  ServerCheckpoint& c = job.gathering[step].checkpoint;
+  c.job_id = job.id;
+  c.server_index = job.server_index;
+  c.num_servers = job.num_servers;
+  c.step = step;
+  c.generation = job.generation;
+  c.total_floats = job.total_floats;
+  return true;
+}
+
+// Adds a part (`add` fills it in; its copy took copy_seconds) to the
+// reserved checkpoint of `step`, and hands the checkpoint to the writer
+// once it has every chunk of the server and, with tables, the tables.
 void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
             int64_t step, double copy_seconds,
             const std::function<void(GatheredCheckpoint&)>& add) {
@@ -127,23 +149,7 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
   {
     absl::MutexLock lock(&job->checkpoint_mu);
     auto it = job->gathering.find(step);
-    if (it == job->gathering.end()) {
-      // Memory for at most a few checkpoints at once: a disk that falls
-      // behind loses checkpoints, never training speed.
-      if (job->gathering.size() >= 2 || writer->backlog() >= 2) {
-        LOG_EVERY_N(WARNING, 10) << "job " << job->id << ": checkpoint of step " << step
-                                 << " skipped, the disk is behind";
-        return;
-      }
-      it = job->gathering.emplace(step, GatheredCheckpoint{}).first;
-      ServerCheckpoint& c = it->second.checkpoint;
-      c.job_id = job->id;
-      c.server_index = job->server_index;
-      c.num_servers = job->num_servers;
-      c.step = step;
-      c.generation = job->generation;
-      c.total_floats = job->total_floats;
-    }
+    if (it == job->gathering.end()) return;  // not reserved (a test's direct call)
     add(it->second);
     it->second.copy_seconds += copy_seconds;
     if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
@@ -154,41 +160,48 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
     if (it->second.tables.has_value()) complete->tables = std::move(*it->second.tables);
     job->gathering.erase(it);
   }
+  int64_t rows = 0;
+  for (const TableCheckpoint& t : complete->tables) rows += static_cast<int64_t>(t.rows.size());
+  const std::string kind =
+      complete->tables.empty() ? ""
+      : complete->base_step == 0
+          ? absl::StrCat(" (full: ", rows, " rows)")
+          : absl::StrCat(" (incremental over step ", complete->base_step, ": ", rows, " rows)");
   const v1::CheckpointRecord record = [&] {
     v1::CheckpointRecord r;
     r.set_step(complete->step);
     r.set_generation(complete->generation);
     return r;
   }();
-  writer->Enqueue(job->checkpoint_dir, *std::move(complete),
-                  [fs, job, record, copies](const absl::StatusOr<int64_t>& bytes,
-                                              double seconds) {
-                    if (!bytes.ok()) {
-                      LOG(ERROR) << "job " << job->id << ": checkpoint of step "
-                                 << record.step() << " not written: " << bytes.status();
-                      return;
-                    }
-                    LOG(INFO) << absl::StrFormat(
-                        "job %s: checkpoint of step %d written: %d bytes in %.2f ms; the "
-                        "copies took %.3f ms",
-                        job->id, record.step(), *bytes, seconds * 1e3, copies * 1e3);
-                    if (const ServerMetrics::Job& m = job->metrics; m.checkpoint != nullptr) {
-                      m.checkpoint->Observe(seconds);
-                      m.checkpoint_bytes->Increment(static_cast<double>(*bytes));
-                      m.last_checkpoint->Set(static_cast<double>(record.step()));
-                    }
-                    std::vector<v1::CheckpointRecord> retained;
-                    {
-                      absl::MutexLock lock(&job->checkpoint_mu);
-                      job->written.push_back(record);
-                      retained = job->retained;
-                    }
-                    PruneCheckpoints(fs, job->checkpoint_dir, job->id, job->server_index,
-                                     job->keep, retained);
-                    absl::MutexLock lock(&job->checkpoint_mu);
-                    job->written = ListCheckpoints(fs, job->checkpoint_dir, job->id,
-                                                   job->server_index, false);
-                  });
+  writer->Enqueue(
+      job->checkpoint_dir, *std::move(complete),
+      [fs, job, record, copies, kind](const absl::StatusOr<int64_t>& bytes, double seconds) {
+        if (!bytes.ok()) {
+          LOG(ERROR) << "job " << job->id << ": checkpoint of step " << record.step()
+                     << " not written: " << bytes.status();
+          absl::MutexLock lock(&job->checkpoint_mu);
+          job->table_base.reset();  // no chain goes on from it: the next is full
+          return;
+        }
+        LOG(INFO) << absl::StrFormat(
+            "job %s: checkpoint of step %d written%s: %d bytes in %.2f ms; the "
+            "copies took %.3f ms",
+            job->id, record.step(), kind, *bytes, seconds * 1e3, copies * 1e3);
+        if (const ServerMetrics::Job& m = job->metrics; m.checkpoint != nullptr) {
+          m.checkpoint->Observe(seconds);
+          m.checkpoint_bytes->Increment(static_cast<double>(*bytes));
+          m.last_checkpoint->Set(static_cast<double>(record.step()));
+        }
+        std::vector<v1::CheckpointRecord> retained;
+        {
+          absl::MutexLock lock(&job->checkpoint_mu);
+          job->written.push_back(record);
+          retained = job->retained;
+        }
+        PruneCheckpoints(fs, job->checkpoint_dir, job->id, job->server_index, job->keep, retained);
+        absl::MutexLock lock(&job->checkpoint_mu);
+        job->written = ListCheckpoints(fs, job->checkpoint_dir, job->id, job->server_index, false);
+      });
 }
 
 }  // namespace
@@ -196,7 +209,7 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
 void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
                    DenseChunk& chunk) {
   const int64_t step = CheckpointStepOf(*job, chunk.version);
-  if (step < 0) return;
+  if (step < 0 || !Reserve(writer, *job, step)) return;
   const absl::Time start = MonotonicNow();
   ChunkCheckpoint copy;
   copy.id = chunk.id;
@@ -205,29 +218,55 @@ void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_p
   copy.state = chunk.optimizer_state;
   const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
   if (chunk.metrics != nullptr) chunk.metrics->checkpoint_copy->Observe(copy_seconds);
-  Gather(fs, writer, job, step, copy_seconds, [&](GatheredCheckpoint& gathered) {
-    gathered.chunks.emplace(chunk.id, std::move(copy));
-  });
+  Gather(fs, writer, job, step, copy_seconds,
+         [&](GatheredCheckpoint& gathered) { gathered.chunks.emplace(chunk.id, std::move(copy)); });
 }
 
-void SnapshotTables(FileSystem* fs, CheckpointWriter* writer,
-                    const std::shared_ptr<ShardJob>& job, SparseShard& shard) {
+void SnapshotTables(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
+                    SparseShard& shard) {
   const int64_t step = CheckpointStepOf(*job, shard.version);
-  if (step < 0) return;
+  if (step < 0 || !Reserve(writer, *job, step)) return;
+  // Full, or the rows changed since the last checkpoint whose tables were
+  // copied (of this generation).
+  std::optional<ShardJob::TableBase> base;
+  {
+    absl::MutexLock lock(&job->checkpoint_mu);
+    const std::optional<ShardJob::TableBase>& last = job->table_base;
+    const bool full = !last.has_value() || last->generation != job->generation ||
+                      last->since_full + 1 >= job->full_every;
+    if (!full) base = last;
+    job->table_base = ShardJob::TableBase{.step = step,
+                                          .generation = job->generation,
+                                          .version = shard.version,
+                                          .since_full = full ? 0 : last->since_full + 1};
+  }
   const absl::Time start = MonotonicNow();
   std::vector<TableCheckpoint> tables;
   for (uint32_t t = 0; t < shard.tables.size(); ++t) {
-    const SparseTable& table = *shard.tables[t];
-    tables.push_back(TableCheckpoint{.index = t,
-                                     .dim = table.config().dim,
-                                     .state_floats = StateFloatsPerRow(table.config()),
-                                     .version = shard.version,
-                                     .rows = table.Rows(),
-                                     .filter = table.filter()});
+    SparseTable& table = *shard.tables[t];
+    TableCheckpoint& copy = tables.emplace_back();
+    copy.index = t;
+    copy.dim = table.config().dim;
+    copy.state_floats = StateFloatsPerRow(table.config());
+    copy.version = shard.version;
+    copy.deleted = table.TakeEvicted();
+    if (base.has_value()) {
+      copy.rows = table.Rows(base->version);
+    } else {
+      copy.rows = table.Rows();
+      copy.deleted.clear();  // every row is in: nothing to delete
+    }
+    copy.filter = table.filter();
   }
   const double copy_seconds = absl::ToDoubleSeconds(MonotonicNow() - start);
-  Gather(fs, writer, job, step, copy_seconds,
-         [&](GatheredCheckpoint& gathered) { gathered.tables = std::move(tables); });
+  if (job->metrics.checkpoint_copy != nullptr) job->metrics.checkpoint_copy->Observe(copy_seconds);
+  Gather(fs, writer, job, step, copy_seconds, [&](GatheredCheckpoint& gathered) {
+    gathered.tables = std::move(tables);
+    if (base.has_value()) {
+      gathered.checkpoint.base_step = base->step;
+      gathered.checkpoint.base_generation = base->generation;
+    }
+  });
 }
 
 }  // namespace pstrain::server

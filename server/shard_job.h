@@ -134,6 +134,17 @@ struct ShardJob {
   std::map<int64_t, GatheredCheckpoint> gathering ABSL_GUARDED_BY(checkpoint_mu);  // by step
   std::vector<v1::CheckpointRecord> written ABSL_GUARDED_BY(checkpoint_mu);  // oldest first
   std::vector<v1::CheckpointRecord> retained ABSL_GUARDED_BY(checkpoint_mu);
+  // Tables: every full_every-th checkpoint is full, those between are
+  // incremental over the one before (table_base: the last checkpoint whose
+  // tables were copied; none: the next is full).
+  int full_every = 1;
+  struct TableBase {
+    int64_t step = 0;
+    int64_t generation = 0;
+    int64_t version = 0;  // of the tables: the rows changed since have last_step >= it
+    int since_full = 0;   // incremental checkpoints since the full one
+  };
+  std::optional<TableBase> table_base ABSL_GUARDED_BY(checkpoint_mu);
 
   // Each worker's last step end (-1: none) and the bound it gave for its
   // gradient (STEP_END). Sync: a step end is accepted only once every chunk

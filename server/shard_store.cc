@@ -114,6 +114,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   job->max_skipped = spec.max_skipped_steps() > 0 ? spec.max_skipped_steps() : 10;
   job->checkpoint_every = spec.checkpoint().every_steps();
   job->keep = spec.checkpoint().keep();
+  job->full_every = std::max(1, spec.checkpoint().full_every());
   job->requested_step = a.checkpoint_request_step();
   job->chunks.resize(plan.chunks_size());
   for (const v1::ChunkInfo& info : plan.chunks()) {

@@ -173,6 +173,7 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t) {
   c.eviction = ts.eviction().policy() == v1::TABLE_EVICTION_POLICY_LFU ? Config::Eviction::kLfu
                                                                        : Config::Eviction::kLru;
   c.max_memory_bytes = ts.max_memory_bytes();
+  c.record_evictions = !spec.checkpoint().dir().empty();  // incremental checkpoints
   return c;
 }
 

@@ -93,7 +93,8 @@ TEST(CheckpointTest, AFailedWriteLeavesNothingUnderTheFinalName) {
   testing::TempDir dir;
   FaultInjectingFileSystem fs(PosixFileSystem());
   PSTRAIN_ASSERT_OK(WriteCheckpoint(&fs, dir.path(), Sample(100)).status());
-  fs.SetRule({.path_contains = ".ckpt", .fault = FaultInjectingFileSystem::Fault::kNoSpace,
+  fs.SetRule({.path_contains = ".ckpt",
+              .fault = FaultInjectingFileSystem::Fault::kNoSpace,
               .room_bytes = 500});
   const absl::StatusOr<int64_t> failed = WriteCheckpoint(&fs, dir.path(), Sample(200));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
@@ -148,6 +149,110 @@ TEST(CheckpointTest, PartialFilesAreRemovedAndOldOnesPruned) {
   }
   PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {});
   EXPECT_EQ(steps(), expected);
+}
+
+// A checkpoint of one table (dim 1, one float of state) at `step`: the
+// rows of `keys` (each row's value is key + step), incremental over `base`
+// (0: full) with `deleted`.
+ServerCheckpoint WithTable(int64_t step, int64_t base, std::vector<uint64_t> keys,
+                           std::vector<uint64_t> deleted) {
+  ServerCheckpoint c = Sample(step);
+  c.base_step = base;
+  c.base_generation = base != 0 ? c.generation : 0;
+  TableCheckpoint& t = c.tables.emplace_back();
+  t.dim = 1;
+  t.state_floats = 1;
+  t.version = step;
+  for (uint64_t key : keys) {
+    t.rows.push_back(SparseTable::Row{.key = key,
+                                      .values = {static_cast<float>(key + step)},
+                                      .state = {0.5f},
+                                      .last_step = step - 1,
+                                      .touches = 1,
+                                      .updates = 1});
+  }
+  t.deleted = std::move(deleted);
+  t.filter = {static_cast<uint16_t>(step), 7};
+  return c;
+}
+
+// (key, value) of a read checkpoint's table.
+std::vector<std::pair<uint64_t, float>> RowsOf(const ServerCheckpoint& c) {
+  std::vector<std::pair<uint64_t, float>> rows;
+  for (const SparseTable::Row& row : c.tables.at(0).rows) rows.emplace_back(row.key, row.values[0]);
+  return rows;
+}
+
+TEST(CheckpointTest, AnIncrementalChainReadsBackAsTheWholeTables) {
+  testing::TempDir dir;
+  FileSystem* fs = PosixFileSystem();
+  // Step 10 full; 20 changes 2, admits 4, evicts 3; 30 admits 3 again and
+  // 6, evicts 4 and 5.
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), WithTable(10, 0, {1, 2, 3, 5}, {})).status());
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), WithTable(20, 10, {2, 4}, {3})).status());
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), WithTable(30, 20, {3, 6}, {4, 5})).status());
+  absl::StatusOr<ServerCheckpoint> at30 =
+      ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 30, 3);
+  PSTRAIN_ASSERT_OK(at30.status());
+  using Rows = std::vector<std::pair<uint64_t, float>>;
+  EXPECT_EQ(RowsOf(*at30), (Rows{{1, 11}, {2, 22}, {3, 33}, {6, 36}}));
+  EXPECT_EQ(at30->tables[0].filter, (std::vector<uint16_t>{30, 7}));  // the newest file's
+  EXPECT_EQ(at30->chunks[0].version, 30);
+  EXPECT_EQ(at30->base_step, 0);
+  EXPECT_TRUE(at30->tables[0].deleted.empty());
+  absl::StatusOr<ServerCheckpoint> at20 =
+      ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 20, 3);
+  PSTRAIN_ASSERT_OK(at20.status());
+  EXPECT_EQ(RowsOf(*at20), (Rows{{1, 11}, {2, 22}, {4, 24}, {5, 15}}));
+  // A single file holds only the changes.
+  absl::StatusOr<ServerCheckpoint> delta =
+      ReadCheckpoint(fs, CheckpointPath(dir.path(), "job-000001", 1, 30, 3));
+  PSTRAIN_ASSERT_OK(delta.status());
+  EXPECT_EQ(delta->base_step, 20);
+  EXPECT_EQ(RowsOf(*delta), (Rows{{3, 33}, {6, 36}}));
+  EXPECT_EQ(delta->tables[0].deleted, (std::vector<uint64_t>{4, 5}));
+
+  // A chain with a link missing reads back as nothing, naming the link.
+  const std::string base = CheckpointPath(dir.path(), "job-000001", 1, 20, 3);
+  PSTRAIN_ASSERT_OK(fs->Remove(base));
+  at30 = ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 30, 3);
+  EXPECT_EQ(at30.status().code(), absl::StatusCode::kDataLoss) << at30.status();
+  EXPECT_TRUE(absl::StrContains(at30.status().message(), base)) << at30.status();
+  PSTRAIN_EXPECT_OK(ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 10, 3).status());
+  // And an incremental checkpoint over a base that is not on disk (its
+  // write failed) is not written at all.
+  absl::StatusOr<int64_t> orphan = WriteCheckpoint(fs, dir.path(), WithTable(40, 20, {1}, {}));
+  EXPECT_EQ(orphan.status().code(), absl::StatusCode::kFailedPrecondition) << orphan.status();
+  EXPECT_FALSE(fs->Exists(CheckpointPath(dir.path(), "job-000001", 1, 40, 3)));
+}
+
+TEST(CheckpointTest, PruningKeepsTheChainOfEveryCheckpointKept) {
+  testing::TempDir dir;
+  FileSystem* fs = PosixFileSystem();
+  // Full at 100 and 400; the others incremental over the one before.
+  for (const auto& [step, base] : std::vector<std::pair<int64_t, int64_t>>{
+           {100, 0}, {200, 100}, {300, 200}, {400, 0}, {500, 400}}) {
+    PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), WithTable(step, base, {1}, {})).status());
+  }
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    for (const v1::CheckpointRecord& r : ListCheckpoints(fs, dir.path(), "job-000001", 1, false)) {
+      out.push_back(r.step());
+    }
+    return out;
+  };
+  auto record = [](int64_t step) {
+    v1::CheckpointRecord r;
+    r.set_step(step);
+    r.set_generation(3);
+    return r;
+  };
+  // The newest (500, over 400) and the retained 300 (over 200, over 100).
+  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {record(300), record(500)});
+  EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300, 400, 500}));
+  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {record(500)});
+  EXPECT_EQ(steps(), (std::vector<int64_t>{400, 500}));
+  PSTRAIN_EXPECT_OK(ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 500, 3).status());
 }
 
 TEST(CheckpointWriterTest, WritesInTheBackgroundInOrder) {

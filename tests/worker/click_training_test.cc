@@ -179,6 +179,78 @@ TEST(ClickTrainingTest, ARecoveryFromACheckpointWithTablesEndsBitwiseAsTheRunWit
   EXPECT_EQ(saved->tables[1].version, 20);
 }
 
+// Checkpoints every 5 steps, every third full: 5 (full), 10 and 15 (the
+// rows changed since the one before, the keys evicted since), 20 (full),
+// 25, 30. Recoveries from incremental ones (15: its chain goes down to 5)
+// end bitwise as the run that went through.
+TEST(ClickTrainingTest, RecoveriesFromIncrementalCheckpointsEndBitwiseAsTheRunWithout) {
+  TempDir dir;
+  const v1::JobSpec spec =
+      Spec(2, 32, 2,
+           absl::StrCat("checkpoint: {dir: ", dir.path(), ", every_steps: 5, full_every: 3, ",
+                        "keep: 10}\n"));
+  const Trained through = Train(spec);
+  PSTRAIN_ASSERT_OK(through.status);
+  for (int64_t step : {15, 25}) {
+    v1::ServerAssignment start;
+    start.set_generation(2);
+    start.set_restore_step(step);
+    start.set_restore_generation(1);
+    const Trained recovered = Train(spec, start, /*resume_step=*/step);
+    PSTRAIN_ASSERT_OK(recovered.status);
+    EXPECT_EQ(recovered.params, through.params) << "from step " << step;
+    EXPECT_EQ(recovered.rows, through.rows) << "from step " << step;
+    EXPECT_EQ(recovered.metrics, through.metrics) << "from step " << step;
+  }
+  // The files: full ones at 5 and 20, the others over the one before,
+  // holding fewer rows than the whole tables (this small vocabulary is
+  // mostly touched every 5 steps); evictions (table b's ttl_steps) among
+  // their deletions.
+  // Each chain reads back as the full checkpoint of the same step of a run
+  // whose checkpoints are all full, row for row.
+  TempDir full_dir;
+  PSTRAIN_ASSERT_OK(
+      Train(Spec(2, 32, 2,
+                 absl::StrCat("checkpoint: {dir: ", full_dir.path(),
+                              ", every_steps: 5, full_every: 1, keep: 10}\n")))
+          .status);
+  auto same = [](const server::SparseTable::Row& a, const server::SparseTable::Row& b) {
+    return a.key == b.key && a.values == b.values && a.state == b.state &&
+           a.last_step == b.last_step && a.touches == b.touches && a.updates == b.updates;
+  };
+  int64_t changed_rows = 0, all_rows = 0, deleted = 0;
+  for (uint32_t server = 0; server < 2; ++server) {
+    for (int64_t step = 5; step <= 30; step += 5) {
+      absl::StatusOr<server::ServerCheckpoint> expected = server::ReadCheckpoint(
+          PosixFileSystem(), server::CheckpointPath(full_dir.path(), "job", server, step, 1));
+      PSTRAIN_ASSERT_OK(expected);
+      ASSERT_EQ(expected->base_step, 0);
+      absl::StatusOr<server::ServerCheckpoint> file = server::ReadCheckpoint(
+          PosixFileSystem(), server::CheckpointPath(dir.path(), "job", server, step, 1));
+      PSTRAIN_ASSERT_OK(file);
+      const bool full = step == 5 || step == 20;
+      EXPECT_EQ(file->base_step, full ? 0 : step - 5) << "server " << server << " step " << step;
+      absl::StatusOr<server::ServerCheckpoint> whole =
+          server::ReadCheckpointChain(PosixFileSystem(), dir.path(), "job", server, step, 1);
+      PSTRAIN_ASSERT_OK(whole);
+      for (size_t t = 0; t < file->tables.size(); ++t) {
+        const std::vector<server::SparseTable::Row>& rows = whole->tables[t].rows;
+        ASSERT_EQ(rows.size(), expected->tables[t].rows.size()) << "step " << step;
+        EXPECT_TRUE(std::equal(rows.begin(), rows.end(), expected->tables[t].rows.begin(), same))
+            << "server " << server << " step " << step << " table " << t;
+        EXPECT_EQ(whole->tables[t].filter, expected->tables[t].filter);
+        if (full) continue;
+        EXPECT_LE(file->tables[t].rows.size(), whole->tables[t].rows.size());
+        changed_rows += static_cast<int64_t>(file->tables[t].rows.size());
+        all_rows += static_cast<int64_t>(whole->tables[t].rows.size());
+        deleted += static_cast<int64_t>(file->tables[t].deleted.size());
+      }
+    }
+  }
+  EXPECT_LT(changed_rows, all_rows);
+  EXPECT_GT(deleted, 0);
+}
+
 TEST(ClickTrainingTest, ServersThatOwnNoDenseChunkServeTheirRows) {
   const v1::JobSpec spec = Spec(2, 16, 12);
   const v1::PartitionPlan plan = PlanFor(spec);
