@@ -18,6 +18,15 @@ uint32_t GetU32(absl::string_view bytes, size_t at) {
   return v;
 }
 
+void PutU64(std::string& out, uint64_t v) {
+  PutU32(out, static_cast<uint32_t>(v));
+  PutU32(out, static_cast<uint32_t>(v >> 32));
+}
+
+uint64_t GetU64(absl::string_view bytes, size_t at) {
+  return uint64_t{GetU32(bytes, at)} | (uint64_t{GetU32(bytes, at + 4)} << 32);
+}
+
 uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
   uLong c = crc;
   const auto* p = static_cast<const Bytef*>(data);

@@ -47,15 +47,6 @@ std::vector<float> FloatsAt(const std::string& bytes, size_t at, int64_t n) {
   return floats;
 }
 
-uint64_t GetU64(const std::string& bytes, size_t at) {
-  return uint64_t{GetU32(bytes, at)} | (uint64_t{GetU32(bytes, at + 4)} << 32);
-}
-
-void PutU64(std::string& out, uint64_t v) {
-  PutU32(out, static_cast<uint32_t>(v));
-  PutU32(out, static_cast<uint32_t>(v >> 32));
-}
-
 // A table's part of the file: its rows, the keys deleted, then its
 // filter's counters.
 std::string TableBytes(const TableCheckpoint& table) {

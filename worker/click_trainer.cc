@@ -19,13 +19,6 @@
 
 namespace pstrain::worker {
 
-// The test set is evaluated in batches of this many samples.
-constexpr int kEvalBatch = 4096;
-
-uint64_t TableKey(uint64_t token, int field, bool shared_table) {
-  return shared_table ? Mix64(token ^ Mix64(0xf1e1dULL + static_cast<uint64_t>(field))) : token;
-}
-
 // The training samples of every step, as every worker of the job reads
 // them (docs/click-data.md): generated rows by position, or the files'
 // windowed order, epoch after epoch (an epoch ends at the first global
@@ -85,15 +78,6 @@ class ClickInput {
   int64_t epoch_first_step_ = 0;
 };
 
-struct ClickTrainer::Batch {
-  std::vector<SparseClient::TableKeys> tables;
-  std::vector<absl::flat_hash_map<uint64_t, int32_t>> index;  // by table: key -> place
-  std::vector<std::vector<float>> rows_by_table;
-  std::vector<float> rows;  // every table's, in table order
-  std::vector<int64_t> table_first_row;
-  kernels::BagIndex bags;
-};
-
 absl::StatusOr<std::unique_ptr<JobTrainer>> CreateJobTrainer(TrainerOptions options) {
   if (options.assignment.spec().model().type() == v1::MODEL_TYPE_CLICK) {
     PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ClickTrainer> t,
@@ -128,14 +112,7 @@ absl::StatusOr<std::unique_ptr<ClickTrainer>> ClickTrainer::Create(TrainerOption
     return absl::InvalidArgumentError("resume_step outside the job's steps");
   }
   t->requested_checkpoint_ = a.checkpoint_request_step();
-  t->table_of_field_.assign(t->shape_.fields, -1);
-  t->shared_table_.assign(t->shape_.fields, false);
-  for (int table = 0; table < t->spec_.tables_size(); ++table) {
-    for (int field : t->spec_.tables(table).fields()) {
-      t->table_of_field_[field - 1] = table;
-      t->shared_table_[field - 1] = t->spec_.tables(table).fields_size() > 1;
-    }
-  }
+  t->keys_.emplace(t->spec_);
   const v1::ClickDataSpec& clicks = t->spec_.data().clicks();
   const std::string root = t->options_.data != nullptr ? t->options_.data->root() : "";
   for (const auto& [field, files] : {std::pair{"data.clicks.train_files", &clicks.train_files()},
@@ -146,30 +123,10 @@ absl::StatusOr<std::unique_ptr<ClickTrainer>> ClickTrainer::Create(TrainerOption
   }
   t->input_ = std::make_unique<ClickInput>(t->spec_);
   if (a.worker_index() == 0) {
-    const ClickLayout layout{.dense = clicks.dense(), .fields = clicks.fields()};
-    if (clicks.has_generate()) {
-      const ClickDataSpec data = ClickDataSpecOf(t->spec_.data());
-      const ClickGenerator generator(data);
-      ClickBatch test;
-      test.layout = layout;
-      const int64_t n = clicks.test_samples() > 0
-                            ? std::min(clicks.test_samples(), data.test_rows)
-                            : data.test_rows;
-      for (int64_t i = 0; i < n; ++i) generator.Generate(ClickSplit::kTest, i, test);
-      t->test_ = std::move(test);
-      ClickDataSpec measured = data;
-      measured.test_rows = n;
-      t->oracle_auc_ = MeasureClickOracle(measured).auc;
-    } else {
-      PSTRAIN_ASSIGN_OR_RETURN(
-          ClickBatch test, ReadClickFiles({clicks.test_files().begin(), clicks.test_files().end()},
-                                          layout, clicks.test_samples()));
-      if (test.size() == 0) return absl::InvalidArgumentError("data.clicks.test_files are empty");
-      t->test_ = std::move(test);
-    }
+    PSTRAIN_ASSIGN_OR_RETURN(t->test_, ClickTestSet(t->spec_, &t->oracle_auc_));
   }
   PSTRAIN_ASSIGN_OR_RETURN(t->model_, kernels::CreateCpuClickModelKernels(
-                                          t->shape_, std::max(t->batch_, kEvalBatch)));
+                                          t->shape_, std::max(t->batch_, kClickEvalBatch)));
   if (t->options_.transport) {
     t->transport_ = t->options_.transport(0);
   } else {
@@ -209,88 +166,20 @@ void ClickTrainer::Cancel() {
   if (sparse_ != nullptr) sparse_->Cancel();
 }
 
-absl::Status ClickTrainer::Prepare(const ClickBatch& samples, Batch& batch) const {
-  const int tables = spec_.tables_size();
-  batch.tables.assign(tables, {});
-  batch.index.resize(tables);
-  for (auto& index : batch.index) index.clear();
-  const int fields = shape_.fields;
-  std::vector<std::pair<int, int32_t>> entries;  // (table, place) of each bag entry
-  entries.reserve(samples.keys.size());
-  for (int64_t s = 0; s < samples.size(); ++s) {
-    for (int f = 0; f < fields; ++f) {
-      const int64_t bag = s * fields + f;
-      const int t = table_of_field_[f];
-      SparseClient::TableKeys& table = batch.tables[t];
-      for (int64_t e = samples.bag_starts[bag]; e < samples.bag_starts[bag + 1]; ++e) {
-        const uint64_t key = TableKey(samples.keys[e], f, shared_table_[f]);
-        const auto [it, added] =
-            batch.index[t].try_emplace(key, static_cast<int32_t>(table.keys.size()));
-        if (added) {
-          table.keys.push_back(key);
-          table.counts.push_back(0);
-        }
-        ++table.counts[it->second];
-        entries.emplace_back(t, it->second);
-      }
-    }
-  }
-  batch.table_first_row.assign(tables + 1, 0);
-  for (int t = 0; t < tables; ++t) {
-    batch.table_first_row[t + 1] =
-        batch.table_first_row[t] + static_cast<int64_t>(batch.tables[t].keys.size());
-  }
-  kernels::BagIndex& bags = batch.bags;
-  bags.rows = batch.table_first_row[tables];
-  bags.bag_starts = samples.bag_starts;
-  bags.entry_rows.resize(entries.size());
-  for (size_t e = 0; e < entries.size(); ++e) {
-    bags.entry_rows[e] =
-        static_cast<int32_t>(batch.table_first_row[entries[e].first] + entries[e].second);
-  }
-  return kernels::TransposeBags(bags);
-}
-
 absl::Status ClickTrainer::PullRows(int64_t step, int64_t version, int64_t pushed_steps,
-                                    Batch& batch) {
+                                    ClickRows& batch) {
   PSTRAIN_RETURN_IF_ERROR(
       sparse_->Pull(step, version, pushed_steps, batch.tables, batch.rows_by_table));
-  batch.rows.clear();
-  for (const std::vector<float>& rows : batch.rows_by_table) {
-    batch.rows.insert(batch.rows.end(), rows.begin(), rows.end());
-  }
+  batch.JoinRows();
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClickTrainer::Evaluation> ClickTrainer::Evaluate(const std::vector<float>& params,
-                                                               int64_t steps) {
+absl::StatusOr<ClickEvaluation> ClickTrainer::Evaluate(const std::vector<float>& params,
+                                                       int64_t steps) {
   const bool sync = spec_.mode() == v1::MODE_SYNC;
-  const ClickBatch& test = *test_;
-  std::vector<double> logits;
-  std::vector<float> labels;
-  ClickBatch part;
-  part.layout = test.layout;
-  Batch batch;
-  std::vector<float> out;
-  for (int64_t first = 0; first < test.size(); first += kEvalBatch) {
-    const int n = static_cast<int>(std::min<int64_t>(kEvalBatch, test.size() - first));
-    part.Clear();
-    for (int64_t s = first; s < first + n; ++s) part.AppendSample(test, s);
-    PSTRAIN_RETURN_IF_ERROR(Prepare(part, batch));
-    PSTRAIN_RETURN_IF_ERROR(PullRows(steps, sync ? steps : 0, 0, batch));
-    out.resize(n);
-    const kernels::ClickInputs inputs{n, part.dense.data(), part.labels.data(), &batch.bags};
-    PSTRAIN_RETURN_IF_ERROR(model_->Forward(params.data(), batch.rows.data(), inputs, out.data()));
-    logits.insert(logits.end(), out.begin(), out.end());
-    labels.insert(labels.end(), part.labels.begin(), part.labels.end());
-  }
-  Evaluation eval;
-  eval.auc = RocAuc(logits, labels);
-  eval.log_loss = MeanLogLoss(logits, labels);
-  int64_t right = 0;
-  for (size_t i = 0; i < logits.size(); ++i) right += (logits[i] > 0) == (labels[i] > 0.5f);
-  eval.accuracy = static_cast<double>(right) / static_cast<double>(logits.size());
-  return eval;
+  return EvaluateClickModel(*keys_, *model_, params, *test_, [&](ClickRows& batch) {
+    return sparse_->Pull(steps, sync ? steps : 0, 0, batch.tables, batch.rows_by_table);
+  });
 }
 
 absl::Status ClickTrainer::Run() {
@@ -316,7 +205,8 @@ absl::Status ClickTrainer::Run() {
   StepLog log(a.resume_state(), first_step, total_steps);
   const int64_t eval_every = spec_.eval_every_steps();
   const bool evaluates = a.worker_index() == 0;
-  auto set_evaluation = [&](v1::ReportProgressRequest& r, int64_t done, const Evaluation& eval) {
+  auto set_evaluation = [&](v1::ReportProgressRequest& r, int64_t done,
+                            const ClickEvaluation& eval) {
     r.set_evaluated(true);
     r.set_evaluated_step(done);
     r.set_test_accuracy(static_cast<float>(eval.accuracy));
@@ -329,7 +219,7 @@ absl::Status ClickTrainer::Run() {
   std::vector<float> row_grad;
   ClickBatch samples;
   samples.layout = {.dense = shape_.dense, .fields = shape_.fields};
-  Batch batch;
+  ClickRows batch;
   ParameterClient::Stats before = client_->stats();
   log.Start(MonotonicNow());
   for (int64_t step = first_step; step < total_steps; ++step) {
@@ -337,7 +227,7 @@ absl::Status ClickTrainer::Run() {
     const absl::Time step_start = MonotonicNow();
     samples.Clear();
     PSTRAIN_RETURN_IF_ERROR(input_->Read(step, batch_offset_, batch_, samples));
-    PSTRAIN_RETURN_IF_ERROR(Prepare(samples, batch));
+    PSTRAIN_RETURN_IF_ERROR(keys_->Prepare(samples, batch));
     PSTRAIN_RETURN_IF_ERROR(
         PullRows(step, sync ? step : 0, StepsAppliedBefore(step, staleness), batch));
     const absl::Time compute_start = MonotonicNow();
@@ -385,7 +275,7 @@ absl::Status ClickTrainer::Run() {
       std::vector<float> params(params_.size());
       PSTRAIN_RETURN_IF_ERROR(
           client_->PullAll(params.data(), StepsAppliedBefore(done, staleness)));
-      PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(params, done));
+      PSTRAIN_ASSIGN_OR_RETURN(const ClickEvaluation eval, Evaluate(params, done));
       set_evaluation(report, done, eval);
       before = client_->stats();
       evaluated = true;
@@ -414,7 +304,7 @@ absl::Status ClickTrainer::Run() {
   if (evaluates) {
     // The final model: every worker's last push applied everywhere.
     PSTRAIN_RETURN_IF_ERROR(client_->PullAll(params_.data(), total_steps));
-    PSTRAIN_ASSIGN_OR_RETURN(const Evaluation eval, Evaluate(params_, total_steps));
+    PSTRAIN_ASSIGN_OR_RETURN(const ClickEvaluation eval, Evaluate(params_, total_steps));
     set_evaluation(report, total_steps, eval);
     LOG(INFO) << "job " << a.job_id() << ": test AUC " << eval.auc << ", log loss "
               << eval.log_loss

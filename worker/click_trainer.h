@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/click_data.h"
 #include "kernels/click_model.h"
+#include "worker/click_eval.h"
 #include "worker/parameter_client.h"
 #include "worker/sparse_client.h"
 #include "worker/trainer.h"
@@ -38,32 +39,19 @@ class ClickTrainer final : public JobTrainer {
   const v1::JobSpec& spec() const override { return spec_; }
   const std::vector<float>& params() const override { return params_; }
 
-  // What the evaluation of a model gives.
-  struct Evaluation {
-    double auc = 0;
-    double log_loss = 0;
-    double accuracy = 0;  // at a threshold of 1/2
-  };
-
  private:
   explicit ClickTrainer(TrainerOptions options);
-  // The batch's keys by table, its bags over them, its rows pulled after
-  // `version` steps.
-  struct Batch;
-  absl::Status Prepare(const ClickBatch& samples, Batch& batch) const;
-  absl::Status PullRows(int64_t step, int64_t version, int64_t pushed_steps, Batch& batch);
+  absl::Status PullRows(int64_t step, int64_t version, int64_t pushed_steps, ClickRows& batch);
   // The test set's AUC with dense values `params` and the rows the servers
   // hold after `steps` steps.
-  absl::StatusOr<Evaluation> Evaluate(const std::vector<float>& params, int64_t steps);
+  absl::StatusOr<ClickEvaluation> Evaluate(const std::vector<float>& params, int64_t steps);
 
   TrainerOptions options_;
   v1::JobSpec spec_;
   kernels::ClickModelShape shape_;
   int batch_ = 0;
   int batch_offset_ = 0;
-  // Each field's table and whether it shares the table with other fields.
-  std::vector<int> table_of_field_;
-  std::vector<bool> shared_table_;
+  std::optional<ClickKeys> keys_;
   std::unique_ptr<ClickInput> input_;
   std::optional<ClickBatch> test_;  // worker 0
   std::optional<double> oracle_auc_;  // generated data
@@ -76,11 +64,6 @@ class ClickTrainer final : public JobTrainer {
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> requested_checkpoint_{0};
 };
-
-// The key a field's token has in its table: the token itself, or, in a
-// table several fields share, a mix of the token and the field (one row
-// per field and token).
-uint64_t TableKey(uint64_t token, int field, bool shared_table);
 
 }  // namespace pstrain::worker
 
