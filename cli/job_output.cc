@@ -9,9 +9,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/file_system.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "server/table_export.h"
 
 namespace pstrain::cli {
 namespace {
@@ -143,6 +146,23 @@ absl::StatusOr<std::string> FetchModelFile(v1::Control::Stub& stub, grpc::Client
   while (reader->Read(&piece)) bytes += piece.data();
   PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   return bytes;
+}
+
+absl::StatusOr<std::string> WriteJobExport(v1::Control::Stub& stub, grpc::ClientContext& context,
+                                           const v1::Job& job, const std::string& path,
+                                           absl::Duration wait) {
+  PSTRAIN_ASSIGN_OR_RETURN(const std::string model, FetchModelFile(stub, context, job.id()));
+  if (job.spec().tables_size() == 0) {
+    PSTRAIN_RETURN_IF_ERROR(WriteFileAtomically(path, model));
+    return absl::StrFormat("wrote %s: %d bytes (%s)", path, model.size(), job.id());
+  }
+  const server::TableExportSource source{.job_id = job.id(),
+                                         .spec = job.spec(),
+                                         .step = TotalSteps(job.spec()),
+                                         .generation = job.generation()};
+  PSTRAIN_RETURN_IF_ERROR(server::ExportTables(PosixFileSystem(), source, model, path, wait));
+  return absl::StrFormat("wrote %s/: the model file and %d embedding tables (%s)", path,
+                         job.spec().tables_size(), job.id());
 }
 
 absl::StatusOr<v1::Job> FollowJob(

@@ -22,6 +22,16 @@ absl::StatusOr<v1::Job> FollowJob(
     v1::Control::Stub& stub, const std::string& job_id, grpc::ClientContext& context,
     const std::function<void(const v1::JobEvent&, const v1::Job&)>& on_event);
 
+// Writes a succeeded job's export to `path` (--export, psctl export): its
+// model file; for a job with embedding tables, a directory of the model
+// file and the tables (server/table_export.h), whose rows are read from the
+// servers' checkpoints of the last step (waiting up to `wait` for them).
+// Returns what was written, as a line.
+absl::StatusOr<std::string> WriteJobExport(v1::Control::Stub& stub, grpc::ClientContext& context,
+                                           const v1::Job& job, const std::string& path,
+                                           absl::Duration wait);
+
+
 // A succeeded job's model file (ExportModel, on `context`), whole; the
 // coordinator's error (FAILED_PRECONDITION for a job without one).
 absl::StatusOr<std::string> FetchModelFile(v1::Control::Stub& stub, grpc::ClientContext& context,

@@ -96,17 +96,15 @@ int EndLaunch(const LaunchEnd& end, v1::Control::Stub& stub, const Authorize& au
     grpc::ClientContext context;
     SetTimeout(context, absl::Minutes(5));
     if (authorize) authorize(context);
-    absl::StatusOr<std::string> model = FetchModelFile(stub, context, job->id());
-    absl::Status written =
-        model.ok() ? WriteFileAtomically(end.export_path, *model) : model.status();
+    absl::StatusOr<std::string> written =
+        WriteJobExport(stub, context, *job, end.export_path, absl::Minutes(5));
     if (written.ok()) {
       const int code = end.stop(0);
-      std::printf("wrote %s: %zu bytes (%s)\n", end.export_path.c_str(), model->size(),
-                  job->id().c_str());
+      std::printf("%s\n", written->c_str());
       PrintResult(*job);
       return code;
     }
-    why = absl::StrCat("--export ", end.export_path, ": ", written.message());
+    why = absl::StrCat("--export ", end.export_path, ": ", written.status().message());
   } else if (job.ok()) {
     why = absl::StrCat("job ", job->id(), " ", EnumName(job->state()), ": ", job->reason());
   } else if (why.empty()) {

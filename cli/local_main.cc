@@ -30,17 +30,23 @@
 #include "common/process.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/table_file.h"
 #include "common/tls.h"
+#include "kernels/click_model.h"
+#include "server/table_export.h"
 #include "pstrain/v1/control.grpc.pb.h"
+#include "worker/click_eval.h"
 #include "worker/devices.h"
 #include "worker/in_process.h"
 
 ABSL_FLAG(std::string, job, "", "job file (YAML), e.g. examples/fashion_mlp.yaml");
 ABSL_FLAG(std::string, export, "",
           "write the trained model to this file once the job succeeded (as psctl export "
-          "does); pstrain-local --eval FILE evaluates it");
+          "does; a job with embedding tables: a directory of its model file and tables); "
+          "pstrain-local --eval PATH evaluates it");
 ABSL_FLAG(std::string, eval, "",
-          "instead of training: evaluate this model file (psctl export) on the test set");
+          "instead of training: evaluate this model file or export directory (psctl export) "
+          "on the test set");
 ABSL_FLAG(std::string, data_dir, "",
           "with --eval: the Fashion-MNIST directory; default: the job's data.dir");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -75,8 +81,71 @@ std::vector<std::vector<int>> WorkerCpus(const std::vector<int>& cpus, int worke
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
+// --eval DIR: an export of a click model (its model file and tables) on
+// the job's test set.
+int EvaluateExport(const std::string& dir) {
+  absl::StatusOr<server::TableExport> exported = server::ReadTableExport(PosixFileSystem(), dir);
+  if (!exported.ok()) {
+    std::cerr << "pstrain-local: " << exported.status().message() << "\n";
+    return kExitUsage;
+  }
+  const v1::JobSpec& spec = exported->model.header.spec();
+  if (spec.model().type() != v1::MODEL_TYPE_CLICK) {
+    std::cerr << "pstrain-local: " << dir << ": the export of a model other than a click model\n";
+    return kExitUsage;
+  }
+  std::optional<double> oracle_auc;
+  absl::StatusOr<ClickBatch> test = worker::ClickTestSet(spec, &oracle_auc);
+  absl::StatusOr<std::unique_ptr<kernels::ClickModelKernels>> model =
+      test.ok() ? kernels::CreateCpuClickModelKernels(ClickModelShapeOf(spec),
+                                                      worker::kClickEvalBatch)
+                : test.status();
+  if (!model.ok()) {
+    std::cerr << "pstrain-local: " << model.status().message() << "\n";
+    return kExitUsage;
+  }
+  // A key without a row reads as zeros, as on the servers.
+  const std::vector<TableFile>& tables = exported->tables;
+  absl::StatusOr<worker::ClickEvaluation> eval = worker::EvaluateClickModel(
+      worker::ClickKeys(spec), **model, exported->model.params, *test,
+      [&](worker::ClickRows& batch) {
+        batch.rows_by_table.resize(tables.size());
+        for (size_t t = 0; t < tables.size(); ++t) {
+          const int dim = tables[t].dim;
+          const std::vector<uint64_t>& keys = batch.tables[t].keys;
+          std::vector<float>& rows = batch.rows_by_table[t];
+          rows.assign(keys.size() * dim, 0.0f);
+          for (size_t k = 0; k < keys.size(); ++k) {
+            if (const float* row = tables[t].Find(keys[k]); row != nullptr) {
+              std::copy(row, row + dim, rows.begin() + static_cast<int64_t>(k) * dim);
+            }
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!eval.ok()) {
+    std::cerr << "pstrain-local: " << eval.status().message() << "\n";
+    return kExitFailed;
+  }
+  int64_t rows = 0;
+  for (const TableFile& t : tables) rows += static_cast<int64_t>(t.keys.size());
+  const std::string& job_id = exported->model.header.job_id();
+  std::printf("%s (click model, job %s, %lld rows): test AUC %.6f, test log loss %.6f%s\n",
+              dir.c_str(), job_id.c_str(), static_cast<long long>(rows), eval->auc,
+              eval->log_loss,
+              oracle_auc.has_value() ? absl::StrFormat(" (the data's oracle AUC %.6f)",
+                                                       *oracle_auc).c_str()
+                                     : "");
+  std::printf("{\"export\":%s,\"job\":%s,\"test_auc\":%.6f,\"test_log_loss\":%.6f%s}\n",
+              JsonQuote(dir).c_str(), JsonQuote(job_id).c_str(), eval->auc, eval->log_loss,
+              oracle_auc.has_value() ? absl::StrFormat(",\"oracle_auc\":%.6f", *oracle_auc).c_str()
+                                     : "");
+  return 0;
+}
+
 // --eval: a model file's accuracy on the test set.
 int Evaluate(const std::string& path) {
+  if (std::filesystem::is_directory(path)) return EvaluateExport(path);
   absl::StatusOr<ModelFile> model = ReadModelFile(path);
   if (!model.ok()) {
     std::cerr << "pstrain-local: " << model.status().message() << "\n";
@@ -85,8 +154,8 @@ int Evaluate(const std::string& path) {
   const v1::JobSpec& spec = model->header.spec();
   if (spec.model().type() == v1::MODEL_TYPE_CLICK) {
     std::cerr << "pstrain-local: " << path
-              << ": a click model's file holds its dense part only (its embedding rows stay on "
-                 "the servers): it cannot be evaluated alone\n";
+              << ": a click model's file holds its dense part only: evaluate the directory "
+                 "that --export or psctl export wrote (its model file and tables)\n";
     return kExitUsage;
   }
   const std::string dir =

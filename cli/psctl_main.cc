@@ -52,7 +52,10 @@ verbs:
   watch ID             follow a job live until it ends
   cancel ID            cancel a pending or running job
   nodes                registered servers and workers
-  export ID FILE       write a succeeded job's model file
+  export ID PATH       write a succeeded job's model file to PATH; a job with
+                       embedding tables: a directory PATH of its model file and
+                       tables (read from its checkpoint.dir, which must be
+                       reachable from here)
   checkpoint ID        checkpoint a running job now; waits until every node
                        has written its part (at most --timeout)
   health TARGET [--service NAME]
@@ -580,20 +583,23 @@ class Psctl {
   }
 
   int Export(const std::string& id, const std::string& path) {
+    v1::Job job;
+    {
+      grpc::ClientContext context;
+      Prepare(context, cmd_.timeout);
+      v1::GetJobRequest request;
+      request.set_job_id(id);
+      if (grpc::Status s = stub_->GetJob(&context, request, &job); !s.ok()) return Failed(s);
+    }
     grpc::ClientContext context;
     Prepare(context, cmd_.timeout + absl::Minutes(5));
-    absl::StatusOr<std::string> model = FetchModelFile(*stub_, context, id);
-    if (!model.ok()) return Failed(ToGrpcStatus(model.status()));
-    const std::string& bytes = *model;
-    if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) {
-      std::cerr << "psctl: " << s.message() << "\n";
-      return kExitUnavailable;
-    }
+    absl::StatusOr<std::string> written = WriteJobExport(*stub_, context, job, path, cmd_.timeout);
+    if (!written.ok()) return Failed(ToGrpcStatus(written.status()));
     if (cmd_.json) {
-      std::cout << absl::StrFormat("{\"job_id\":%s,\"file\":%s,\"bytes\":%d}\n", JsonQuote(id),
-                                   JsonQuote(path), bytes.size());
+      std::cout << absl::StrFormat("{\"job_id\":%s,\"path\":%s,\"tables\":%d}\n", JsonQuote(id),
+                                   JsonQuote(path), job.spec().tables_size());
     } else {
-      std::cout << absl::StrFormat("wrote %s: %d bytes (%s)\n", path, bytes.size(), id);
+      std::cout << *written << "\n";
     }
     return kExitOk;
   }

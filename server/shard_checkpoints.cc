@@ -14,11 +14,18 @@ namespace pstrain::server {
 
 int64_t CheckpointStepOf(const ShardJob& job, int64_t version) {
   if (job.checkpoint_dir.empty() || version <= 0) return -1;
+  // A job with tables checkpoints its last step too: its export reads it.
+  const bool tables = job.sparse != nullptr;
   if (job.mode == v1::MODE_SYNC) {
-    return version % job.checkpoint_every == 0 || version == job.requested_step ? version : -1;
+    return version % job.checkpoint_every == 0 || version == job.requested_step ||
+                   (tables && version == job.total_steps)
+               ? version
+               : -1;
   }
   const int64_t per_checkpoint = job.checkpoint_every * job.num_workers;
-  return version % per_checkpoint == 0 ? version / job.num_workers : -1;
+  return version % per_checkpoint == 0 || (tables && version == job.total_steps * job.num_workers)
+             ? version / job.num_workers
+             : -1;
 }
 
 absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJob& job) {

@@ -22,7 +22,8 @@ namespace pstrain::server {
 // The step a checkpoint taken at the chunk's current version belongs to,
 // if the version is a checkpoint step of the job; else -1. Sync: versions
 // are steps. Async: every worker's push is a version; a checkpoint every
-// every_steps steps of all workers.
+// every_steps steps of all workers. A job with embedding tables also
+// checkpoints its last step, which exports read (table_export.h).
 int64_t CheckpointStepOf(const ShardJob& job, int64_t version);
 
 // Loads the chunks of a restoring assignment (restore_step: a step, or -1

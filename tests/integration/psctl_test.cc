@@ -2,9 +2,12 @@
 // codes.
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "cli/job_output.h"
+#include "common/files.h"
 #include "tests/cluster_util.h"
 #include "tests/integration/cluster_fixture.h"
 
@@ -147,6 +150,47 @@ TEST_F(PsctlTest, EveryVerbInTableAndJson) {
                                        "PSTRAIN_COORDINATOR=" + cluster_->coordinator_address(),
                                        BinDir() + "/psctl", "get", id});
   EXPECT_EQ(from_env.exit_code(), 0) << from_env.err;
+}
+
+// A job with embedding tables exports a directory: its model file and its
+// tables, which pstrain-local --eval scores at the job's own test AUC.
+TEST_F(PsctlTest, AJobWithTablesExportsADirectoryThatScoresItsAuc) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2));
+  const std::string job_file = dir_.Write("click.yaml", absl::StrCat(R"(
+model: {type: click, click: {bottom: [8], top: [8]}}
+tables:
+  - {name: users, dim: 4, fields: [1]}
+  - {name: ads, dim: 4, fields: [2, 3], admission: {min_count: 2, filter_counters: 256}}
+data:
+  clicks:
+    dense: 2
+    fields: 3
+    generate: {seed: 4, train_rows: 6400, test_rows: 512, vocabulary: 50, token_weight: 0.8}
+optimizer: {type: sgd, learning_rate: 0.1}
+batch_size: 32
+steps: 100
+num_workers: 2
+num_servers: 2
+checkpoint: {dir: )", dir_.path(), "/checkpoints, every_steps: 30, full_every: 2}\n"));
+  ProcessResult submitted = Psctl({"submit", job_file});
+  ASSERT_EQ(submitted.exit_code(), 0) << submitted.err;
+  const std::string id(absl::StripAsciiWhitespace(submitted.out));
+  ASSERT_EQ(Psctl({"watch", id}).exit_code(), 0);
+  const std::string exported = dir_.path() + "/export";
+  ProcessResult written = Psctl({"export", id, exported});
+  ASSERT_EQ(written.exit_code(), 0) << written.err;
+  EXPECT_TRUE(absl::StrContains(written.out, "2 embedding tables")) << written.out;
+  absl::StatusOr<std::string> manifest = ReadFile(exported + "/export.json");
+  PSTRAIN_ASSERT_OK(manifest);
+  EXPECT_TRUE(absl::StrContains(*manifest, "\"name\":\"ads\"")) << *manifest;
+
+  ProcessResult eval = RunProcess({BinDir() + "/pstrain-local", "--eval", exported});
+  ASSERT_EQ(eval.exit_code(), 0) << eval.err;
+  const v1::Job job = Get(id);
+  ASSERT_TRUE(job.result().metrics().contains("test_auc"));
+  EXPECT_TRUE(absl::StrContains(
+      eval.out, absl::StrFormat("\"test_auc\":%.6f", job.result().metrics().at("test_auc"))))
+      << eval.out;
 }
 
 TEST(PrintableTest, ControlCharactersAreEscaped) {

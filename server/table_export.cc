@@ -1,0 +1,132 @@
+#include "server/table_export.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "server/checkpoint.h"
+
+namespace pstrain::server {
+namespace {
+
+// Job ids and table names are plain (letters, digits, _ . -); anything
+// else is escaped all the same.
+std::string Quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out + "\"";
+}
+
+absl::Status WriteWhole(FileSystem* fs, const std::string& path, const std::string& bytes) {
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                           fs->OpenForAppend(path + ".tmp", /*truncate=*/true));
+  PSTRAIN_RETURN_IF_ERROR(file->Append(bytes));
+  PSTRAIN_RETURN_IF_ERROR(file->Sync());
+  PSTRAIN_RETURN_IF_ERROR(file->Close());
+  return fs->Rename(path + ".tmp", path);
+}
+
+}  // namespace
+
+std::string ExportTablePath(const std::string& dir, const std::string& table) {
+  return absl::StrCat(dir, "/tables/", table, ".rows");
+}
+
+absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
+                          const std::string& model_file, const std::string& dir,
+                          absl::Duration wait) {
+  const v1::JobSpec& spec = source.spec;
+  const std::string& checkpoints = spec.checkpoint().dir();
+  if (spec.tables_size() == 0 || checkpoints.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", source.job_id,
+                     spec.tables_size() == 0 ? " has no embedding tables"
+                                             : " has no checkpoint.dir to export from"));
+  }
+  // Every server's checkpoint of the last step, each read with its chain.
+  const absl::Time give_up = MonotonicNow() + wait;
+  std::vector<ServerCheckpoint> servers;
+  for (uint32_t s = 0; s < static_cast<uint32_t>(spec.num_servers()); ++s) {
+    const std::string path =
+        CheckpointPath(checkpoints, source.job_id, s, source.step, source.generation);
+    while (!fs->Exists(path)) {
+      if (MonotonicNow() > give_up) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("server ", s, "'s checkpoint of the last step, ", path,
+                         ", is not there (is the checkpoint directory reachable from here?)"));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    PSTRAIN_ASSIGN_OR_RETURN(
+        ServerCheckpoint c,
+        ReadCheckpointChain(fs, checkpoints, source.job_id, s, source.step, source.generation));
+    if (c.tables.size() != static_cast<size_t>(spec.tables_size())) {
+      return absl::DataLossError(
+          absl::StrCat(path, " holds ", c.tables.size(), " tables, not ", spec.tables_size()));
+    }
+    servers.push_back(std::move(c));
+  }
+
+  PSTRAIN_RETURN_IF_ERROR(fs->MakeDirs(dir + "/tables"));
+  if (!model_file.empty()) {
+    PSTRAIN_RETURN_IF_ERROR(WriteWhole(fs, absl::StrCat(dir, "/", kExportModelFile), model_file));
+  }
+  std::string manifest = absl::StrCat(
+      "{\"job_id\":", Quoted(source.job_id), ",\"step\":", source.step,
+      ",\"generation\":", source.generation,
+      ",\"model\":", model_file.empty() ? "null" : Quoted(kExportModelFile), ",\"tables\":[");
+  for (int t = 0; t < spec.tables_size(); ++t) {
+    const std::string& name = spec.tables(t).name();
+    const int dim = spec.tables(t).dim();
+    // Each server's rows are by key and no key is on two servers: the
+    // servers' rows in key order are the table's.
+    std::vector<const SparseTable::Row*> rows;
+    for (const ServerCheckpoint& c : servers) {
+      for (const SparseTable::Row& row : c.tables[t].rows) rows.push_back(&row);
+    }
+    std::sort(rows.begin(), rows.end(),
+              [](const SparseTable::Row* a, const SparseTable::Row* b) { return a->key < b->key; });
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<TableFileWriter> out,
+                             TableFileWriter::Create(fs, ExportTablePath(dir, name), dim,
+                                                     static_cast<int64_t>(rows.size())));
+    for (const SparseTable::Row* row : rows)
+      PSTRAIN_RETURN_IF_ERROR(out->Append(row->key, row->values));
+    PSTRAIN_RETURN_IF_ERROR(out->Finish());
+    absl::StrAppend(&manifest, t > 0 ? "," : "", "{\"name\":", Quoted(name), ",\"dim\":", dim,
+                    ",\"rows\":", rows.size(), ",\"file\":", Quoted("tables/" + name + ".rows"),
+                    "}");
+  }
+  absl::StrAppend(&manifest, "]}\n");
+  return WriteWhole(fs, absl::StrCat(dir, "/", kExportManifest), manifest);
+}
+
+absl::StatusOr<TableExport> ReadTableExport(FileSystem* fs, const std::string& dir) {
+  if (!fs->Exists(absl::StrCat(dir, "/", kExportManifest))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, " is not a finished export: it has no ", kExportManifest));
+  }
+  TableExport e;
+  PSTRAIN_ASSIGN_OR_RETURN(e.model, ReadModelFile(absl::StrCat(dir, "/", kExportModelFile)));
+  const v1::JobSpec& spec = e.model.header.spec();
+  for (const v1::EmbeddingTableSpec& table : spec.tables()) {
+    const std::string path = ExportTablePath(dir, table.name());
+    PSTRAIN_ASSIGN_OR_RETURN(TableFile file, ReadTableFile(fs, path));
+    if (file.dim != table.dim()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " has rows of ", file.dim,
+                                                     " values; table ", table.name(),
+                                                     " of the model file has dim ", table.dim()));
+    }
+    e.tables.push_back(std::move(file));
+  }
+  return e;
+}
+
+}  // namespace pstrain::server

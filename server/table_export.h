@@ -1,0 +1,65 @@
+// A job's embedding tables exported (docs/sparse-tables.md, "Export"):
+// gigabytes of rows do not travel as a model file does (one message that
+// worker 0 uploads); the servers write them, as the checkpoint of the
+// job's last step (a job with tables always takes it), and an export reads
+// those files — each server's chain — and writes a directory:
+//
+//   DIR/model.pstrain      the dense part: the job's model file
+//   DIR/tables/NAME.rows   every row of table NAME, by key (common/table_file.h)
+//   DIR/export.json        what the directory holds; written last
+//
+// The checkpoint directory must be reachable where the export runs (the
+// machine of pstrain-local, or a volume psctl's machine mounts).
+#ifndef PSTRAIN_SERVER_TABLE_EXPORT_H_
+#define PSTRAIN_SERVER_TABLE_EXPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/file_system.h"
+#include "common/model_file.h"
+#include "common/table_file.h"
+#include "pstrain/v1/job.pb.h"
+
+namespace pstrain::server {
+
+// The files of an export directory.
+inline constexpr char kExportModelFile[] = "model.pstrain";
+inline constexpr char kExportManifest[] = "export.json";
+std::string ExportTablePath(const std::string& dir, const std::string& table);
+
+// Where a finished job's tables are: its spec (normalized, with its
+// checkpoint.dir), the step of its end and its last generation.
+struct TableExportSource {
+  std::string job_id;
+  v1::JobSpec spec;
+  int64_t step = 0;
+  int64_t generation = 0;
+};
+
+// Writes DIR/tables/ and, with `model_file` (the dense part's bytes),
+// DIR/model.pstrain, then DIR/export.json. Waits up to `wait` for every
+// server's checkpoint of the step (written in the background as the job
+// ends). FAILED_PRECONDITION for a job without tables or checkpoint.dir;
+// DEADLINE_EXCEEDED naming a server's file that did not come; the read's
+// error naming the file otherwise.
+absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
+                          const std::string& model_file, const std::string& dir,
+                          absl::Duration wait);
+
+// An export read back: the dense part, and each table of its spec in table
+// order.
+struct TableExport {
+  ModelFile model;
+  std::vector<TableFile> tables;
+};
+// INVALID_ARGUMENT or DATA_LOSS naming the file at fault, also for tables
+// that do not match the model file's spec.
+absl::StatusOr<TableExport> ReadTableExport(FileSystem* fs, const std::string& dir);
+
+}  // namespace pstrain::server
+
+#endif  // PSTRAIN_SERVER_TABLE_EXPORT_H_
