@@ -138,8 +138,8 @@ v1::JobSpec JobOfSize(int64_t floats, int servers, int workers, int64_t chunk_by
 }
 
 v1::PartitionPlan PlanOf(const v1::JobSpec& spec) {
-  absl::StatusOr<v1::PartitionPlan> plan = ComputePartitionPlan(
-      kernels::ModelTensors(ModelShapeOf(spec)), spec.chunk_bytes(), spec.num_servers());
+  absl::StatusOr<v1::PartitionPlan> plan =
+      ComputePartitionPlan(JobTensors(spec), spec.chunk_bytes(), spec.num_servers());
   CHECK(plan.ok()) << plan.status();
   return *std::move(plan);
 }

@@ -33,6 +33,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "bench/grpc_echo.h"
+#include "bench/transport_util.h"
 #include "common/files.h"
 #include "common/partition.h"
 #include "common/process.h"
@@ -194,17 +195,10 @@ Listener Listen(int family, int backlog, int index) {
   return l;
 }
 
-// The same pattern over plain sockets of `family`: every worker connects to
-// every server; per step each connection sends the server's share of the
-// model while it reads as many bytes back, which the server echoes as they
-// come; for `duration`. With `plain_server`, a plain parameter server
-// instead: the server applies what it reads before it echoes it (Echo)
-// and the worker scans its gradient's largest magnitude each step, as
-// pstrain's sync step needs (the values arrive straight in its
-// parameters). Returns bytes moved per second.
+}  // namespace
+
 absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& share_bytes,
-                                     int workers, absl::Duration duration,
-                                     bool plain_server = false) {
+                                     int workers, absl::Duration duration, bool plain_server) {
   const int servers = static_cast<int>(share_bytes.size());
   std::vector<Listener> listeners;
   for (int s = 0; s < servers; ++s) {
@@ -270,6 +264,8 @@ absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& sha
   return 2.0 * static_cast<double>(echoed_bytes) / seconds;
 }
 
+namespace {
+
 // The same pattern by memcpy: per step each worker copies each server's
 // share of its gradient to a buffer of that server's and the values back,
 // for `duration`. Returns bytes moved per second.
@@ -304,55 +300,47 @@ double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Du
   return static_cast<double>(moved) / SecondsSince(start);
 }
 
-// A configuration's servers, in a process of their own (transport_servers).
-class ServerProcess {
- public:
-  // pstrain's servers of the job, or (echo) as many plain gRPC echo servers.
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const v1::JobSpec& spec,
-                                                              int64_t floats, int64_t chunk_bytes,
-                                                              bool echo = false) {
-    char dir[] = "/tmp/pstrain-bench-servers.XXXXXX";
-    if (mkdtemp(dir) == nullptr) return absl::InternalError("cannot make a directory");
-    auto p = std::unique_ptr<ServerProcess>(new ServerProcess(dir));
-    SpawnOptions spawn;
-    spawn.argv = {"/proc/self/exe",
-                  "transport_servers",
-                  absl::StrCat("--serve_floats=", floats),
-                  absl::StrCat("--serve_servers=", spec.num_servers()),
-                  absl::StrCat("--serve_workers=", spec.num_workers()),
-                  absl::StrCat("--chunk_bytes=", chunk_bytes),
-                  absl::StrCat("--serve_address_file=", p->address_file()),
-                  absl::StrCat("--serve_echo=", echo)};
-    spawn.log_path = p->dir_ + "/servers.log";
-    PSTRAIN_ASSIGN_OR_RETURN(p->pid_, Spawn(spawn));
-    const absl::Time give_up = absl::Now() + absl::Seconds(60);
-    while (true) {
-      if (absl::StatusOr<std::string> text = ReadFile(p->address_file()); text.ok()) {
-        p->addresses_ = absl::StrSplit(*text, '\n', absl::SkipEmpty());
-        return p;
-      }
-      if (TryReap(p->pid_).has_value() || absl::Now() > give_up) {
-        p->pid_ = -1;
-        return absl::InternalError(
-            absl::StrCat("the servers did not start; see ", p->dir_, "/servers.log"));
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const v1::JobSpec& spec,
+                                                                     int64_t floats,
+                                                                     int64_t chunk_bytes,
+                                                                     bool echo) {
+  char dir[] = "/tmp/pstrain-bench-servers.XXXXXX";
+  if (mkdtemp(dir) == nullptr) return absl::InternalError("cannot make a directory");
+  auto p = std::unique_ptr<ServerProcess>(new ServerProcess(dir));
+  SpawnOptions spawn;
+  spawn.argv = {"/proc/self/exe",
+                "transport_servers",
+                absl::StrCat("--serve_floats=", floats),
+                absl::StrCat("--serve_servers=", spec.num_servers()),
+                absl::StrCat("--serve_workers=", spec.num_workers()),
+                absl::StrCat("--chunk_bytes=", chunk_bytes),
+                absl::StrCat("--serve_address_file=", p->address_file()),
+                absl::StrCat("--serve_echo=", echo)};
+  spawn.log_path = p->dir_ + "/servers.log";
+  PSTRAIN_ASSIGN_OR_RETURN(p->pid_, Spawn(spawn));
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (true) {
+    if (absl::StatusOr<std::string> text = ReadFile(p->address_file()); text.ok()) {
+      p->addresses_ = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+      return p;
     }
+    if (TryReap(p->pid_).has_value() || absl::Now() > give_up) {
+      p->pid_ = -1;
+      return absl::InternalError(
+          absl::StrCat("the servers did not start; see ", p->dir_, "/servers.log"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
   }
-  ~ServerProcess() {
-    if (pid_ > 0) StopProcess(pid_, absl::Seconds(5));
-    std::filesystem::remove_all(dir_);
-  }
-  const std::vector<std::string>& addresses() const { return addresses_; }
+}
 
- private:
-  explicit ServerProcess(std::string dir) : dir_(std::move(dir)) {}
-  std::string address_file() const { return dir_ + "/addresses"; }
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) StopProcess(pid_, absl::Seconds(5));
+  std::filesystem::remove_all(dir_);
+}
 
-  const std::string dir_;
-  pid_t pid_ = -1;
-  std::vector<std::string> addresses_;
-};
+namespace {
 
 // How a configuration's workers reach its servers: over TCP (pstrain's
 // direct connections, or gRPC's streams), over the servers' same-machine
