@@ -41,8 +41,23 @@ struct TransportServersOptions {
   std::string address_file;
   // Plain gRPC echo servers instead (bench/grpc_echo.h).
   bool echo = false;
+  // Not 0: the sparse bench's job (SparseJobOf) with a table of this dim.
+  int table_dim = 0;
 };
 int RunTransportServers(const TransportServersOptions& options);
+
+// sparse (bench/sparse_bench.cc): rows per second of sparse pull and push
+// at `keys` distinct keys per worker and step, against plain TCP.
+struct SparseBenchOptions {
+  std::vector<int> keys = {1024, 4096, 16384, 65536};
+  std::vector<std::pair<int, int>> shapes = {{1, 1}, {2, 2}};
+  int dim = 16;
+  absl::Duration duration = absl::Seconds(4);
+};
+int RunSparseBench(const SparseBenchOptions& options);
+// The sync click-model job the sparse bench's servers hold: one table of
+// `dim`, a dense part of a few floats.
+v1::JobSpec SparseJobOf(int workers, int servers, int dim);
 
 struct ApplyBenchOptions {
   int mib = 64;

@@ -1,5 +1,6 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] [flags]
+//   pstrain-bench transport|sparse|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny]
+//   [flags]
 #include <cstdio>
 #include <iostream>
 
@@ -35,6 +36,11 @@ ABSL_FLAG(int, serve_servers, 1, "transport_servers: servers");
 ABSL_FLAG(int, serve_workers, 1, "transport_servers: workers of the job");
 ABSL_FLAG(std::string, serve_address_file, "", "transport_servers: where the addresses go");
 ABSL_FLAG(bool, serve_echo, false, "transport_servers: plain gRPC echo servers instead");
+ABSL_FLAG(int, serve_table_dim, 0, "transport_servers: the sparse bench's job, with this dim");
+ABSL_FLAG(std::string, sparse_keys, "1024,4096,16384,65536",
+          "sparse: distinct keys per worker and step, comma-separated");
+ABSL_FLAG(std::string, sparse_shapes, "1x1,2x2", "sparse: WORKERSxSERVERS, comma-separated");
+ABSL_FLAG(int, sparse_dim, 16, "sparse: the table's dim");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
@@ -57,9 +63,28 @@ namespace pstrain::bench {
 namespace {
 
 int Usage() {
-  std::cerr << "usage: pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] "
+  std::cerr << "usage: pstrain-bench "
+               "transport|sparse|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] "
                "[flags]\n";
   return 2;
+}
+
+// WORKERSxSERVERS, comma-separated; false (with a line on stderr) if not.
+bool ParseShapes(const char* flag, const std::string& text,
+                 std::vector<std::pair<int, int>>& shapes) {
+  shapes.clear();
+  for (absl::string_view shape : absl::StrSplit(text, ',')) {
+    const std::vector<std::string> counts = absl::StrSplit(shape, 'x');
+    int workers = 0, servers = 0;
+    if (counts.size() != 2 || !absl::SimpleAtoi(counts[0], &workers) ||
+        !absl::SimpleAtoi(counts[1], &servers) || workers < 1 || servers < 1) {
+      std::cerr << "pstrain-bench: " << flag << ": '" << shape
+                << "' is not WORKERSxSERVERS with positive counts\n";
+      return false;
+    }
+    shapes.emplace_back(workers, servers);
+  }
+  return true;
 }
 
 int Main(const std::vector<char*>& args) {
@@ -73,9 +98,10 @@ int Main(const std::vector<char*>& args) {
     o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
     o.address_file = absl::GetFlag(FLAGS_serve_address_file);
     o.echo = absl::GetFlag(FLAGS_serve_echo);
+    o.table_dim = absl::GetFlag(FLAGS_serve_table_dim);
     return RunTransportServers(o);
   }
-  if (command != "transport" && command != "apply" && command != "train" &&
+  if (command != "transport" && command != "sparse" && command != "apply" && command != "train" &&
       command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
       command != "ssp" && command != "all") {
     return Usage();
@@ -102,18 +128,7 @@ int Main(const std::vector<char*>& args) {
       return 2;
     }
     o.model_mib = *mib;
-    o.shapes.clear();
-    for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
-      const std::vector<std::string> counts = absl::StrSplit(shape, 'x');
-      int workers = 0, servers = 0;
-      if (counts.size() != 2 || !absl::SimpleAtoi(counts[0], &workers) ||
-          !absl::SimpleAtoi(counts[1], &servers) || workers < 1 || servers < 1) {
-        std::cerr << "pstrain-bench: --shapes: '" << shape
-                  << "' is not WORKERSxSERVERS with positive counts\n";
-        return 2;
-      }
-      o.shapes.emplace_back(workers, servers);
-    }
+    if (!ParseShapes("--shapes", absl::GetFlag(FLAGS_shapes), o.shapes)) return 2;
     o.transports = absl::StrSplit(absl::GetFlag(FLAGS_transports), ',');
     for (const std::string& t : o.transports) {
       if (t != "tcp" && t != "grpc-tcp" && t != "unix" && t != "shm") {
@@ -138,6 +153,25 @@ int Main(const std::vector<char*>& args) {
       o.duration = absl::Milliseconds(300);
     }
     status |= RunTransportBench(o);
+  }
+  if (command == "sparse" || command == "all") {
+    SparseBenchOptions o;
+    absl::StatusOr<std::vector<int>> keys = ParseIntList(absl::GetFlag(FLAGS_sparse_keys));
+    if (!keys.ok() || absl::GetFlag(FLAGS_sparse_dim) < 1 ||
+        absl::GetFlag(FLAGS_sparse_dim) > 1024) {
+      std::cerr << "pstrain-bench: --sparse_keys must be positive counts and --sparse_dim in "
+                   "[1, 1024]\n";
+      return 2;
+    }
+    o.keys = *keys;
+    if (!ParseShapes("--sparse_shapes", absl::GetFlag(FLAGS_sparse_shapes), o.shapes)) return 2;
+    o.dim = absl::GetFlag(FLAGS_sparse_dim);
+    o.duration = absl::Seconds(absl::GetFlag(FLAGS_transport_seconds));
+    if (tiny) {
+      o.keys = {1024};
+      o.duration = absl::Milliseconds(300);
+    }
+    status |= RunSparseBench(o);
   }
   if (command == "apply" || command == "all") {
     ApplyBenchOptions o;

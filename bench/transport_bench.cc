@@ -305,7 +305,7 @@ double MemcpyRate(const std::vector<int64_t>& share_bytes, int workers, absl::Du
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const v1::JobSpec& spec,
                                                                      int64_t floats,
                                                                      int64_t chunk_bytes,
-                                                                     bool echo) {
+                                                                     bool echo, int table_dim) {
   char dir[] = "/tmp/pstrain-bench-servers.XXXXXX";
   if (mkdtemp(dir) == nullptr) return absl::InternalError("cannot make a directory");
   auto p = std::unique_ptr<ServerProcess>(new ServerProcess(dir));
@@ -317,7 +317,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(const v1::Jo
                 absl::StrCat("--serve_workers=", spec.num_workers()),
                 absl::StrCat("--chunk_bytes=", chunk_bytes),
                 absl::StrCat("--serve_address_file=", p->address_file()),
-                absl::StrCat("--serve_echo=", echo)};
+                absl::StrCat("--serve_echo=", echo),
+                absl::StrCat("--serve_table_dim=", table_dim)};
   spawn.log_path = p->dir_ + "/servers.log";
   PSTRAIN_ASSIGN_OR_RETURN(p->pid_, Spawn(spawn));
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
@@ -502,7 +503,9 @@ int RunTransportServers(const TransportServersOptions& options) {
     started = e.status();
   } else {
     const v1::JobSpec spec =
-        JobOfSize(options.floats, options.servers, options.workers, options.chunk_bytes);
+        options.table_dim > 0
+            ? SparseJobOf(options.workers, options.servers, options.table_dim)
+            : JobOfSize(options.floats, options.servers, options.workers, options.chunk_bytes);
     absl::StatusOr<std::unique_ptr<LocalServers>> l =
         LocalServers::Start("bench", spec, PlanOf(spec));
     if (l.ok()) servers = *std::move(l);

@@ -19,10 +19,12 @@ namespace pstrain::bench {
 // A configuration's servers, in a process of their own (transport_servers).
 class ServerProcess {
  public:
-  // pstrain's servers of the job, or (echo) as many plain gRPC echo servers.
+  // pstrain's servers of the job, or (echo) as many plain gRPC echo servers;
+  // with table_dim, of the sparse bench's job (SparseJobOf).
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const v1::JobSpec& spec,
                                                               int64_t floats, int64_t chunk_bytes,
-                                                              bool echo = false);
+                                                              bool echo = false,
+                                                              int table_dim = 0);
   ~ServerProcess();
   const std::vector<std::string>& addresses() const { return addresses_; }
 

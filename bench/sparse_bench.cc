@@ -1,0 +1,182 @@
+// sparse: W workers each pull and push the rows of K distinct keys of one
+// embedding table per step (sync, Adagrad) from S servers in a process of
+// their own — the click model's step without its computation: the sparse
+// pull, the push of the rows' gradients, the step ends, and the push-pull
+// of a dense part of a few floats — against the same bytes moved by a
+// plain TCP socket pair in the same pattern (RawSocketRate).
+#include <sys/socket.h>
+
+#include <atomic>
+#include <barrier>
+#include <cstdio>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "bench/transport_util.h"
+#include "common/job_spec.h"
+#include "common/job_yaml.h"
+#include "common/random.h"
+#include "common/status.h"
+#include "glog/logging.h"
+#include "worker/parameter_client.h"
+#include "worker/sparse_client.h"
+#include "worker/transport.h"
+
+namespace pstrain::bench {
+namespace {
+
+// Each worker's keys of a step: K of its own, from a set of 4K (so that
+// after four steps every row exists and each step reads and updates rows).
+void KeysOf(int worker, int64_t step, int keys, worker::SparseClient::TableKeys& out) {
+  out.keys.resize(keys);
+  const uint64_t first = (static_cast<uint64_t>(worker) << 40) + (step % 4) * keys;
+  for (int i = 0; i < keys; ++i) out.keys[i] = Mix64(first + i);
+  out.counts.assign(keys, 1);
+}
+
+// The job's sync steps for `duration` after four untimed ones. Returns
+// rows per second (a row pulled and its gradient pushed), all workers.
+absl::StatusOr<double> PstrainRows(const v1::JobSpec& spec,
+                                   const std::vector<std::string>& addresses, int keys,
+                                   absl::Duration duration, int64_t* steps) {
+  const int workers = spec.num_workers();
+  const int dim = spec.tables(0).dim();
+  const v1::PartitionPlan plan = PlanOf(spec);
+  std::vector<int> without_chunks;
+  {
+    std::vector<bool> has(spec.num_servers(), false);
+    for (const v1::ChunkInfo& c : plan.chunks()) has[c.server()] = true;
+    for (int s = 0; s < spec.num_servers(); ++s) {
+      if (!has[s]) without_chunks.push_back(s);
+    }
+  }
+  absl::Time start;
+  std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
+  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
+  std::vector<absl::Status> status(workers);
+  std::vector<std::thread> threads;
+  constexpr int kWarmSteps = 4;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> transport =
+          worker::CreateGrpcTransport(addresses, worker::GrpcTransportOptions());
+      if (!transport.ok()) {
+        status[w] = transport.status();
+        warm.arrive_and_drop();
+        return;
+      }
+      worker::ParameterClient::Options options;
+      options.job_id = "bench";
+      options.worker = w;
+      options.mode = v1::MODE_SYNC;
+      options.plan = plan;
+      worker::ParameterClient dense(options, transport->get());
+      worker::SparseClient::Options sparse_options;
+      sparse_options.job_id = "bench";
+      sparse_options.worker = w;
+      sparse_options.dims = {dim};
+      sparse_options.servers_without_chunks = without_chunks;
+      worker::SparseClient sparse(sparse_options, transport->get());
+      auto grad = std::make_shared<std::vector<float>>(plan.total_floats(), 1e-3f);
+      std::vector<float> params(plan.total_floats());
+      std::vector<worker::SparseClient::TableKeys> tables(1);
+      std::vector<std::vector<float>> rows;
+      auto step = [&](int64_t s) -> absl::Status {
+        KeysOf(w, s, keys, tables[0]);
+        PSTRAIN_RETURN_IF_ERROR(sparse.Pull(s, s, s, tables, rows));
+        tables[0].grads.assign(static_cast<size_t>(keys) * dim, 1e-3f);
+        std::unique_ptr<worker::ParameterClient::Pending> pushed =
+            dense.StartPushPull(s, grad, params.data());
+        absl::Status st = sparse.Push(s, tables);
+        if (st.ok()) st = dense.Finish(dense.StartEndStep(s, 1e-3f));
+        if (st.ok()) st = sparse.EndStep(s, 1e-3f);
+        const absl::Status values = dense.Finish(std::move(pushed));
+        return st.ok() ? values : st;
+      };
+      for (int64_t s = 0; s < kWarmSteps && status[w].ok(); ++s) status[w] = step(s);
+      warm.arrive_and_wait();
+      for (int64_t s = kWarmSteps; s <= last_step && status[w].ok(); ++s) {
+        status[w] = step(s);
+        if (w == 0 && last_step == std::numeric_limits<int64_t>::max() &&
+            absl::Now() - start >= duration) {
+          last_step = s + 1;
+        }
+      }
+    });
+  }
+  warm.arrive_and_wait();
+  for (std::thread& t : threads) t.join();
+  const double seconds = SecondsSince(start);
+  for (const absl::Status& s : status) PSTRAIN_RETURN_IF_ERROR(s);
+  *steps = last_step - kWarmSteps + 1;
+  return static_cast<double>(workers) * keys * *steps / seconds;
+}
+
+}  // namespace
+
+v1::JobSpec SparseJobOf(int workers, int servers, int dim) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
+      "name: sparse-bench\n"
+      "model: {type: click, click: {bottom: [4], top: [4]}}\n"
+      "tables: [{name: t, dim: ", dim, ", fields: [1], optimizer: {type: adagrad}}]\n"
+      "data: {clicks: {dense: 1, fields: 1, generate: {train_rows: 1000000, test_rows: 16}}}\n"
+      "optimizer: {type: sgd, learning_rate: 0.000001}\n"
+      "batch_size: 1\nsteps: 1000000000\nseed: 1\n",
+      "num_workers: ", workers, "\nnum_servers: ", servers, "\n"));
+  CHECK(spec.ok()) << spec.status();
+  spec = NormalizeJobSpec(*spec);
+  CHECK(spec.ok()) << spec.status();
+  return *std::move(spec);
+}
+
+int RunSparseBench(const SparseBenchOptions& options) {
+  std::printf("dim %d, Adagrad, sync; %s per configuration\n", options.dim,
+              absl::FormatDuration(options.duration).c_str());
+  Table table("sparse", {"keys", "workers", "servers", "steps", "pstrain_rows/s",
+                         "baseline_rows/s", "ratio", "pstrain_MiB/s"});
+  // Bytes a row moves a step: its key out in the pull and its values back;
+  // its key, count and gradient out in the push.
+  const int64_t row_bytes = 8 + 4 * options.dim + 8 + 4 + 4 * options.dim;
+  int status = 0;
+  for (const auto& [workers, servers] : options.shapes) {
+    const v1::JobSpec spec = SparseJobOf(workers, servers, options.dim);
+    for (int keys : options.keys) {
+      absl::StatusOr<std::unique_ptr<ServerProcess>> process =
+          ServerProcess::Start(spec, 0, spec.chunk_bytes(), false, options.dim);
+      int64_t steps = 0;
+      absl::StatusOr<double> rows =
+          process.ok() ? PstrainRows(spec, (*process)->addresses(), keys, options.duration, &steps)
+                       : process.status();
+      process = absl::InternalError("stopped");  // the servers go before the baseline runs
+      // The same bytes by plain TCP: each worker sends every server its
+      // share of them and reads as many back (half of the row's bytes each
+      // way).
+      const int64_t share = std::max<int64_t>(1, keys * row_bytes / 2 / servers);
+      absl::StatusOr<double> plain = RawSocketRate(
+          AF_INET, std::vector<int64_t>(servers, share), workers, options.duration);
+      if (!rows.ok() || !plain.ok()) {
+        std::fprintf(stderr, "sparse: %d keys, %dx%d: %s\n", keys, workers, servers,
+                     std::string((rows.ok() ? plain.status() : rows.status()).message()).c_str());
+        status = 1;
+        continue;
+      }
+      const double baseline_rows = *plain / row_bytes;
+      table.Add(Table::Row()
+                    .Int(keys)
+                    .Int(workers)
+                    .Int(servers)
+                    .Int(steps)
+                    .Number(*rows, 0)
+                    .Number(baseline_rows, 0)
+                    .Number(*rows / baseline_rows, 3)
+                    .Number(*rows * row_bytes / (1 << 20), 1));
+    }
+  }
+  table.Finish();
+  return status;
+}
+
+}  // namespace pstrain::bench
