@@ -1,6 +1,7 @@
 // pstrain-gpu-bench: the figures of the GPU check (bench/gpu_check.sh).
 // cuBLAS GEMM throughput; one training step of a wide MLP and of the
-// example CNN on the GPU against the CPU twin (time and agreement); a few hundred training steps on
+// example CNN on the GPU against the CPU twin (time and agreement); the click
+// model's embedding bags against theirs; a few hundred training steps on
 // synthetic data, showing the loss fall. A table, and one JSON line a row.
 #include <chrono>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/click_model.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_api.h"
 #include "kernels/device.h"
@@ -101,6 +103,81 @@ int CompareStep(Device* gpu, const std::string& label, const ModelShape& shape, 
   return 0;
 }
 
+// The click model's embedding bags (a batch of 4096 samples, 26 fields of
+// up to 3 tokens each, over 200,000 rows of 16 floats): forward and
+// backward on the GPU against the CPU twins, time and bitwise agreement.
+int CompareEmbeddingBags(Device* gpu) {
+  std::mt19937 rng(7);
+  BagIndex index;
+  index.rows = 200000;
+  index.bag_starts = {0};
+  for (int b = 0; b < 4096 * 26; ++b) {
+    const int entries = static_cast<int>(rng() % 4);
+    for (int e = 0; e < entries; ++e) {
+      index.entry_rows.push_back(static_cast<int32_t>(rng() % 200000));
+    }
+    index.bag_starts.push_back(static_cast<int64_t>(index.entry_rows.size()));
+  }
+  CHECK_OK(TransposeBags(index));
+  const int dim = 16;
+  const int64_t bags = static_cast<int64_t>(index.bag_starts.size()) - 1;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> rows(index.rows * dim), d_out(bags * dim);
+  for (float& v : rows) v = unit(rng);
+  for (float& v : d_out) v = unit(rng);
+  auto upload = [&](const void* data, size_t bytes) {
+    DeviceBuffer b = *gpu->Allocate(bytes);
+    (void)gpu->CopyToDevice(b.as<void>(), data, bytes);
+    return b;
+  };
+  DeviceBuffer starts = upload(index.bag_starts.data(), index.bag_starts.size() * 8);
+  DeviceBuffer entries = upload(index.entry_rows.data(), index.entry_rows.size() * 4);
+  DeviceBuffer row_starts = upload(index.row_starts.data(), index.row_starts.size() * 8);
+  DeviceBuffer row_bags = upload(index.row_bags.data(), index.row_bags.size() * 8);
+  DeviceBuffer g_rows = upload(rows.data(), rows.size() * 4);
+  DeviceBuffer g_d_out = upload(d_out.data(), d_out.size() * 4);
+  DeviceBuffer g_out = *gpu->Allocate(d_out.size() * 4);
+  DeviceBuffer g_grad = *gpu->Allocate(rows.size() * 4);
+  BagIndexView on_gpu = index.view();
+  on_gpu.bag_starts = starts.as<int64_t>();
+  on_gpu.entry_rows = entries.as<int32_t>();
+  on_gpu.row_starts = row_starts.as<int64_t>();
+  on_gpu.row_bags = row_bags.as<int64_t>();
+
+  std::vector<float> out(d_out.size()), grad(rows.size());
+  constexpr int kIterations = 20;
+  auto cpu_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kIterations; ++i) {
+    EmbeddingBagForward(index.view(), dim, Pooling::kSum, rows.data(), out.data());
+    EmbeddingBagBackward(index.view(), dim, Pooling::kSum, d_out.data(), grad.data());
+  }
+  const double cpu = Seconds(cpu_start) / kIterations;
+  CHECK_OK(CudaEmbeddingBagForward(0, on_gpu, dim, Pooling::kSum, g_rows.as<float>(),
+                                   g_out.as<float>()));  // warm-up
+  CHECK_OK(gpu->Synchronize());
+  auto gpu_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kIterations; ++i) {
+    CHECK_OK(CudaEmbeddingBagForward(0, on_gpu, dim, Pooling::kSum, g_rows.as<float>(),
+                                     g_out.as<float>()));
+    CHECK_OK(CudaEmbeddingBagBackward(0, on_gpu, dim, Pooling::kSum, g_d_out.as<float>(),
+                                      g_grad.as<float>()));
+  }
+  CHECK_OK(gpu->Synchronize());
+  const double on_device = Seconds(gpu_start) / kIterations;
+  std::vector<float> got_out(out.size()), got_grad(grad.size());
+  CHECK_OK(gpu->CopyToHost(got_out.data(), g_out.as<void>(), got_out.size() * 4));
+  CHECK_OK(gpu->CopyToHost(got_grad.data(), g_grad.as<void>(), got_grad.size() * 4));
+  const bool bitwise = got_out == out && got_grad == grad;
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "forward+backward %.3f ms on the GPU, %.3f ms on the CPU (%.1fx); %s", on_device * 1e3,
+                cpu * 1e3, cpu / on_device, bitwise ? "bitwise equal" : "DIFFERENT");
+  Row("embedding_bags_b4096_f26_d16", text,
+      "\"gpu_ms\":" + std::to_string(on_device * 1e3) + ",\"cpu_ms\":" +
+          std::to_string(cpu * 1e3) + ",\"bitwise\":" + (bitwise ? "true" : "false"));
+  return bitwise ? 0 : 1;
+}
+
 int Run() {
   absl::StatusOr<int> gpus = CudaDeviceCount();
   if (!gpus.ok()) {
@@ -135,6 +212,8 @@ int Run() {
                                {784, {128}, 10, {32, 64}, 1, 28, 28}, 256)) {
     return failed;
   }
+
+  if (int failed = CompareEmbeddingBags(gpu.get())) return failed;
 
   // Training on synthetic data: a fixed random linear teacher labels
   // uniform inputs; a 784-256-128-10 MLP learns it on the GPU.
