@@ -47,26 +47,61 @@ std::vector<float> FloatsAt(const std::string& bytes, size_t at, int64_t n) {
   return floats;
 }
 
+// Appends bytes to a file through a buffer, keeping their CRC-32.
+class ChecksummedWriter {
+ public:
+  ChecksummedWriter(WritableFile* file, uint32_t crc) : file_(file), crc_(crc) {}
+  std::string& buffer() { return buffer_; }
+  // Writes the buffer out once it holds `at_least` bytes (0: now).
+  absl::Status Flush(size_t at_least = 0) {
+    if (buffer_.size() < at_least || buffer_.empty()) return absl::OkStatus();
+    crc_ = Crc32(buffer_.data(), buffer_.size(), crc_);
+    absl::Status s = file_->Append(buffer_);
+    buffer_.clear();
+    return s;
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  WritableFile* const file_;
+  uint32_t crc_;
+  std::string buffer_;
+};
+
+constexpr size_t kFlushBytes = 1 << 20;
+
 // A table's part of the file: its rows, the keys deleted, then its
-// filter's counters.
-std::string TableBytes(const TableCheckpoint& table) {
-  std::string out;
-  out.reserve(table.rows.size() * (32 + 4 * (table.dim + table.state_floats)) +
-              8 * table.deleted.size() + 2 * table.filter.size());
-  for (const SparseTable::Row& row : table.rows) {
-    PutU64(out, row.key);
-    PutU64(out, static_cast<uint64_t>(row.last_step));
-    PutU64(out, static_cast<uint64_t>(row.touches));
-    PutU64(out, static_cast<uint64_t>(row.updates));
-    out.append(reinterpret_cast<const char*>(row.values.data()), 4 * row.values.size());
-    out.append(reinterpret_cast<const char*>(row.state.data()), 4 * row.state.size());
+// filter's counters; a megabyte at a time.
+absl::Status WriteTable(const TableCheckpoint& table, ChecksummedWriter& out) {
+  std::string& b = out.buffer();
+  auto put_row = [&](const SparseTable::Row& row) {
+    PutU64(b, row.key);
+    PutU64(b, static_cast<uint64_t>(row.last_step));
+    PutU64(b, static_cast<uint64_t>(row.touches));
+    PutU64(b, static_cast<uint64_t>(row.updates));
+    b.append(reinterpret_cast<const char*>(row.values.data()), 4 * row.values.size());
+    b.append(reinterpret_cast<const char*>(row.state.data()), 4 * row.state.size());
+    return out.Flush(kFlushBytes);
+  };
+  if (table.live.has_value()) {
+    int64_t written = 0;
+    PSTRAIN_RETURN_IF_ERROR(table.live->read([&](const SparseTable::Row& row) {
+      ++written;
+      return put_row(row);
+    }));
+    if (written != table.live->count) {
+      return absl::InternalError(
+          absl::StrCat("table ", table.index, " gave ", written, " rows, not ", table.live->count));
+    }
+  } else {
+    for (const SparseTable::Row& row : table.rows) PSTRAIN_RETURN_IF_ERROR(put_row(row));
   }
-  for (uint64_t key : table.deleted) PutU64(out, key);
+  for (uint64_t key : table.deleted) PutU64(b, key);
   for (uint16_t counter : table.filter) {
-    out.push_back(static_cast<char>(counter & 0xff));
-    out.push_back(static_cast<char>(counter >> 8));
+    b.push_back(static_cast<char>(counter & 0xff));
+    b.push_back(static_cast<char>(counter >> 8));
   }
-  return out;
+  return out.Flush(kFlushBytes);
 }
 
 // Reads just the header of a checkpoint file (no CRC check: pruning's
@@ -152,7 +187,7 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
     h->set_index(table.index);
     h->set_dim(table.dim);
     h->set_state_floats(table.state_floats);
-    h->set_rows(static_cast<int64_t>(table.rows.size()));
+    h->set_rows(table.row_count());
     h->set_filter_counters(static_cast<int64_t>(table.filter.size()));
     h->set_version(table.version);
     h->set_deleted(static_cast<int64_t>(table.deleted.size()));
@@ -174,14 +209,13 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
       s = file->Append(absl::string_view(reinterpret_cast<const char*>(floats->data()), bytes));
     }
   }
+  ChecksummedWriter tables(file.get(), crc);
   for (const TableCheckpoint& table : c.tables) {
-    if (!s.ok()) break;
-    std::string bytes = TableBytes(table);
-    crc = Crc32(bytes.data(), bytes.size(), crc);
-    s = file->Append(bytes);
+    if (s.ok()) s = WriteTable(table, tables);
   }
+  if (s.ok()) s = tables.Flush();
   std::string trailer;
-  PutU32(trailer, crc);
+  PutU32(trailer, tables.crc());
   if (s.ok()) s = file->Append(trailer);
   if (s.ok()) s = file->Sync();
   const int64_t size = file->Size();

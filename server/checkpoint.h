@@ -58,6 +58,20 @@ struct TableCheckpoint {
   std::vector<SparseTable::Row> rows;  // by key
   std::vector<uint64_t> deleted;       // incremental: keys evicted since the base, by key
   std::vector<uint16_t> filter;
+  // Instead of `rows`, rows read as the file is written (a job's last
+  // step, which nothing changes any more: no copy of a table that may be
+  // most of the server's memory): `count` rows, which `read` hands to
+  // `each` in key order, or an error if the table changed after all.
+  struct LiveRows {
+    int64_t count = 0;
+    std::function<absl::Status(const std::function<absl::Status(const SparseTable::Row&)>& each)>
+        read;
+  };
+  std::optional<LiveRows> live;
+
+  int64_t row_count() const {
+    return live.has_value() ? live->count : static_cast<int64_t>(rows.size());
+  }
 };
 
 struct ServerCheckpoint {

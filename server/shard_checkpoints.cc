@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/status.h"
 #include "glog/logging.h"
 #include "server/sparse_shard.h"
 
@@ -211,6 +212,35 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
       });
 }
 
+// Reads table t's rows, a batch at a time under the shard's lock, for as
+// long as the tables stay at `version`; ABORTED once they moved on (a
+// recovery that took the job back).
+std::function<absl::Status(const std::function<absl::Status(const SparseTable::Row&)>&)> LiveRowsOf(
+    std::shared_ptr<SparseShard> sparse, uint32_t t, int64_t version) {
+  return [sparse = std::move(sparse), t,
+          version](const std::function<absl::Status(const SparseTable::Row&)>& each) {
+    const absl::Status moved = absl::AbortedError(absl::StrCat(
+        "table ", t, " changed after step ", version, " while its checkpoint was written"));
+    std::vector<uint64_t> keys;
+    {
+      absl::MutexLock lock(&sparse->mu);
+      if (sparse->version != version) return moved;
+      keys = sparse->tables[t]->Keys();
+    }
+    constexpr size_t kBatch = 1 << 16;
+    std::vector<SparseTable::Row> rows;
+    for (size_t at = 0; at < keys.size(); at += kBatch) {
+      {
+        absl::MutexLock lock(&sparse->mu);
+        if (sparse->version != version) return moved;
+        sparse->tables[t]->RowsOf(absl::MakeConstSpan(keys).subspan(at, kBatch), rows);
+      }
+      for (const SparseTable::Row& row : rows) PSTRAIN_RETURN_IF_ERROR(each(row));
+    }
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace
 
 void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
@@ -233,13 +263,17 @@ void SnapshotTables(FileSystem* fs, CheckpointWriter* writer, const std::shared_
                     SparseShard& shard) {
   const int64_t step = CheckpointStepOf(*job, shard.version);
   if (step < 0 || !Reserve(writer, *job, step)) return;
+  // The last step's checkpoint is full and not copied: nothing changes the
+  // rows any more, and the writer reads them from the tables.
+  const bool last_step = step == job->total_steps;
   // Full, or the rows changed since the last checkpoint whose tables were
   // copied (of this generation).
   std::optional<ShardJob::TableBase> base;
   {
     absl::MutexLock lock(&job->checkpoint_mu);
-    const std::optional<ShardJob::TableBase>& last = job->table_base;
-    const bool full = !last.has_value() || last->generation != job->generation ||
+    // A copy: clang's thread-safety analysis does not follow a reference.
+    const std::optional<ShardJob::TableBase> last = job->table_base;
+    const bool full = last_step || !last.has_value() || last->generation != job->generation ||
                       last->since_full + 1 >= job->full_every;
     if (!full) base = last;
     job->table_base = ShardJob::TableBase{.step = step,
@@ -260,8 +294,13 @@ void SnapshotTables(FileSystem* fs, CheckpointWriter* writer, const std::shared_
     if (base.has_value()) {
       copy.rows = table.Rows(base->version);
     } else {
-      copy.rows = table.Rows();
       copy.deleted.clear();  // every row is in: nothing to delete
+      if (last_step) {
+        copy.live = TableCheckpoint::LiveRows{.count = table.rows(),
+                                              .read = LiveRowsOf(job->sparse, t, shard.version)};
+      } else {
+        copy.rows = table.Rows();
+      }
     }
     copy.filter = table.filter();
   }

@@ -438,6 +438,31 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
   return absl::OkStatus();
 }
 
+std::vector<uint64_t> SparseTable::Keys() const {
+  std::vector<uint64_t> keys;
+  keys.reserve(index_.size());
+  for (const auto& [key, slot] : index_) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+void SparseTable::RowsOf(absl::Span<const uint64_t> keys, std::vector<Row>& out) const {
+  out.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t slot = index_.at(keys[i]);
+    const Meta& meta = meta_[slot];
+    Row& row = out[i];
+    row.key = keys[i];
+    row.values.assign(values_.begin() + int64_t{slot} * config_.dim,
+                      values_.begin() + int64_t{slot + 1} * config_.dim);
+    row.state.assign(state_.begin() + int64_t{slot} * state_floats_,
+                     state_.begin() + int64_t{slot + 1} * state_floats_);
+    row.last_step = meta.last_step;
+    row.touches = meta.touches;
+    row.updates = meta.updates;
+  }
+}
+
 std::vector<SparseTable::Row> SparseTable::Rows(int64_t since) const {
   std::vector<Row> rows;
   for (const auto& [key, slot] : index_) {

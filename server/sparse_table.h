@@ -141,6 +141,11 @@ class SparseTable {
   // row by default; an incremental checkpoint's since its last.
   std::vector<Row> Rows(int64_t since = std::numeric_limits<int64_t>::min()) const;
 
+  // Every key, ascending; and the rows of `keys` (each a row's) into out,
+  // replacing its contents: a large table's rows read a batch at a time.
+  std::vector<uint64_t> Keys() const;
+  void RowsOf(absl::Span<const uint64_t> keys, std::vector<Row>& out) const;
+
   // The keys evicted since the last call, by key: an incremental
   // checkpoint's deletions (with record_evictions; else none).
   std::vector<uint64_t> TakeEvicted();
