@@ -3,17 +3,21 @@
 // parameter server suffers from (a few keys that every batch names, all on
 // one server).
 //
-// Two sketches of `capacity` entries each over the keys added since the
-// last Reset, with their counts:
-//   - Space-Saving (Metwally et al.) keeps the heaviest keys' counts: a key
-//     not held replaces the lightest held one, inheriting its count as its
-//     error, so that every key whose count exceeds total/capacity is held;
+// Two sketches over the keys added since the last Reset, with their
+// counts:
+//   - Misra-Gries (in the mergeable form of Agarwal et al.) keeps the
+//     heaviest keys' counts: up to 2 x `capacity` counters; when they are
+//     full, the (capacity+1)-th largest count is taken from every counter
+//     and those left at zero go. A count is never more than the key's
+//     true count, and less by at most total/(capacity+1). An Add is one
+//     hash-map update (amortized), cheap enough for every key of every
+//     step;
 //   - K minimum values (Bar-Yossef et al.) counts the distinct keys from the
 //     `capacity` smallest hashes.
 // Below `capacity` distinct keys both are exact. HotShare is the share of
 // the counts taken by the hottest ceil(1%) of the distinct keys (at most
-// `capacity` of them), from each held key's guaranteed count (its count less
-// its error): it may miss part of a hot spot's traffic, never invent it.
+// the counters held): from counts that are never too high, so it may miss
+// part of a hot spot's traffic, never invent it.
 #ifndef PSTRAIN_SERVER_HOT_KEYS_H_
 #define PSTRAIN_SERVER_HOT_KEYS_H_
 
@@ -27,7 +31,7 @@ namespace pstrain::server {
 
 class HotKeys {
  public:
-  explicit HotKeys(int capacity = 4096);
+  explicit HotKeys(int capacity = 8192);
 
   // `count` more sightings of `key`.
   void Add(uint64_t key, uint64_t count);
@@ -42,21 +46,12 @@ class HotKeys {
   void Reset();
 
  private:
-  struct Entry {
-    uint64_t key = 0;
-    uint64_t count = 0;
-    uint64_t error = 0;
-  };
-  // The Space-Saving entries as a min-heap by count; slot_ says where each
-  // key's entry is.
-  void SiftDown(size_t i);
-  void Swap(size_t a, size_t b);
+  void Compact();
   void AddDistinct(uint64_t key);
 
   size_t capacity_;
   uint64_t total_ = 0;
-  std::vector<Entry> heap_;
-  absl::flat_hash_map<uint64_t, size_t> slot_;
+  absl::flat_hash_map<uint64_t, uint64_t> counts_;  // Misra-Gries
   // The smallest hashes seen, as a max-heap, and the same as a set.
   std::vector<uint64_t> smallest_;
   absl::flat_hash_set<uint64_t> smallest_set_;

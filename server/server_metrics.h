@@ -76,7 +76,7 @@ namespace pstrain::server {
   FAMILY_GAUGE(table_hot_key_share, "pstrain_server_table_hot_key_share",                    \
                "The share of an embedding table's sightings on this server that its "        \
                "hottest 1% of keys took, over the steps since the last multiple of 100 "     \
-               "(updated every 10 steps; a bounded sketch that never overstates it).")       \
+               "(every 4th step, updated every 10; a bounded sketch that never overstates it).") \
   GAUGE(held_bytes, "pstrain_server_held_bytes", "Bytes of job state held.")                  \
   GAUGE(jobs, "pstrain_server_jobs", "Jobs held.")                                            \
   GAUGE(open_waits, "pstrain_server_open_waits",                                              \

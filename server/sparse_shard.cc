@@ -13,9 +13,12 @@ namespace {
 using Config = SparseTableConfig;
 
 // The hot-key share is computed every kHotShareEvery versions, over the
-// versions since the last multiple of kHotWindow.
+// versions since the last multiple of kHotWindow, from the keys of every
+// kHotSampleEvery-th (a sample of the steps: a quarter of the sketch's
+// cost, a few percent of a large table's step otherwise).
 constexpr int64_t kHotShareEvery = 10;
 constexpr int64_t kHotWindow = 100;
+constexpr int64_t kHotSampleEvery = 4;
 
 // Table t's gauges after a step, and its hot-key share when due.
 void UpdateTableGauges(SparseShard& shard, uint32_t t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
@@ -95,9 +98,11 @@ absl::Status Apply(ShardJob& job, SparseShard& shard, int64_t step,
       m.admitted->Increment(static_cast<double>(stats->admitted));
       m.evicted->Increment(static_cast<double>(stats->evicted));
       m.dropped_gradients->Increment(static_cast<double>(stats->gradients_dropped));
-      for (const SparsePush& push : pushes) {
-        for (size_t i = 0; i < push.keys.size(); ++i) {
-          shard.hot_keys[t].Add(push.keys[i], push.counts[i]);
+      if (shard.version % kHotSampleEvery == 0) {
+        for (const SparsePush& push : pushes) {
+          for (size_t i = 0; i < push.keys.size(); ++i) {
+            shard.hot_keys[t].Add(push.keys[i], push.counts[i]);
+          }
         }
       }
       UpdateTableGauges(shard, t);

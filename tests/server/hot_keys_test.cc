@@ -14,7 +14,7 @@ namespace pstrain::server {
 namespace {
 
 TEST(HotKeysTest, ExactBelowItsCapacity) {
-  HotKeys hot(4096);
+  HotKeys hot;
   for (uint64_t key = 0; key < 1000; ++key) hot.Add(key, 1);
   hot.Add(7, 1000);
   EXPECT_EQ(hot.DistinctKeys(), 1000);
@@ -31,7 +31,7 @@ TEST(HotKeysTest, ExactBelowItsCapacity) {
 // A stream far beyond the capacity, against exact counts.
 // Returns the exact share.
 double ExpectCloseToExact(const std::function<uint64_t(uint64_t)>& draw, double share_tolerance) {
-  HotKeys hot(4096);
+  HotKeys hot;
   std::map<uint64_t, uint64_t> exact;
   uint64_t state = 42;
   uint64_t total = 0;
