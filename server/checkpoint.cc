@@ -373,6 +373,114 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::
   return merged;
 }
 
+absl::StatusOr<std::unique_ptr<CheckpointRowReader>> CheckpointRowReader::Open(
+    FileSystem* fs, const std::string& path) {
+  // The CRC first: of every byte but the last four, which hold it.
+  {
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->OpenForRead(path));
+    uint32_t crc = 0;
+    std::string tail;  // the last 4 bytes read so far
+    while (true) {
+      PSTRAIN_ASSIGN_OR_RETURN(std::string piece, file->Read(kFlushBytes));
+      if (piece.empty()) break;
+      tail += piece;
+      if (tail.size() > 4) {
+        crc = Crc32(tail.data(), tail.size() - 4, crc);
+        tail.erase(0, tail.size() - 4);
+      }
+    }
+    if (tail.size() < 4 || GetU32(tail, 0) != crc) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", path, " is damaged: CRC-32 mismatch or too short"));
+    }
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->OpenForRead(path));
+  std::unique_ptr<CheckpointRowReader> r(new CheckpointRowReader(path, std::move(file)));
+  PSTRAIN_ASSIGN_OR_RETURN(const absl::string_view head, r->Take(12));
+  if (std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 || GetU32(head, 4) != kFormatVersion ||
+      GetU32(head, 8) > kMaxHeaderBytes) {
+    return r->Damaged("bad magic, version or header size");
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(const absl::string_view header, r->Take(GetU32(head, 8)));
+  if (!r->header_.ParseFromArray(header.data(), static_cast<int>(header.size()))) {
+    return r->Damaged("unreadable header");
+  }
+  for (const v1::CheckpointHeader::Chunk& c : r->header_.chunks()) {
+    if (c.size() < 0 || c.state_floats() < 0) return r->Damaged("a chunk of negative size");
+    PSTRAIN_RETURN_IF_ERROR(r->Skip(4 * static_cast<uint64_t>(c.size() + c.state_floats())));
+  }
+  for (const v1::CheckpointHeader::Table& t : r->header_.tables()) {
+    if (t.dim() < 1 || t.state_floats() < 0 || t.rows() < 0 || t.deleted() < 0 ||
+        t.filter_counters() < 0) {
+      return r->Damaged("a table of negative size");
+    }
+  }
+  return r;
+}
+
+absl::Status CheckpointRowReader::Damaged(absl::string_view why) const {
+  return absl::DataLossError(absl::StrCat("checkpoint ", path_, " is damaged: ", why));
+}
+
+absl::StatusOr<absl::string_view> CheckpointRowReader::Take(size_t n) {
+  if (buffer_.size() - at_ < n) {
+    buffer_.erase(0, at_);
+    at_ = 0;
+    while (buffer_.size() < n) {
+      PSTRAIN_ASSIGN_OR_RETURN(std::string piece,
+                               file_->Read(std::max(kFlushBytes, n - buffer_.size())));
+      if (piece.empty()) return Damaged("it ends too early");
+      buffer_ += piece;
+    }
+  }
+  const absl::string_view out(buffer_.data() + at_, n);
+  at_ += n;
+  return out;
+}
+
+absl::Status CheckpointRowReader::Skip(uint64_t n) {
+  while (n > 0) {
+    const size_t step = static_cast<size_t>(std::min<uint64_t>(n, kFlushBytes));
+    PSTRAIN_RETURN_IF_ERROR(Take(step).status());
+    n -= step;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CheckpointRowReader::NextRow(int t, SparseTable::Row& row) {
+  if (t < table_ || t >= header_.tables_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", t, " of ", path_, " read out of order"));
+  }
+  while (table_ < t) {
+    if (table_ >= 0) {  // the rest of this table: rows, deleted keys, filter
+      const v1::CheckpointHeader::Table& h = header_.tables(table_);
+      PSTRAIN_RETURN_IF_ERROR(Skip(
+          static_cast<uint64_t>(left_) *
+              (32 + 4 * static_cast<uint64_t>(h.dim() + h.state_floats())) +
+          8 * static_cast<uint64_t>(h.deleted()) + 2 * static_cast<uint64_t>(h.filter_counters())));
+    }
+    ++table_;
+    left_ = header_.tables(table_).rows();
+  }
+  if (left_ == 0) return false;
+  const v1::CheckpointHeader::Table& h = header_.tables(t);
+  PSTRAIN_ASSIGN_OR_RETURN(const absl::string_view bytes,
+                           Take(32 + 4 * static_cast<size_t>(h.dim() + h.state_floats())));
+  row.key = GetU64(bytes, 0);
+  row.last_step = static_cast<int64_t>(GetU64(bytes, 8));
+  row.touches = static_cast<int64_t>(GetU64(bytes, 16));
+  row.updates = static_cast<int64_t>(GetU64(bytes, 24));
+  row.values.resize(h.dim());
+  std::memcpy(row.values.data(), bytes.data() + 32, 4 * h.dim());
+  row.state.resize(h.state_floats());
+  if (h.state_floats() > 0) {
+    std::memcpy(row.state.data(), bytes.data() + 32 + 4 * h.dim(), 4 * h.state_floats());
+  }
+  --left_;
+  return true;
+}
+
 std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::string& dir,
                                                   const std::string& job_id, uint32_t server,
                                                   bool remove_partial) {

@@ -28,6 +28,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -122,6 +123,38 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::
                                                      const std::string& job_id, uint32_t server,
                                                      int64_t step, int64_t generation);
 
+// A checkpoint file's tables read row by row, for files too large to hold
+// in memory (an export of large tables): Open first reads the whole file
+// once to check its CRC, then NextRow hands out the rows, table after
+// table, a megabyte read at a time.
+class CheckpointRowReader {
+ public:
+  // NOT_FOUND if the file is missing; DATA_LOSS naming it and what is wrong
+  // otherwise.
+  static absl::StatusOr<std::unique_ptr<CheckpointRowReader>> Open(FileSystem* fs,
+                                                                   const std::string& path);
+  const v1::CheckpointHeader& header() const { return header_; }
+  // The next row of table `t` into `row`; false after its last. Tables are
+  // read in order: asking for a later one skips the rest of the current.
+  absl::StatusOr<bool> NextRow(int t, SparseTable::Row& row);
+
+ private:
+  CheckpointRowReader(std::string path, std::unique_ptr<ReadableFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
+  // The next n bytes of the file.
+  absl::StatusOr<absl::string_view> Take(size_t n);
+  absl::Status Skip(uint64_t n);
+  absl::Status Damaged(absl::string_view why) const;
+
+  const std::string path_;
+  std::unique_ptr<ReadableFile> file_;
+  v1::CheckpointHeader header_;
+  std::string buffer_;
+  size_t at_ = 0;     // in buffer_
+  int table_ = -1;    // the table being read
+  int64_t left_ = 0;  // its rows not read yet
+};
+
 // The checkpoints of a job's server index on disk (by their names), oldest
 // first. With `remove_partial`, temporary files that a crash left behind
 // are removed, each with a log line.
@@ -138,8 +171,7 @@ std::vector<v1::CheckpointRecord> ListCheckpoints(FileSystem* fs, const std::str
 // chain of every checkpoint kept stays too.
 inline constexpr int kUnrecordedSlack = 8;
 void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string& job_id,
-                      uint32_t server, int keep,
-                      const std::vector<v1::CheckpointRecord>& retained);
+                      uint32_t server, int keep, const std::vector<v1::CheckpointRecord>& retained);
 
 // Writes checkpoints on a thread of its own, in the order they are queued,
 // so that training never waits for the disk.

@@ -51,9 +51,11 @@ absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
                      spec.tables_size() == 0 ? " has no embedding tables"
                                              : " has no checkpoint.dir to export from"));
   }
-  // Every server's checkpoint of the last step, each read with its chain.
+  // Every server's checkpoint of the last step (full: the last step's
+  // always is), read row by row: tables may be larger than this machine's
+  // memory.
   const absl::Time give_up = MonotonicNow() + wait;
-  std::vector<ServerCheckpoint> servers;
+  std::vector<std::unique_ptr<CheckpointRowReader>> servers;
   for (uint32_t s = 0; s < static_cast<uint32_t>(spec.num_servers()); ++s) {
     const std::string path =
         CheckpointPath(checkpoints, source.job_id, s, source.step, source.generation);
@@ -65,14 +67,14 @@ absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    PSTRAIN_ASSIGN_OR_RETURN(
-        ServerCheckpoint c,
-        ReadCheckpointChain(fs, checkpoints, source.job_id, s, source.step, source.generation));
-    if (c.tables.size() != static_cast<size_t>(spec.tables_size())) {
-      return absl::DataLossError(
-          absl::StrCat(path, " holds ", c.tables.size(), " tables, not ", spec.tables_size()));
+    PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointRowReader> reader,
+                             CheckpointRowReader::Open(fs, path));
+    const v1::CheckpointHeader& h = reader->header();
+    if (h.base_step() != 0 || h.tables_size() != spec.tables_size()) {
+      return absl::DataLossError(absl::StrCat(path, " is not a full checkpoint of the job's ",
+                                              spec.tables_size(), " tables"));
     }
-    servers.push_back(std::move(c));
+    servers.push_back(std::move(reader));
   }
 
   PSTRAIN_RETURN_IF_ERROR(fs->MakeDirs(dir + "/tables"));
@@ -86,23 +88,29 @@ absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
   for (int t = 0; t < spec.tables_size(); ++t) {
     const std::string& name = spec.tables(t).name();
     const int dim = spec.tables(t).dim();
-    // Each server's rows are by key and no key is on two servers: the
-    // servers' rows in key order are the table's.
-    std::vector<const SparseTable::Row*> rows;
-    for (const ServerCheckpoint& c : servers) {
-      for (const SparseTable::Row& row : c.tables[t].rows) rows.push_back(&row);
-    }
-    std::sort(rows.begin(), rows.end(),
-              [](const SparseTable::Row* a, const SparseTable::Row* b) { return a->key < b->key; });
+    // Each server's rows are by key and no key is on two servers: merged
+    // by key, they are the table's.
+    int64_t rows = 0;
+    for (const auto& server : servers) rows += server->header().tables(t).rows();
     PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<TableFileWriter> out,
-                             TableFileWriter::Create(fs, ExportTablePath(dir, name), dim,
-                                                     static_cast<int64_t>(rows.size())));
-    for (const SparseTable::Row* row : rows)
-      PSTRAIN_RETURN_IF_ERROR(out->Append(row->key, row->values));
+                             TableFileWriter::Create(fs, ExportTablePath(dir, name), dim, rows));
+    std::vector<SparseTable::Row> next(servers.size());
+    std::vector<bool> more(servers.size());
+    for (size_t s = 0; s < servers.size(); ++s) {
+      PSTRAIN_ASSIGN_OR_RETURN(more[s], servers[s]->NextRow(t, next[s]));
+    }
+    while (true) {
+      int least = -1;
+      for (size_t s = 0; s < servers.size(); ++s) {
+        if (more[s] && (least < 0 || next[s].key < next[least].key)) least = static_cast<int>(s);
+      }
+      if (least < 0) break;
+      PSTRAIN_RETURN_IF_ERROR(out->Append(next[least].key, next[least].values));
+      PSTRAIN_ASSIGN_OR_RETURN(more[least], servers[least]->NextRow(t, next[least]));
+    }
     PSTRAIN_RETURN_IF_ERROR(out->Finish());
     absl::StrAppend(&manifest, t > 0 ? "," : "", "{\"name\":", Quoted(name), ",\"dim\":", dim,
-                    ",\"rows\":", rows.size(), ",\"file\":", Quoted("tables/" + name + ".rows"),
-                    "}");
+                    ",\"rows\":", rows, ",\"file\":", Quoted("tables/" + name + ".rows"), "}");
   }
   absl::StrAppend(&manifest, "]}\n");
   return WriteWhole(fs, absl::StrCat(dir, "/", kExportManifest), manifest);

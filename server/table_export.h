@@ -1,8 +1,10 @@
 // A job's embedding tables exported (docs/sparse-tables.md, "Export"):
 // gigabytes of rows do not travel as a model file does (one message that
 // worker 0 uploads); the servers write them, as the checkpoint of the
-// job's last step (a job with tables always takes it), and an export reads
-// those files — each server's chain — and writes a directory:
+// job's last step (a job with tables always takes it, full), and an export
+// reads those files row by row, merging the servers' rows by key (tables
+// may be larger than the memory of the machine it runs on), and writes a
+// directory:
 //
 //   DIR/model.pstrain      the dense part: the job's model file
 //   DIR/tables/NAME.rows   every row of table NAME, by key (common/table_file.h)

@@ -226,6 +226,49 @@ TEST(CheckpointTest, AnIncrementalChainReadsBackAsTheWholeTables) {
   EXPECT_FALSE(fs->Exists(CheckpointPath(dir.path(), "job-000001", 1, 40, 3)));
 }
 
+// Large checkpoints read row by row: the same rows as ReadCheckpoint's,
+// table after table (a later table skips the rest of the one before), and
+// damage found before any row is handed out.
+TEST(CheckpointTest, ARowReaderHandsOutEveryTablesRowsInOrder) {
+  testing::TempDir dir;
+  FileSystem* fs = PosixFileSystem();
+  ServerCheckpoint c = WithTable(10, 0, {1, 5, 9}, {});
+  c.tables.push_back(WithTable(10, 0, {2, 4}, {}).tables[0]);
+  c.tables[1].index = 1;
+  PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), c).status());
+  const std::string path = CheckpointPath(dir.path(), "job-000001", 1, 10, 3);
+  for (bool skip_first : {false, true}) {
+    absl::StatusOr<std::unique_ptr<CheckpointRowReader>> reader =
+        CheckpointRowReader::Open(fs, path);
+    PSTRAIN_ASSERT_OK(reader);
+    EXPECT_EQ((*reader)->header().tables(1).rows(), 2);
+    std::vector<std::vector<uint64_t>> keys(2);
+    SparseTable::Row row;
+    for (int t = skip_first ? 1 : 0; t < 2; ++t) {
+      while (true) {
+        absl::StatusOr<bool> more = (*reader)->NextRow(t, row);
+        PSTRAIN_ASSERT_OK(more);
+        if (!*more) break;
+        keys[t].push_back(row.key);
+        EXPECT_EQ(row.values, std::vector<float>{static_cast<float>(row.key + 10)});
+        EXPECT_EQ(row.state, std::vector<float>{0.5f});
+      }
+    }
+    const std::vector<uint64_t> first =
+        skip_first ? std::vector<uint64_t>() : std::vector<uint64_t>({1, 5, 9});
+    EXPECT_EQ(keys[0], first);
+    EXPECT_EQ(keys[1], (std::vector<uint64_t>{2, 4}));
+    EXPECT_EQ((*reader)->NextRow(0, row).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  std::string bytes = Contents(path);
+  bytes[bytes.size() / 2] ^= 1;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  absl::StatusOr<std::unique_ptr<CheckpointRowReader>> damaged =
+      CheckpointRowReader::Open(fs, path);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(damaged.status().message(), path)) << damaged.status();
+}
+
 TEST(CheckpointTest, PruningKeepsTheChainOfEveryCheckpointKept) {
   testing::TempDir dir;
   FileSystem* fs = PosixFileSystem();
