@@ -31,6 +31,24 @@ ServerCheckpoint Sample(int64_t step) {
   return c;
 }
 
+// The steps of server 1's checkpoints of job-000001 in `dir`.
+std::vector<int64_t> StepsOnDisk(const std::string& dir) {
+  std::vector<int64_t> out;
+  for (const v1::CheckpointRecord& r :
+       ListCheckpoints(PosixFileSystem(), dir, "job-000001", 1, false)) {
+    out.push_back(r.step());
+  }
+  return out;
+}
+
+// Generation 3's checkpoint of `step`, as the coordinator records it.
+v1::CheckpointRecord Record(int64_t step) {
+  v1::CheckpointRecord r;
+  r.set_step(step);
+  r.set_generation(3);
+  return r;
+}
+
 std::string Contents(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -119,27 +137,14 @@ TEST(CheckpointTest, PartialFilesAreRemovedAndOldOnesPruned) {
       ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, /*remove_partial=*/true);
   EXPECT_EQ(listed.size(), 4u);
   EXPECT_FALSE(PosixFileSystem()->Exists(partial));
-  auto steps = [&] {
-    std::vector<int64_t> out;
-    for (const v1::CheckpointRecord& r :
-         ListCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, false)) {
-      out.push_back(r.step());
-    }
-    return out;
-  };
-  auto record = [](int64_t step) {
-    v1::CheckpointRecord r;
-    r.set_step(step);
-    r.set_generation(3);
-    return r;
-  };
+  auto steps = [&] { return StepsOnDisk(dir.path()); };
   // The newest 2, the one the coordinator still needs (100), and those
   // newer than it (200): the coordinator may have just recorded one as
   // complete, which the server hears of later.
-  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {record(100)});
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {Record(100)});
   EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300, 400}));
   // Once it keeps 300, the older ones go.
-  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {record(300)});
+  PruneCheckpoints(PosixFileSystem(), dir.path(), "job-000001", 1, 2, {Record(300)});
   EXPECT_EQ(steps(), (std::vector<int64_t>{300, 400}));
   // A coordinator that recorded none: the newest keep + kUnrecordedSlack.
   std::vector<int64_t> expected;
@@ -277,23 +282,11 @@ TEST(CheckpointTest, PruningKeepsTheChainOfEveryCheckpointKept) {
            {100, 0}, {200, 100}, {300, 200}, {400, 0}, {500, 400}}) {
     PSTRAIN_ASSERT_OK(WriteCheckpoint(fs, dir.path(), WithTable(step, base, {1}, {})).status());
   }
-  auto steps = [&] {
-    std::vector<int64_t> out;
-    for (const v1::CheckpointRecord& r : ListCheckpoints(fs, dir.path(), "job-000001", 1, false)) {
-      out.push_back(r.step());
-    }
-    return out;
-  };
-  auto record = [](int64_t step) {
-    v1::CheckpointRecord r;
-    r.set_step(step);
-    r.set_generation(3);
-    return r;
-  };
+  auto steps = [&] { return StepsOnDisk(dir.path()); };
   // The newest (500, over 400) and the retained 300 (over 200, over 100).
-  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {record(300), record(500)});
+  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {Record(300), Record(500)});
   EXPECT_EQ(steps(), (std::vector<int64_t>{100, 200, 300, 400, 500}));
-  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {record(500)});
+  PruneCheckpoints(fs, dir.path(), "job-000001", 1, 1, {Record(500)});
   EXPECT_EQ(steps(), (std::vector<int64_t>{400, 500}));
   PSTRAIN_EXPECT_OK(ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 500, 3).status());
 }
