@@ -331,8 +331,9 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::
                                                      int64_t step, int64_t generation) {
   const std::string path = CheckpointPath(dir, job_id, server, step, generation);
   PSTRAIN_ASSIGN_OR_RETURN(ServerCheckpoint newest, ReadCheckpoint(fs, path));
-  // The chain, newest first: each base is older, of the same job, server
-  // and generation, with the same tables.
+  // The chain, newest first: each base is older (its header says the step
+  // its name does, so the chain ends), of the same job, server and
+  // generation, with the same tables.
   std::vector<ServerCheckpoint> chain;
   chain.push_back(std::move(newest));
   while (chain.back().base_step != 0) {
@@ -348,6 +349,9 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpointChain(FileSystem* fs, const std::
     }
     absl::StatusOr<ServerCheckpoint> base = ReadCheckpoint(fs, base_path);
     if (!base.ok()) return broken(absl::StrCat("is unreadable: ", base.status().message()));
+    if (base->step != c.base_step || base->generation != c.base_generation) {
+      return broken(absl::StrCat("holds step ", base->step, " of generation ", base->generation));
+    }
     if (base->job_id != c.job_id || base->server_index != c.server_index ||
         base->tables.size() != c.tables.size()) {
       return broken("belongs to another job, server or set of tables");
@@ -409,10 +413,13 @@ absl::StatusOr<std::unique_ptr<CheckpointRowReader>> CheckpointRowReader::Open(
     if (c.size() < 0 || c.state_floats() < 0) return r->Damaged("a chunk of negative size");
     PSTRAIN_RETURN_IF_ERROR(r->Skip(4 * static_cast<uint64_t>(c.size() + c.state_floats())));
   }
+  // Rows of at most a few megabytes: a header cannot make a row read
+  // allocate more.
   for (const v1::CheckpointHeader::Table& t : r->header_.tables()) {
-    if (t.dim() < 1 || t.state_floats() < 0 || t.rows() < 0 || t.deleted() < 0 ||
+    if (t.dim() < 1 || t.dim() > (1 << 16) || t.state_floats() < 0 ||
+        t.state_floats() > (1 << 18) || t.rows() < 0 || t.deleted() < 0 ||
         t.filter_counters() < 0) {
-      return r->Damaged("a table of negative size");
+      return r->Damaged("a table of impossible size");
     }
   }
   return r;
@@ -427,8 +434,7 @@ absl::StatusOr<absl::string_view> CheckpointRowReader::Take(size_t n) {
     buffer_.erase(0, at_);
     at_ = 0;
     while (buffer_.size() < n) {
-      PSTRAIN_ASSIGN_OR_RETURN(std::string piece,
-                               file_->Read(std::max(kFlushBytes, n - buffer_.size())));
+      PSTRAIN_ASSIGN_OR_RETURN(std::string piece, file_->Read(kFlushBytes));
       if (piece.empty()) return Damaged("it ends too early");
       buffer_ += piece;
     }

@@ -125,6 +125,32 @@ void FileSeeds(const std::string& dir) {
   }
   CHECK(server::WriteCheckpoint(fs, tmp, c).ok());
   Write(dir, "checkpoint", "step-2", *fs->ReadFile(server::CheckpointPath(tmp, "job-1", 0, 2, 1)));
+  // The same with two embedding tables, incremental over step 2: rows,
+  // keys evicted since, an admission filter.
+  c.step = 4;
+  c.base_step = 2;
+  c.base_generation = 1;
+  for (uint32_t t = 0; t < 2; ++t) {
+    server::TableCheckpoint& table = c.tables.emplace_back();
+    table.index = t;
+    table.dim = 2 + t;
+    table.state_floats = table.dim;
+    table.version = 4;
+    for (uint64_t key : {3u, 17u, 90u}) {
+      table.rows.push_back(server::SparseTable::Row{
+          .key = key,
+          .values = std::vector<float>(table.dim, 0.5f),
+          .state = std::vector<float>(table.dim, 0.1f),
+          .last_step = 3,
+          .touches = 2,
+          .updates = 2});
+    }
+    table.deleted = {5, 40};
+    table.filter = std::vector<uint16_t>(8, 1);
+  }
+  CHECK(server::WriteCheckpoint(fs, tmp, c).ok());
+  Write(dir, "checkpoint", "step-4-tables",
+        *fs->ReadFile(server::CheckpointPath(tmp, "job-1", 0, 4, 1)));
 
   // A job log of two jobs, one of them written twice.
   {

@@ -224,6 +224,14 @@ TEST(CheckpointTest, AnIncrementalChainReadsBackAsTheWholeTables) {
   EXPECT_EQ(at30.status().code(), absl::StatusCode::kDataLoss) << at30.status();
   EXPECT_TRUE(absl::StrContains(at30.status().message(), base)) << at30.status();
   PSTRAIN_EXPECT_OK(ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 10, 3).status());
+  // A link under another's name (its own base: a cycle) is refused, not
+  // followed forever.
+  std::ofstream(base, std::ios::binary)
+      << Contents(CheckpointPath(dir.path(), "job-000001", 1, 30, 3));
+  at30 = ReadCheckpointChain(fs, dir.path(), "job-000001", 1, 30, 3);
+  EXPECT_EQ(at30.status().code(), absl::StatusCode::kDataLoss) << at30.status();
+  EXPECT_TRUE(absl::StrContains(at30.status().message(), "holds step 30")) << at30.status();
+  PSTRAIN_ASSERT_OK(fs->Remove(base));
   // And an incremental checkpoint over a base that is not on disk (its
   // write failed) is not written at all.
   absl::StatusOr<int64_t> orphan = WriteCheckpoint(fs, dir.path(), WithTable(40, 20, {1}, {}));
