@@ -546,8 +546,9 @@ void PruneCheckpoints(FileSystem* fs, const std::string& dir, const std::string&
     if (keeps[i]) continue;
     const std::string path =
         CheckpointPath(dir, job_id, server, found[i].step(), found[i].generation());
-    if (absl::Status s = fs->Remove(path); !s.ok())
+    if (absl::Status s = fs->Remove(path); !s.ok()) {
       LOG(WARNING) << "cannot delete " << path << ": " << s;
+    }
   }
 }
 

@@ -78,8 +78,9 @@ absl::Status RestoreShard(FileSystem* fs, const v1::ServerAssignment& a, ShardJo
   const int state_floats = job.optimizer->StateFloatsPerParam();
   for (const ChunkCheckpoint& saved : c.chunks) {
     DenseChunk* chunk = saved.id < job.chunks.size() ? job.chunks[saved.id].get() : nullptr;
-    if (chunk == nullptr)
+    if (chunk == nullptr) {
       return mismatch(absl::StrCat("chunk ", saved.id, " is not this server's"));
+    }
     absl::MutexLock lock(&chunk->mu);
     if (static_cast<int64_t>(saved.values.size()) != chunk->size ||
         saved.state.size() != static_cast<size_t>(state_floats) * chunk->size) {
@@ -157,7 +158,8 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
   {
     absl::MutexLock lock(&job->checkpoint_mu);
     auto it = job->gathering.find(step);
-    if (it == job->gathering.end()) return;  // not reserved (a test's direct call)
+    // Reserved: only its completion, which needs this part, erases it.
+    if (it == job->gathering.end()) return;
     add(it->second);
     it->second.copy_seconds += copy_seconds;
     if (static_cast<int>(it->second.chunks.size()) < job->owned_chunks) return;
@@ -169,7 +171,7 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
     job->gathering.erase(it);
   }
   int64_t rows = 0;
-  for (const TableCheckpoint& t : complete->tables) rows += static_cast<int64_t>(t.rows.size());
+  for (const TableCheckpoint& t : complete->tables) rows += t.row_count();
   const std::string kind =
       complete->tables.empty() ? ""
       : complete->base_step == 0
