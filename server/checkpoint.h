@@ -64,9 +64,10 @@ struct TableCheckpoint {
   // most of the server's memory): `count` rows, which `read` hands to
   // `each` in key order, or an error if the table changed after all.
   struct LiveRows {
+    using EachRow = std::function<absl::Status(const SparseTable::Row&)>;
+    using Reader = std::function<absl::Status(const EachRow& each)>;
     int64_t count = 0;
-    std::function<absl::Status(const std::function<absl::Status(const SparseTable::Row&)>& each)>
-        read;
+    Reader read;
   };
   std::optional<LiveRows> live;
 

@@ -214,13 +214,11 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
       });
 }
 
-// Reads table t's rows, a batch at a time under the shard's lock, for as
-// long as the tables stay at `version`; ABORTED once they moved on (a
-// recovery that took the job back).
-std::function<absl::Status(const std::function<absl::Status(const SparseTable::Row&)>&)> LiveRowsOf(
-    std::shared_ptr<SparseShard> sparse, uint32_t t, int64_t version) {
-  return [sparse = std::move(sparse), t,
-          version](const std::function<absl::Status(const SparseTable::Row&)>& each) {
+}  // namespace
+
+TableCheckpoint::LiveRows::Reader LiveRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
+                                             int64_t version) {
+  return [sparse = std::move(sparse), t, version](const TableCheckpoint::LiveRows::EachRow& each) {
     const absl::Status moved = absl::AbortedError(absl::StrCat(
         "table ", t, " changed after step ", version, " while its checkpoint was written"));
     std::vector<uint64_t> keys;
@@ -242,8 +240,6 @@ std::function<absl::Status(const std::function<absl::Status(const SparseTable::R
     return absl::OkStatus();
   };
 }
-
-}  // namespace
 
 void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<ShardJob>& job,
                    DenseChunk& chunk) {

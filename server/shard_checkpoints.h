@@ -8,6 +8,7 @@
 #define PSTRAIN_SERVER_SHARD_CHECKPOINTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -45,6 +46,13 @@ void SnapshotChunk(FileSystem* fs, CheckpointWriter* writer, const std::shared_p
 void SnapshotTables(FileSystem* fs, CheckpointWriter* writer,
                     const std::shared_ptr<ShardJob>& job, SparseShard& shard)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+// The rows of the shard's table t for a checkpoint written from the table
+// itself (the last step's): a batch at a time under the shard's lock, in
+// key order, for as long as the tables stay at `version`; ABORTED once they
+// moved on (a recovery that took the job back).
+TableCheckpoint::LiveRows::Reader LiveRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
+                                             int64_t version);
 
 }  // namespace pstrain::server
 

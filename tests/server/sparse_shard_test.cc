@@ -15,6 +15,7 @@
 #include "common/sparse_frames.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "server/shard_checkpoints.h"
 #include "server/shard_store.h"
 #include "tests/test_util.h"
 
@@ -262,6 +263,40 @@ TEST_F(SparseShardTest, HostileSparseFramesAreRefusedWithNothingChanged) {
           .SparsePush(*Frame::Parse(EncodeFrame(Header(v1::FRAME_KIND_SPARSE_PUSH, 0, 1), nullptr)))
           .code(),
       absl::StatusCode::kOk);  // an empty push: no keys for this server this step
+}
+
+// The last step's checkpoint reads its rows from the table itself: every
+// row in key order while the tables stay at the step, ABORTED once they
+// moved on (a recovery took them back) — never a mix.
+TEST(LiveRowsTest, TheTableAsItIsOrNothing) {
+  absl::StatusOr<std::unique_ptr<SparseShard>> made =
+      NewSparseShard(Assignment("sync").spec(), 2);
+  PSTRAIN_ASSERT_OK(made);
+  std::shared_ptr<SparseShard> shard = std::move(*made);
+  {
+    absl::MutexLock lock(&shard->mu);
+    const std::vector<uint64_t> keys = {9, 2, 5};
+    const std::vector<uint32_t> counts(3, 1);
+    const std::vector<float> grads(3 * 2, 1.0f);
+    PSTRAIN_ASSERT_OK(shard->tables[0]->ApplyStep(0, {SparsePush{keys, counts, grads}}).status());
+    shard->version = 1;
+  }
+  const TableCheckpoint::LiveRows::Reader read = LiveRowsOf(shard, 0, 1);
+  std::vector<uint64_t> seen;
+  auto collect = [&](const SparseTable::Row& row) {
+    seen.push_back(row.key);
+    EXPECT_EQ(row.values.size(), 2u);
+    return absl::OkStatus();
+  };
+  PSTRAIN_ASSERT_OK(read(collect));
+  EXPECT_EQ(seen, (std::vector<uint64_t>{2, 5, 9}));
+  {
+    absl::MutexLock lock(&shard->mu);
+    shard->version = 2;
+  }
+  seen.clear();
+  EXPECT_EQ(read(collect).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(seen.empty());
 }
 
 TEST(SparseFramesTest, AKeyOfAnotherServerIsRefused) {
