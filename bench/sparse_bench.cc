@@ -6,11 +6,8 @@
 // plain TCP socket pair in the same pattern (RawSocketRate).
 #include <sys/socket.h>
 
-#include <atomic>
-#include <barrier>
 #include <cstdio>
-#include <limits>
-#include <thread>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench.h"
@@ -53,65 +50,51 @@ absl::StatusOr<double> PstrainRows(const v1::JobSpec& spec,
       if (!has[s]) without_chunks.push_back(s);
     }
   }
-  absl::Time start;
-  std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
-  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
-  std::vector<absl::Status> status(workers);
-  std::vector<std::thread> threads;
-  constexpr int kWarmSteps = 4;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> transport =
-          worker::CreateGrpcTransport(addresses, worker::GrpcTransportOptions());
-      if (!transport.ok()) {
-        status[w] = transport.status();
-        warm.arrive_and_drop();
-        return;
-      }
-      worker::ParameterClient::Options options;
-      options.job_id = "bench";
-      options.worker = w;
-      options.mode = v1::MODE_SYNC;
-      options.plan = plan;
-      worker::ParameterClient dense(options, transport->get());
-      worker::SparseClient::Options sparse_options;
-      sparse_options.job_id = "bench";
-      sparse_options.worker = w;
-      sparse_options.dims = {dim};
-      sparse_options.servers_without_chunks = without_chunks;
-      worker::SparseClient sparse(sparse_options, transport->get());
-      auto grad = std::make_shared<std::vector<float>>(plan.total_floats(), 1e-3f);
-      std::vector<float> params(plan.total_floats());
-      std::vector<worker::SparseClient::TableKeys> tables(1);
-      std::vector<std::vector<float>> rows;
-      auto step = [&](int64_t s) -> absl::Status {
-        KeysOf(w, s, keys, tables[0]);
-        PSTRAIN_RETURN_IF_ERROR(sparse.Pull(s, s, s, tables, rows));
-        tables[0].grads.assign(static_cast<size_t>(keys) * dim, 1e-3f);
-        std::unique_ptr<worker::ParameterClient::Pending> pushed =
-            dense.StartPushPull(s, grad, params.data());
-        absl::Status st = sparse.Push(s, tables);
-        if (st.ok()) st = dense.Finish(dense.StartEndStep(s, 1e-3f));
-        if (st.ok()) st = sparse.EndStep(s, 1e-3f);
-        const absl::Status values = dense.Finish(std::move(pushed));
-        return st.ok() ? values : st;
-      };
-      for (int64_t s = 0; s < kWarmSteps && status[w].ok(); ++s) status[w] = step(s);
-      warm.arrive_and_wait();
-      for (int64_t s = kWarmSteps; s <= last_step && status[w].ok(); ++s) {
-        status[w] = step(s);
-        if (w == 0 && last_step == std::numeric_limits<int64_t>::max() &&
-            absl::Now() - start >= duration) {
-          last_step = s + 1;
-        }
-      }
-    });
-  }
-  warm.arrive_and_wait();
-  for (std::thread& t : threads) t.join();
-  const double seconds = SecondsSince(start);
-  for (const absl::Status& s : status) PSTRAIN_RETURN_IF_ERROR(s);
-  *steps = last_step - kWarmSteps + 1;
+  // A worker's clients and buffers, which its steps share (the clients go
+  // before the transport they use).
+  struct Worker {
+    std::unique_ptr<worker::ParameterTransport> transport;
+    std::unique_ptr<worker::ParameterClient> dense;
+    std::unique_ptr<worker::SparseClient> sparse;
+    std::shared_ptr<std::vector<float>> grad;
+    std::vector<float> params;
+    std::vector<worker::SparseClient::TableKeys> tables{1};
+    std::vector<std::vector<float>> rows;
+  };
+  auto make_step = [&](int w) -> absl::StatusOr<BenchStep> {
+    auto me = std::make_shared<Worker>();
+    PSTRAIN_ASSIGN_OR_RETURN(
+        me->transport, worker::CreateGrpcTransport(addresses, worker::GrpcTransportOptions()));
+    worker::ParameterClient::Options options;
+    options.job_id = "bench";
+    options.worker = w;
+    options.mode = v1::MODE_SYNC;
+    options.plan = plan;
+    me->dense = std::make_unique<worker::ParameterClient>(options, me->transport.get());
+    worker::SparseClient::Options sparse_options;
+    sparse_options.job_id = "bench";
+    sparse_options.worker = w;
+    sparse_options.dims = {dim};
+    sparse_options.servers_without_chunks = without_chunks;
+    me->sparse = std::make_unique<worker::SparseClient>(sparse_options, me->transport.get());
+    me->grad = std::make_shared<std::vector<float>>(plan.total_floats(), 1e-3f);
+    me->params.resize(plan.total_floats());
+    return [me, w, keys, dim](int64_t s) -> absl::Status {
+      KeysOf(w, s, keys, me->tables[0]);
+      PSTRAIN_RETURN_IF_ERROR(me->sparse->Pull(s, s, s, me->tables, me->rows));
+      me->tables[0].grads.assign(static_cast<size_t>(keys) * dim, 1e-3f);
+      std::unique_ptr<worker::ParameterClient::Pending> pushed =
+          me->dense->StartPushPull(s, me->grad, me->params.data());
+      absl::Status st = me->sparse->Push(s, me->tables);
+      if (st.ok()) st = me->dense->Finish(me->dense->StartEndStep(s, 1e-3f));
+      if (st.ok()) st = me->sparse->EndStep(s, 1e-3f);
+      const absl::Status values = me->dense->Finish(std::move(pushed));
+      return st.ok() ? values : st;
+    };
+  };
+  // Four untimed steps: from then on every row exists.
+  PSTRAIN_ASSIGN_OR_RETURN(const double seconds,
+                           RunTimedSteps(workers, /*warm_steps=*/4, duration, make_step, steps));
   return static_cast<double>(workers) * keys * *steps / seconds;
 }
 
@@ -121,7 +104,9 @@ v1::JobSpec SparseJobOf(int workers, int servers, int dim) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(absl::StrCat(
       "name: sparse-bench\n"
       "model: {type: click, click: {bottom: [4], top: [4]}}\n"
-      "tables: [{name: t, dim: ", dim, ", fields: [1], optimizer: {type: adagrad}}]\n"
+      "tables: [{name: t, dim: ",
+      dim,
+      ", fields: [1], optimizer: {type: adagrad}}]\n"
       "data: {clicks: {dense: 1, fields: 1, generate: {train_rows: 1000000, test_rows: 16}}}\n"
       "optimizer: {type: sgd, learning_rate: 0.000001}\n"
       "batch_size: 1\nsteps: 1000000000\nseed: 1\n",
@@ -135,8 +120,8 @@ v1::JobSpec SparseJobOf(int workers, int servers, int dim) {
 int RunSparseBench(const SparseBenchOptions& options) {
   std::printf("dim %d, Adagrad, sync; %s per configuration\n", options.dim,
               absl::FormatDuration(options.duration).c_str());
-  Table table("sparse", {"keys", "workers", "servers", "steps", "pstrain_rows/s",
-                         "baseline_rows/s", "ratio", "pstrain_MiB/s"});
+  Table table("sparse", {"keys", "workers", "servers", "steps", "pstrain_rows/s", "baseline_rows/s",
+                         "ratio", "pstrain_MiB/s"});
   // Bytes a row moves a step: its key out in the pull and its values back;
   // its key, count and gradient out in the push.
   const int64_t row_bytes = 8 + 4 * options.dim + 8 + 4 + 4 * options.dim;
@@ -155,8 +140,8 @@ int RunSparseBench(const SparseBenchOptions& options) {
       // share of them and reads as many back (half of the row's bytes each
       // way).
       const int64_t share = std::max<int64_t>(1, keys * row_bytes / 2 / servers);
-      absl::StatusOr<double> plain = RawSocketRate(
-          AF_INET, std::vector<int64_t>(servers, share), workers, options.duration);
+      absl::StatusOr<double> plain =
+          RawSocketRate(AF_INET, std::vector<int64_t>(servers, share), workers, options.duration);
       if (!rows.ok() || !plain.ok()) {
         std::fprintf(stderr, "sparse: %d keys, %dx%d: %s\n", keys, workers, servers,
                      std::string((rows.ok() ? plain.status() : rows.status()).message()).c_str());

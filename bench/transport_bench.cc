@@ -50,52 +50,40 @@ constexpr double kMiB = 1 << 20;
 
 // One sync PushPull of the whole model per worker and step, for `duration`
 // after an untimed first step (connections, first touch of the buffers).
-// Worker 0 watches the clock and names the last step; the others cannot
-// be past it then (their step needs its push). Returns bytes moved (pushed
-// plus pulled) per second; *steps: the timed steps.
+// Returns bytes moved (pushed plus pulled) per second; *steps: the timed
+// steps.
 absl::StatusOr<double> PstrainRate(const v1::JobSpec& spec, const v1::PartitionPlan& plan,
                                    const std::vector<std::string>& addresses,
                                    const worker::GrpcTransportOptions& grpc,
                                    absl::Duration duration, int64_t* steps) {
   const int workers = spec.num_workers();
-  absl::Time start;  // when the last worker is warm: the timed part begins
-  std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
-  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
-  std::vector<absl::Status> status(workers);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      absl::StatusOr<std::unique_ptr<worker::ParameterTransport>> transport =
-          worker::CreateGrpcTransport(addresses, grpc);
-      if (!transport.ok()) {
-        status[w] = transport.status();
-        warm.arrive_and_drop();
-        return;
-      }
-      worker::ParameterClient::Options options;
-      options.job_id = "bench";
-      options.worker = w;
-      options.mode = v1::MODE_SYNC;
-      options.plan = plan;
-      worker::ParameterClient client(options, transport->get());
-      auto grad = std::make_shared<std::vector<float>>(plan.total_floats(), 1e-3f);
-      std::vector<float> params(plan.total_floats());
-      status[w] = client.PushPull(0, grad, params.data());
-      warm.arrive_and_wait();
-      for (int64_t step = 1; step <= last_step && status[w].ok(); ++step) {
-        status[w] = client.PushPull(step, grad, params.data());
-        if (w == 0 && last_step == std::numeric_limits<int64_t>::max() &&
-            absl::Now() - start >= duration) {
-          last_step = step + 1;
-        }
-      }
-    });
-  }
-  warm.arrive_and_wait();
-  for (std::thread& t : threads) t.join();
-  const double seconds = SecondsSince(start);
-  for (const absl::Status& s : status) PSTRAIN_RETURN_IF_ERROR(s);
-  *steps = last_step;
+  PSTRAIN_ASSIGN_OR_RETURN(
+      const double seconds,
+      RunTimedSteps(
+          workers, /*warm_steps=*/1, duration,
+          [&](int w) -> absl::StatusOr<BenchStep> {
+            // The client goes before the transport it uses.
+            struct Worker {
+              std::unique_ptr<worker::ParameterTransport> transport;
+              std::unique_ptr<worker::ParameterClient> client;
+              std::shared_ptr<std::vector<float>> grad;
+              std::vector<float> params;
+            };
+            auto me = std::make_shared<Worker>();
+            PSTRAIN_ASSIGN_OR_RETURN(me->transport, worker::CreateGrpcTransport(addresses, grpc));
+            worker::ParameterClient::Options options;
+            options.job_id = "bench";
+            options.worker = w;
+            options.mode = v1::MODE_SYNC;
+            options.plan = plan;
+            me->client = std::make_unique<worker::ParameterClient>(options, me->transport.get());
+            me->grad = std::make_shared<std::vector<float>>(plan.total_floats(), 1e-3f);
+            me->params.resize(plan.total_floats());
+            return [me](int64_t step) {
+              return me->client->PushPull(step, me->grad, me->params.data());
+            };
+          },
+          steps));
   return 2.0 * plan.total_floats() * 4 * workers * *steps / seconds;
 }
 
@@ -196,6 +184,41 @@ Listener Listen(int family, int backlog, int index) {
 }
 
 }  // namespace
+
+absl::StatusOr<double> RunTimedSteps(
+    int workers, int warm_steps, absl::Duration duration,
+    const std::function<absl::StatusOr<BenchStep>(int worker)>& make_step, int64_t* timed_steps) {
+  absl::Time start;  // when the last worker is warm: the timed part begins
+  std::atomic<int64_t> last_step{std::numeric_limits<int64_t>::max()};
+  std::barrier warm(workers + 1, [&start]() noexcept { start = absl::Now(); });
+  std::vector<absl::Status> status(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      absl::StatusOr<BenchStep> step = make_step(w);
+      if (!step.ok()) {
+        status[w] = step.status();
+        warm.arrive_and_drop();
+        return;
+      }
+      for (int64_t s = 0; s < warm_steps && status[w].ok(); ++s) status[w] = (*step)(s);
+      warm.arrive_and_wait();
+      for (int64_t s = warm_steps; s <= last_step && status[w].ok(); ++s) {
+        status[w] = (*step)(s);
+        if (w == 0 && last_step == std::numeric_limits<int64_t>::max() &&
+            absl::Now() - start >= duration) {
+          last_step = s + 1;
+        }
+      }
+    });
+  }
+  warm.arrive_and_wait();
+  for (std::thread& t : threads) t.join();
+  const double seconds = SecondsSince(start);
+  for (const absl::Status& s : status) PSTRAIN_RETURN_IF_ERROR(s);
+  *timed_steps = last_step - warm_steps + 1;
+  return seconds;
+}
 
 absl::StatusOr<double> RawSocketRate(int family, const std::vector<int64_t>& share_bytes,
                                      int workers, absl::Duration duration, bool plain_server) {

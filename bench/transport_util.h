@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,19 @@ class ServerProcess {
   pid_t pid_ = -1;
   std::vector<std::string> addresses_;
 };
+
+// One worker's step `step` of a benchmark (steps count from 0).
+using BenchStep = std::function<absl::Status(int64_t step)>;
+
+// Sync steps of `workers` threads, each running the step `make_step` gives
+// it (which owns that worker's clients): `warm_steps` untimed ones, then
+// steps for `duration` from the moment the last worker is warm. Worker 0
+// watches the clock and names the last step; the others cannot be past it
+// then (their step needs its push). Returns the timed part's seconds;
+// *timed_steps: each worker's steps in it.
+absl::StatusOr<double> RunTimedSteps(
+    int workers, int warm_steps, absl::Duration duration,
+    const std::function<absl::StatusOr<BenchStep>(int worker)>& make_step, int64_t* timed_steps);
 
 // The same pattern over plain sockets of `family`: every worker connects to
 // every server; per step each connection sends the server's share of the

@@ -49,21 +49,6 @@ std::string StepTimesSummary(const v1::StepTimes& t) {
       t.wait_seconds() * 1e3, t.pull_seconds() * 1e3, total * 1e3);
 }
 
-std::string JsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string ModelSummary(const v1::JobSpec& spec) {
   if (spec.model().type() == v1::MODEL_TYPE_EXTERNAL) {
     return absl::StrCat("external, ", spec.model().tensors_size(), " tensors, ",

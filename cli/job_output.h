@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/enum_names.h"
+#include "common/json.h"
 #include "pstrain/v1/control.grpc.pb.h"
 
 namespace pstrain::cli {
@@ -77,8 +78,6 @@ std::string StepTimesSummary(const v1::StepTimes& times);
 // and backslashes doubled: what a peer sent cannot move the cursor, clear
 // the screen or forge a line.
 std::string Printable(absl::string_view s);
-// `s` as a JSON string literal, quotes included.
-std::string JsonQuote(const std::string& s);
 // The one-line JSON result of a job that ended (pstrain-local, pstrain-run);
 // "metrics" holds the script's own, by name.
 std::string ResultJson(const v1::Job& job);

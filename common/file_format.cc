@@ -39,4 +39,12 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
   return static_cast<uint32_t>(c);
 }
 
+absl::Status ChecksummedWriter::Flush(size_t at_least) {
+  if (buffer_.size() < at_least || buffer_.empty()) return absl::OkStatus();
+  crc_ = Crc32(buffer_.data(), buffer_.size(), crc_);
+  absl::Status s = file_->Append(buffer_);
+  buffer_.clear();
+  return s;
+}
+
 }  // namespace pstrain

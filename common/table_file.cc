@@ -24,26 +24,21 @@ absl::StatusOr<std::unique_ptr<TableFileWriter>> TableFileWriter::Create(FileSys
     return absl::InvalidArgumentError(
         absl::StrCat("table file ", path, ": dim ", dim, " and ", rows, " rows"));
   }
-  std::unique_ptr<TableFileWriter> w(new TableFileWriter(fs, path, dim, rows));
-  PSTRAIN_ASSIGN_OR_RETURN(w->file_, fs->OpenForAppend(path + ".tmp", /*truncate=*/true));
-  w->buffer_.assign(kMagic, sizeof(kMagic));
-  PutU32(w->buffer_, kFormatVersion);
-  PutU32(w->buffer_, static_cast<uint32_t>(dim));
-  PutU64(w->buffer_, static_cast<uint64_t>(rows));
+  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                           fs->OpenForAppend(path + ".tmp", /*truncate=*/true));
+  std::unique_ptr<TableFileWriter> w(new TableFileWriter(fs, path, dim, rows, std::move(file)));
+  std::string& head = w->out_.buffer();
+  head.assign(kMagic, sizeof(kMagic));
+  PutU32(head, kFormatVersion);
+  PutU32(head, static_cast<uint32_t>(dim));
+  PutU64(head, static_cast<uint64_t>(rows));
   return w;
 }
 
 TableFileWriter::~TableFileWriter() {
-  if (finished_ || file_ == nullptr) return;
+  if (finished_) return;
   file_.reset();
   fs_->Remove(path_ + ".tmp").IgnoreError();
-}
-
-absl::Status TableFileWriter::Flush() {
-  crc_ = Crc32(buffer_.data(), buffer_.size(), crc_);
-  absl::Status s = file_->Append(buffer_);
-  buffer_.clear();
-  return s;
 }
 
 absl::Status TableFileWriter::Append(uint64_t key, absl::Span<const float> values) {
@@ -53,11 +48,12 @@ absl::Status TableFileWriter::Append(uint64_t key, absl::Span<const float> value
         "table file ", path_, ": row ", written_, " (key ", key, ", ", values.size(),
         " values) does not follow: ", rows_, " rows of ", dim_, " values in ascending keys"));
   }
-  PutU64(buffer_, key);
-  buffer_.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  std::string& b = out_.buffer();
+  PutU64(b, key);
+  b.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   ++written_;
   last_key_ = key;
-  return buffer_.size() >= kFlushBytes ? Flush() : absl::OkStatus();
+  return out_.Flush(kFlushBytes);
 }
 
 absl::Status TableFileWriter::Finish() {
@@ -65,9 +61,9 @@ absl::Status TableFileWriter::Finish() {
     return absl::InvalidArgumentError(
         absl::StrCat("table file ", path_, ": ", written_, " rows of ", rows_));
   }
-  PSTRAIN_RETURN_IF_ERROR(Flush());
+  PSTRAIN_RETURN_IF_ERROR(out_.Flush());
   std::string trailer;
-  PutU32(trailer, crc_);
+  PutU32(trailer, out_.crc());
   PSTRAIN_RETURN_IF_ERROR(file_->Append(trailer));
   PSTRAIN_RETURN_IF_ERROR(file_->Sync());
   PSTRAIN_RETURN_IF_ERROR(file_->Close());

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/file_format.h"
 #include "common/file_system.h"
 
 namespace pstrain {
@@ -36,17 +37,21 @@ class TableFileWriter {
   absl::Status Finish();
 
  private:
-  TableFileWriter(FileSystem* fs, std::string path, int dim, int64_t rows)
-      : fs_(fs), path_(std::move(path)), dim_(dim), rows_(rows) {}
-  absl::Status Flush();
+  TableFileWriter(FileSystem* fs, std::string path, int dim, int64_t rows,
+                  std::unique_ptr<WritableFile> file)
+      : fs_(fs),
+        path_(std::move(path)),
+        dim_(dim),
+        rows_(rows),
+        file_(std::move(file)),
+        out_(file_.get()) {}
 
   FileSystem* const fs_;
   const std::string path_;
   const int dim_;
   const int64_t rows_;
   std::unique_ptr<WritableFile> file_;
-  std::string buffer_;
-  uint32_t crc_ = 0;
+  ChecksummedWriter out_;
   int64_t written_ = 0;
   uint64_t last_key_ = 0;
   bool finished_ = false;

@@ -47,27 +47,6 @@ std::vector<float> FloatsAt(const std::string& bytes, size_t at, int64_t n) {
   return floats;
 }
 
-// Appends bytes to a file through a buffer, keeping their CRC-32.
-class ChecksummedWriter {
- public:
-  ChecksummedWriter(WritableFile* file, uint32_t crc) : file_(file), crc_(crc) {}
-  std::string& buffer() { return buffer_; }
-  // Writes the buffer out once it holds `at_least` bytes (0: now).
-  absl::Status Flush(size_t at_least = 0) {
-    if (buffer_.size() < at_least || buffer_.empty()) return absl::OkStatus();
-    crc_ = Crc32(buffer_.data(), buffer_.size(), crc_);
-    absl::Status s = file_->Append(buffer_);
-    buffer_.clear();
-    return s;
-  }
-  uint32_t crc() const { return crc_; }
-
- private:
-  WritableFile* const file_;
-  uint32_t crc_;
-  std::string buffer_;
-};
-
 constexpr size_t kFlushBytes = 1 << 20;
 
 // A table's part of the file: its rows, the keys deleted, then its
@@ -104,21 +83,26 @@ absl::Status WriteTable(const TableCheckpoint& table, ChecksummedWriter& out) {
   return out.Flush(kFlushBytes);
 }
 
-// Reads just the header of a checkpoint file (no CRC check: pruning's
-// view of a file, not a restore's).
+// Reads the header of a checkpoint file from its start (no CRC check:
+// pruning's view of a file, and the row reader's, which checked it).
+absl::StatusOr<v1::CheckpointHeader> ReadHeaderFrom(ReadableFile& file, const std::string& path) {
+  auto unreadable = [&] {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no readable header"));
+  };
+  PSTRAIN_ASSIGN_OR_RETURN(const std::string head, file.Read(12));
+  if (head.size() < 12 || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 ||
+      GetU32(head, 4) != kFormatVersion || GetU32(head, 8) > kMaxHeaderBytes) {
+    return unreadable();
+  }
+  PSTRAIN_ASSIGN_OR_RETURN(const std::string bytes, file.Read(GetU32(head, 8)));
+  v1::CheckpointHeader header;
+  if (bytes.size() != GetU32(head, 8) || !header.ParseFromString(bytes)) return unreadable();
+  return header;
+}
+
 absl::StatusOr<v1::CheckpointHeader> ReadHeader(FileSystem* fs, const std::string& path) {
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->OpenForRead(path));
-  PSTRAIN_ASSIGN_OR_RETURN(std::string head, file->Read(12));
-  if (head.size() < 12 || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 ||
-      GetU32(head, 8) > kMaxHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no readable header"));
-  }
-  PSTRAIN_ASSIGN_OR_RETURN(std::string bytes, file->Read(GetU32(head, 8)));
-  v1::CheckpointHeader header;
-  if (!header.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, " has no readable header"));
-  }
-  return header;
+  return ReadHeaderFrom(*file, path);
 }
 
 // `delta`'s rows and deletions applied to `base`'s rows (both by key).
@@ -399,16 +383,9 @@ absl::StatusOr<std::unique_ptr<CheckpointRowReader>> CheckpointRowReader::Open(
     }
   }
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->OpenForRead(path));
+  PSTRAIN_ASSIGN_OR_RETURN(v1::CheckpointHeader header, ReadHeaderFrom(*file, path));
   std::unique_ptr<CheckpointRowReader> r(new CheckpointRowReader(path, std::move(file)));
-  PSTRAIN_ASSIGN_OR_RETURN(const absl::string_view head, r->Take(12));
-  if (std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0 || GetU32(head, 4) != kFormatVersion ||
-      GetU32(head, 8) > kMaxHeaderBytes) {
-    return r->Damaged("bad magic, version or header size");
-  }
-  PSTRAIN_ASSIGN_OR_RETURN(const absl::string_view header, r->Take(GetU32(head, 8)));
-  if (!r->header_.ParseFromArray(header.data(), static_cast<int>(header.size()))) {
-    return r->Damaged("unreadable header");
-  }
+  r->header_ = std::move(header);
   for (const v1::CheckpointHeader::Chunk& c : r->header_.chunks()) {
     if (c.size() < 0 || c.state_floats() < 0) return r->Damaged("a chunk of negative size");
     PSTRAIN_RETURN_IF_ERROR(r->Skip(4 * static_cast<uint64_t>(c.size() + c.state_floats())));

@@ -5,36 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "server/checkpoint.h"
 
 namespace pstrain::server {
-namespace {
-
-// Job ids and table names are plain (letters, digits, _ . -); anything
-// else is escaped all the same.
-std::string Quoted(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out + "\"";
-}
-
-absl::Status WriteWhole(FileSystem* fs, const std::string& path, const std::string& bytes) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
-                           fs->OpenForAppend(path + ".tmp", /*truncate=*/true));
-  PSTRAIN_RETURN_IF_ERROR(file->Append(bytes));
-  PSTRAIN_RETURN_IF_ERROR(file->Sync());
-  PSTRAIN_RETURN_IF_ERROR(file->Close());
-  return fs->Rename(path + ".tmp", path);
-}
-
-}  // namespace
 
 std::string ExportTablePath(const std::string& dir, const std::string& table) {
   return absl::StrCat(dir, "/tables/", table, ".rows");
@@ -79,12 +54,13 @@ absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
 
   PSTRAIN_RETURN_IF_ERROR(fs->MakeDirs(dir + "/tables"));
   if (!model_file.empty()) {
-    PSTRAIN_RETURN_IF_ERROR(WriteWhole(fs, absl::StrCat(dir, "/", kExportModelFile), model_file));
+    PSTRAIN_RETURN_IF_ERROR(
+        fs->WriteFileAtomically(absl::StrCat(dir, "/", kExportModelFile), model_file));
   }
   std::string manifest = absl::StrCat(
-      "{\"job_id\":", Quoted(source.job_id), ",\"step\":", source.step,
+      "{\"job_id\":", JsonQuote(source.job_id), ",\"step\":", source.step,
       ",\"generation\":", source.generation,
-      ",\"model\":", model_file.empty() ? "null" : Quoted(kExportModelFile), ",\"tables\":[");
+      ",\"model\":", model_file.empty() ? "null" : JsonQuote(kExportModelFile), ",\"tables\":[");
   for (int t = 0; t < spec.tables_size(); ++t) {
     const std::string& name = spec.tables(t).name();
     const int dim = spec.tables(t).dim();
@@ -109,11 +85,11 @@ absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
       PSTRAIN_ASSIGN_OR_RETURN(more[least], servers[least]->NextRow(t, next[least]));
     }
     PSTRAIN_RETURN_IF_ERROR(out->Finish());
-    absl::StrAppend(&manifest, t > 0 ? "," : "", "{\"name\":", Quoted(name), ",\"dim\":", dim,
-                    ",\"rows\":", rows, ",\"file\":", Quoted("tables/" + name + ".rows"), "}");
+    absl::StrAppend(&manifest, t > 0 ? "," : "", "{\"name\":", JsonQuote(name), ",\"dim\":", dim,
+                    ",\"rows\":", rows, ",\"file\":", JsonQuote("tables/" + name + ".rows"), "}");
   }
   absl::StrAppend(&manifest, "]}\n");
-  return WriteWhole(fs, absl::StrCat(dir, "/", kExportManifest), manifest);
+  return fs->WriteFileAtomically(absl::StrCat(dir, "/", kExportManifest), manifest);
 }
 
 absl::StatusOr<TableExport> ReadTableExport(FileSystem* fs, const std::string& dir) {
