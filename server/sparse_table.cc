@@ -337,30 +337,34 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   }
 
   SparseStepStats stats;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const auto it = index_.find(keys[i]);
-    if (it == index_.end()) {
-      ++stats.gradients_dropped;
-      AddSightings(keys[i], counts[i]);
-      continue;
-    }
-    UpdateRow(it->second, sums.data() + i * dim);
-    Meta& meta = meta_[it->second];
+  auto update = [&](uint32_t slot, size_t i) {
+    UpdateRow(slot, sums.data() + i * dim);
+    Meta& meta = meta_[slot];
     meta.last_step = step;
     ++meta.touches;
     ++stats.rows_updated;
+  };
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto it = index_.find(keys[i]);
+    if (it == index_.end()) {
+      AddSightings(keys[i], counts[i]);
+      continue;
+    }
+    update(it->second, i);
   }
   std::sort(expired.begin(), expired.end());
   for (const uint64_t key : expired) Remove(key);
   stats.evicted += static_cast<int64_t>(expired.size());
   if (over_cap > 0) Evict(over_cap, merged, stats);
+  // A new row: its initial values, then the admitting step's update.
   for (const uint64_t key : admitted) {
     const uint32_t slot = NewSlot();
     InitRow(key, slot);
-    meta_[slot].last_step = step;
     index_.emplace(key, slot);
+    update(slot, merged.at(key));
   }
   stats.admitted = static_cast<int64_t>(admitted.size());
+  stats.gradients_dropped = static_cast<int64_t>(keys.size()) - stats.rows_updated;
   return stats;
 }
 

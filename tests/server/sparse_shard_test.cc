@@ -155,11 +155,11 @@ TEST_F(SparseShardTest, SyncAppliesEveryWorkersPushAtTheStepsEndInWorkerOrder) {
   PSTRAIN_ASSERT_OK(EndStep(store_, 1, 0, 2.0f));
   ASSERT_EQ(early->answered, 1);
   EXPECT_EQ(early->version, 1);
-  // Zeros initially, admitted at step 0's end (their gradients dropped):
-  // nothing trained yet; key 9 was never pushed.
-  EXPECT_EQ(early->rows, std::vector<float>(6, 0.0f));
+  // Admitted at step 0's end from zeros, each with the step's update: key
+  // 7 0.5 * (1 + 2) off zero, key 8 0.5 * 1; key 9 was never pushed.
+  EXPECT_EQ(early->rows, (std::vector<float>{-1.5f, -1.5f, -0.5f, -0.5f, 0.0f, 0.0f}));
 
-  // Step 1: key 7 again from both: 0.5 * (1 + 2) = 1.5 off zero.
+  // Step 1: key 7 again from both (0.5 * (1 + 2) more), key 8 from worker 1.
   PSTRAIN_ASSERT_OK(
       store_.SparsePush(SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 0, 1, {Section(0, {7}, 1.0f, 2)})));
   PSTRAIN_ASSERT_OK(store_.SparsePush(
@@ -171,7 +171,7 @@ TEST_F(SparseShardTest, SyncAppliesEveryWorkersPushAtTheStepsEndInWorkerOrder) {
   PSTRAIN_ASSERT_OK(EndStep(store_, 1, 1, 2.0f));
   const auto after = Pull(1, 2, 2, {Section(0, {7, 8}, 0, 2)});
   ASSERT_EQ(after->answered, 1);
-  EXPECT_EQ(after->rows, (std::vector<float>{-1.5f, -1.5f, -1.0f, -1.0f}));
+  EXPECT_EQ(after->rows, (std::vector<float>{-3.0f, -3.0f, -1.5f, -1.5f}));
   // A push of a step already applied changes nothing.
   PSTRAIN_ASSERT_OK(store_.SparsePush(
       SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 0, 1, {Section(0, {7}, 100.0f, 2)})));
@@ -191,7 +191,8 @@ TEST_F(SparseShardTest, AStepWhoseStepEndsBoundANaNIsSkipped) {
   }
   const auto rows = Pull(0, 2, 2, {Section(0, {7}, 0, 2)});
   ASSERT_EQ(rows->answered, 1);
-  EXPECT_EQ(rows->rows, (std::vector<float>{0.0f, 0.0f}));  // admitted at 0, step 1 skipped
+  // Admitted at 0 with 0.5 * (1 + 1), step 1 skipped.
+  EXPECT_EQ(rows->rows, (std::vector<float>{-1.0f, -1.0f}));
 }
 
 TEST_F(SparseShardTest, AsyncAppliesEachPushOnItsOwnOnceItsStepEndIsIn) {
@@ -202,7 +203,7 @@ TEST_F(SparseShardTest, AsyncAppliesEachPushOnItsOwnOnceItsStepEndIsIn) {
   EXPECT_EQ(waiting->answered, 0);  // its own push is not applied yet
   PSTRAIN_ASSERT_OK(EndStep(store_, 1, 0));
   ASSERT_EQ(waiting->answered, 1);  // worker 0 has pushed nothing: async does not wait
-  EXPECT_EQ(waiting->rows, (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(waiting->rows, (std::vector<float>{-0.5f, -0.5f}));
   PSTRAIN_ASSERT_OK(
       store_.SparsePush(SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 1, 1, {Section(0, {7}, 1.0f, 2)})));
   // A push of another step while one waits for its step end is refused.
@@ -211,7 +212,7 @@ TEST_F(SparseShardTest, AsyncAppliesEachPushOnItsOwnOnceItsStepEndIsIn) {
           .code(),
       absl::StatusCode::kInvalidArgument);
   PSTRAIN_ASSERT_OK(EndStep(store_, 1, 1));
-  EXPECT_EQ(Pull(1, 2, 0, {Section(0, {7}, 0, 2)})->rows, (std::vector<float>{-0.5f, -0.5f}));
+  EXPECT_EQ(Pull(1, 2, 0, {Section(0, {7}, 0, 2)})->rows, (std::vector<float>{-1.0f, -1.0f}));
 }
 
 TEST_F(SparseShardTest, HostileSparseFramesAreRefusedWithNothingChanged) {

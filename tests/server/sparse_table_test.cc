@@ -105,7 +105,7 @@ TEST(SparseTableTest, WorkersPushesAreSummedInWorkerOrderWhateverTheKeyOrder) {
   const std::vector<float> fresh = Read(*c, {1});
   for (int j = 0; j < 4; ++j) EXPECT_EQ(Read(*a, {1})[j], fresh[j] - 0.5f * 1.75f);
   EXPECT_EQ(a->Rows().size(), 2u);
-  EXPECT_EQ(a->Rows()[0].touches, 1);
+  EXPECT_EQ(a->Rows()[0].touches, 2);  // the admitting step and step 1
   EXPECT_EQ(a->Rows()[0].last_step, 1);
 }
 
@@ -117,7 +117,9 @@ void ExpectRowFollows(
   Config c = SmallConfig(optimizer);
   c.learning_rate = 0.1f;
   auto table = Make(c);
-  ASSERT_TRUE(Step(*table, 0, {Push({9, 10}, 0)}).ok());  // admitted (gradient dropped)
+  // Admitted, and its zero gradient applied (which changes no value or
+  // state, but counts as an update).
+  ASSERT_TRUE(Step(*table, 0, {Push({9, 10}, 0)}).ok());
   std::vector<float> w = Read(*table, {9});
   const std::vector<float> untouched = Read(*table, {10});
   std::vector<std::vector<float>> state(4);
@@ -126,7 +128,7 @@ void ExpectRowFollows(
     if (optimizer == Config::Optimizer::kAdagrad) state[j] = {c.initial_accumulator};
     if (optimizer == Config::Optimizer::kFtrl) state[j] = {0.0f, c.initial_accumulator};
   }
-  int update = 0;
+  int update = 1;
   for (int64_t step : {1, 2, 3}) {
     const float g = step == 1 ? 0.5f : -0.25f;
     if (step == 2) {
@@ -140,7 +142,7 @@ void ExpectRowFollows(
     for (int j = 0; j < 4; ++j) EXPECT_NEAR(got[j], w[j], 1e-6) << "step " << step;
   }
   EXPECT_NE(Read(*table, {10}), untouched);
-  EXPECT_EQ(table->Rows()[0].updates, 2);
+  EXPECT_EQ(table->Rows()[0].updates, 3);
 }
 
 TEST(SparseTableTest, RowWiseOptimizersUpdateOnlyTheRowsAStepTouches) {
@@ -179,14 +181,16 @@ TEST(SparseTableTest, AKeyBecomesARowOnceSeenMinCountTimes) {
     EXPECT_EQ(table->rows(), 0);
     EXPECT_EQ(Read(*table, {42}), std::vector<float>(4, 0.0f));
   }
-  // The third sighting admits it at the step boundary; its gradient is dropped.
+  // The third sighting admits it at the step boundary: the new row takes
+  // the step's gradient.
   absl::StatusOr<SparseStepStats> third = Step(*table, 2, {Push({42}, 1.0f)});
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(third->admitted, 1);
-  EXPECT_EQ(third->gradients_dropped, 1);
+  EXPECT_EQ(third->gradients_dropped, 0);
+  EXPECT_EQ(third->rows_updated, 1);
   EXPECT_EQ(table->rows(), 1);
   auto fresh = Make(SmallConfig());
-  ASSERT_TRUE(Step(*fresh, 0, {Push({42}, 0)}).ok());
+  ASSERT_TRUE(Step(*fresh, 0, {Push({42}, 1.0f)}).ok());
   EXPECT_EQ(Read(*table, {42}), Read(*fresh, {42}));
   // Counts add up over workers and within a batch: 2 + 1 in one step.
   OwnedPush twice = Push({7}, 1.0f);
