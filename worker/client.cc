@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <map>
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_codec.h"
@@ -26,6 +28,7 @@
 #include "worker/generation.h"
 #include "worker/parameter_client.h"
 #include "worker/progress_reporter.h"
+#include "worker/sparse_client.h"
 #include "worker/step_log.h"
 #include "worker/transport.h"
 
@@ -104,6 +107,9 @@ class Client::Impl {
   ~Impl() {
     if (reporter_ != nullptr) reporter_->Stop();
     if (membership_ != nullptr) membership_->Stop();
+    if (sparse_ != nullptr) sparse_->Cancel();
+    WaitForRowPush().IgnoreError();
+    sparse_.reset();
     params_.reset();
     transport_.reset();
   }
@@ -147,6 +153,7 @@ class Client::Impl {
       ended_ = absl::StrCat("another process took node id ", node_id_, ": ", status.message());
       assignment_changed_.NotifyAll();
       if (params_ != nullptr) params_->Cancel();
+      if (sparse_ != nullptr) sparse_->Cancel();
     };
     membership_ = std::make_unique<MembershipClient>(std::move(m), std::move(callbacks));
     node_id_ = membership_->node_id();
@@ -166,6 +173,7 @@ class Client::Impl {
   int num_workers() const { return share_.num_workers; }
   int64_t step() const { return step_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const std::vector<TableInfo>& tables() const { return tables_; }
   double loss_scale() const { return loss_scale_.has_value() ? loss_scale_->scale() : 1.0; }
 
   absl::StatusOr<int> TensorIndex(std::string_view name) const {
@@ -174,6 +182,14 @@ class Client::Impl {
     }
     return absl::NotFoundError(absl::StrCat("the model of job ", options_.job_id,
                                             " has no tensor '", std::string(name), "'"));
+  }
+
+  absl::StatusOr<int> TableIndex(std::string_view name) const {
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      if (tables_[t].name == name) return static_cast<int>(t);
+    }
+    return absl::NotFoundError(absl::StrCat("job ", options_.job_id, " has no table '",
+                                            std::string(name), "'"));
   }
 
   absl::Status CheckTensor(int tensor, int64_t size) const {
@@ -271,12 +287,69 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status PullRows(const std::vector<RowPull>& pulls) {
+    PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    std::vector<worker::SparseClient::TableKeys> keys(tables_.size());
+    for (const RowPull& pull : pulls) {
+      PSTRAIN_RETURN_IF_ERROR(CheckRows(pull.table, pull.keys, pull.n, pull.rows));
+      keys[pull.table].keys.insert(keys[pull.table].keys.end(), pull.keys, pull.keys + pull.n);
+    }
+    for (size_t t = 0; t < keys.size(); ++t) {
+      PSTRAIN_RETURN_IF_ERROR(CheckDistinct(static_cast<int>(t), keys[t].keys));
+    }
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
+    std::vector<std::vector<float>> rows;
+    absl::Status status = step_discarded_ ? absl::OkStatus() : PullTableRows(keys, rows);
+    if (!status.ok()) {
+      PSTRAIN_RETURN_IF_ERROR(Recover(status));
+      step_discarded_ = true;  // the rows of a step that will not be applied
+    }
+    std::vector<int64_t> taken(tables_.size(), 0);
+    for (const RowPull& pull : pulls) {
+      const int64_t floats = pull.n * tables_[pull.table].dim;
+      if (step_discarded_) {
+        std::fill_n(pull.rows, floats, 0.0f);
+      } else {
+        std::copy_n(rows[pull.table].data() + taken[pull.table], floats, pull.rows);
+      }
+      taken[pull.table] += floats;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PushRowGradients(int table, const uint64_t* keys, const uint32_t* counts,
+                                const float* grads, int64_t n) {
+    PSTRAIN_RETURN_IF_ERROR(CheckStarted());
+    PSTRAIN_RETURN_IF_ERROR(CheckRows(table, keys, n, grads));
+    if (n > 0 && counts == nullptr) return absl::InvalidArgumentError("null counts");
+    PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
+    if (step_discarded_) return absl::OkStatus();
+    if (row_pushed_[table]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", tables_[table].name, "' was already pushed in step ", step_));
+    }
+    worker::SparseClient::TableKeys& rows = row_push_[table];
+    rows.keys.assign(keys, keys + n);
+    PSTRAIN_RETURN_IF_ERROR(CheckDistinct(table, rows.keys));
+    rows.counts.assign(counts, counts + n);
+    rows.grads.assign(grads, grads + n * tables_[table].dim);
+    for (float g : rows.grads) {
+      row_max_abs_ = std::max(row_max_abs_, std::isfinite(g) ? std::abs(g) : INFINITY);
+    }
+    row_pushed_[table] = true;
+    if (std::all_of(row_pushed_.begin(), row_pushed_.end(), [](bool b) { return b; })) {
+      StartRowPush();
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<int64_t> EndStep(double loss, int64_t samples, bool await_values) {
     PSTRAIN_RETURN_IF_ERROR(CheckStarted());
     PSTRAIN_RETURN_IF_ERROR(FinishDeferred());
     if (step_discarded_) {
       // Computed from a generation that is gone: its pushes went nowhere.
       step_discarded_ = false;
+      ResetRowPush();
       last_step_end_ = MonotonicNow();
       awaited_seconds_ = 0;
       return step_;
@@ -310,10 +383,23 @@ class Client::Impl {
       std::swap(*pending_, *deferred_);
       std::fill(pushed_.begin(), pushed_.end(), false);
     }
+    // The step's rows: every server has them before it hears the step end,
+    // which bounds them too.
+    const float row_max_abs = row_max_abs_;
+    if (!tables_.empty()) {
+      StartRowPush();
+      absl::Status status = WaitForRowPush();
+      if (!status.ok()) return AbandonStep(status);
+    }
     // The step end first: the pushes' replies wait for it (a lost one is
     // sent again before anything waits for them).
-    const float max_abs = params_->PushedMaxAbs(step_);
+    const float max_abs = std::max(params_->PushedMaxAbs(step_), row_max_abs);
     deferred_->AddFirst(params_->StartEndStep(step_, max_abs));
+    if (!tables_.empty()) {
+      // The servers that hold no dense chunk, which the dense step end skips.
+      absl::Status status = sparse_->EndStep(step_, max_abs);
+      if (!status.ok()) return AbandonStep(status);
+    }
     // An overflow: the servers skip the step (as any non-finite one).
     if (loss_scale_.has_value()) loss_scale_->Update(!std::isfinite(max_abs));
     // The last step's values are awaited here: a recovery found after the
@@ -412,6 +498,92 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
+  // ---- Rows of the embedding tables ----
+
+  absl::Status CheckRows(int table, const uint64_t* keys, int64_t n, const float* rows) const {
+    if (table < 0 || table >= static_cast<int>(tables_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", table, " outside [0, ",
+                                                     tables_.size(), ")"));
+    }
+    if (n < 0) return absl::InvalidArgumentError("a negative number of keys");
+    if (n > 0 && (keys == nullptr || rows == nullptr)) {
+      return absl::InvalidArgumentError("null keys or rows");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckDistinct(int table, const std::vector<uint64_t>& keys) const {
+    absl::flat_hash_set<uint64_t> seen;
+    seen.reserve(keys.size());
+    for (uint64_t key : keys) {
+      if (!seen.insert(key).second) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", tables_[table].name,
+                                                       "': key ", key, " twice in one step's "
+                                                       "pulls or push (keys must be distinct)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The rows of step_ (as the step reads them) of every table's keys.
+  absl::Status PullTableRows(const std::vector<worker::SparseClient::TableKeys>& keys,
+                             std::vector<std::vector<float>>& rows) {
+    const bool sync = spec_.mode() == v1::MODE_SYNC;
+    PSTRAIN_RETURN_IF_ERROR(sparse_->Pull(step_, sync ? step_ : 0,
+                                          StepsAppliedBefore(step_, StalenessOf(spec_)), keys,
+                                          rows));
+    pulled_step_ = step_;
+    return absl::OkStatus();
+  }
+
+  // Sends the step's row gradients (tables not pushed: none) to every
+  // server on a thread of its own, unless sent already. A server takes a
+  // worker's push of a step once its tables have reached the step, which
+  // the step's pull waits for: without one, an empty pull goes first.
+  void StartRowPush() {
+    if (row_push_done_.valid()) return;
+    const bool sync = spec_.mode() == v1::MODE_SYNC;
+    const int64_t version = sync ? step_ : 0;
+    const int64_t pushed_steps = StepsAppliedBefore(step_, StalenessOf(spec_));
+    const bool pull_first = pulled_step_ != step_;
+    row_push_done_ = std::async(
+        std::launch::async, [sparse = sparse_.get(), step = step_, version, pushed_steps,
+                             pull_first, rows = std::exchange(row_push_, {})]() -> absl::Status {
+          if (pull_first) {
+            std::vector<std::vector<float>> none;
+            PSTRAIN_RETURN_IF_ERROR(sparse->Pull(
+                step, version, pushed_steps,
+                std::vector<worker::SparseClient::TableKeys>(rows.size()), none));
+          }
+          return sparse->Push(step, rows);
+        });
+  }
+
+  // Waits for the step's row push, if one was started, and makes ready
+  // for the next step's.
+  absl::Status WaitForRowPush() {
+    absl::Status status;
+    if (row_push_done_.valid()) status = row_push_done_.get();
+    ResetRowPush();
+    return status;
+  }
+
+  void ResetRowPush() {
+    row_push_.assign(tables_.size(), {});
+    row_pushed_.assign(tables_.size(), false);
+    row_max_abs_ = 0;
+  }
+
+  // A step whose exchanges failed: the step's dense exchanges end (they
+  // would wait for a step end that is not coming) and the job goes on
+  // from where it recovers to, if it does.
+  absl::StatusOr<int64_t> AbandonStep(const absl::Status& error) {
+    params_->Cancel();
+    FinishAll(deferred_->Take()).IgnoreError();
+    PSTRAIN_RETURN_IF_ERROR(Recover(error));
+    return step_;
+  }
+
   void OnHeartbeat(const v1::HeartbeatResponse& response) {
     absl::MutexLock lock(&mu_);
     assignment_changed_.NotifyAll();
@@ -421,6 +593,7 @@ class Client::Impl {
       if (generation_ > 0 && ended_.empty()) {
         ended_ = absl::StrCat("job ", options_.job_id, " is no longer running here");
         if (params_ != nullptr) params_->Cancel();
+        if (sparse_ != nullptr) sparse_->Cancel();
       }
       return;
     }
@@ -433,6 +606,7 @@ class Client::Impl {
     // A new generation: what this one waits for will not come.
     if (mine->generation() > generation_ && generation_ > 0 && params_ != nullptr) {
       params_->Cancel();
+      if (sparse_ != nullptr) sparse_->Cancel();
     }
   }
 
@@ -513,6 +687,11 @@ class Client::Impl {
       return absl::InvalidArgumentError("the assignment's server addresses do not match its plan");
     }
     const std::vector<kernels::TensorDesc> descs = JobTensors(spec_);
+    if (tables_.empty()) {
+      for (const v1::EmbeddingTableSpec& table : spec_.tables()) {
+        tables_.push_back({table.name(), table.dim()});
+      }
+    }
     if (descs_.empty()) {
       descs_ = descs;
       int64_t widest = 0;
@@ -551,13 +730,29 @@ class Client::Impl {
         c.retry.patience(),
         absl::Seconds(recovery.replace_after_seconds() + recovery.wait_timeout_seconds() + 60)));
     auto params = std::make_unique<ParameterClient>(std::move(c), transport.get());
+    worker::SparseClient::Options sparse;
+    sparse.job_id = options_.job_id;
+    sparse.worker = next.worker_index();
+    sparse.generation = next.generation();
+    for (const TableInfo& table : tables_) sparse.dims.push_back(table.dim);
+    std::vector<bool> has_chunk(next.plan().num_servers(), false);
+    for (const v1::ChunkInfo& chunk : next.plan().chunks()) has_chunk[chunk.server()] = true;
+    for (uint32_t s = 0; s < has_chunk.size(); ++s) {
+      if (!has_chunk[s]) sparse.servers_without_chunks.push_back(static_cast<int>(s));
+    }
+    sparse.retry = c.retry;
+    auto sparse_client = std::make_unique<worker::SparseClient>(sparse, transport.get());
+    WaitForRowPush().IgnoreError();  // the last generation's, cancelled
     std::unique_ptr<ParameterClient> old_params;
+    std::unique_ptr<worker::SparseClient> old_sparse;
     std::unique_ptr<worker::ParameterTransport> old_transport;
     {
       absl::MutexLock lock(&mu_);
       old_params = std::exchange(params_, std::move(params));
+      old_sparse = std::exchange(sparse_, std::move(sparse_client));
       generation_ = next.generation();
     }
+    old_sparse.reset();
     old_params.reset();  // waits for its streams
     old_transport = std::exchange(transport_, std::move(transport));
     assignment_ = std::move(next);
@@ -567,6 +762,7 @@ class Client::Impl {
       pushed_.assign(descs_.size(), false);
     }
     deferred_.emplace(params_.get());
+    pulled_step_ = -1;
     awaited_seconds_ = 0;
     step_ = assignment_.resume_step();
     first_step_ = step_;
@@ -682,6 +878,7 @@ class Client::Impl {
   MonotonicCondVar assignment_changed_;      // next_ or ended_ may have changed
   // Written by the driving thread under mu_, read by it without.
   std::unique_ptr<ParameterClient> params_;
+  std::unique_ptr<worker::SparseClient> sparse_;
 
   // The current generation.
   v1::WorkerAssignment assignment_;
@@ -710,6 +907,15 @@ class Client::Impl {
   std::optional<worker::StepExchanges> deferred_;
   double awaited_seconds_ = 0;
   bool step_discarded_ = false;  // a recovery happened while it was computed
+
+  // The embedding tables, and the step's row gradients until they go (all
+  // pushed, or EndStep) on a thread of their own.
+  std::vector<TableInfo> tables_;
+  std::vector<worker::SparseClient::TableKeys> row_push_;
+  std::vector<bool> row_pushed_;
+  float row_max_abs_ = 0;  // of the step's row gradients; +inf for a NaN
+  std::future<absl::Status> row_push_done_;
+  int64_t pulled_step_ = -1;  // the last step whose rows were pulled
 
   // precision fp16: the scale of the step being computed.
   std::optional<worker::DynamicLossScale> loss_scale_;
@@ -760,6 +966,15 @@ int64_t Client::step() const { return impl_->step(); }
 const std::vector<TensorSpec>& Client::tensors() const { return impl_->tensors(); }
 absl::StatusOr<int> Client::TensorIndex(std::string_view name) const {
   return impl_->TensorIndex(name);
+}
+const std::vector<TableInfo>& Client::tables() const { return impl_->tables(); }
+absl::StatusOr<int> Client::TableIndex(std::string_view name) const {
+  return impl_->TableIndex(name);
+}
+absl::Status Client::PullRows(const std::vector<RowPull>& pulls) { return impl_->PullRows(pulls); }
+absl::Status Client::PushRowGradients(int table, const uint64_t* keys, const uint32_t* counts,
+                                      const float* grads, int64_t n) {
+  return impl_->PushRowGradients(table, keys, counts, grads, n);
 }
 absl::Status Client::BindTensor(int tensor, float* values, int64_t size) {
   return impl_->BindTensor(tensor, values, size);

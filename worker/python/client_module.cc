@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pstrain/client.h"
@@ -157,6 +158,44 @@ PYBIND11_MODULE(_client, m) {
         "Payload bytes the data plane has copied in this process (0: every push and pull "
         "went from and to the arrays' own memory).");
 
+  py::class_<pstrain::ClickReader>(m, "ClickReader")
+      .def(py::init([](const std::vector<std::string>& files, int dense, int fields,
+                       uint64_t seed, int64_t epoch, int64_t shuffle_window) {
+             return Value(pstrain::ClickReader::Open({.files = files,
+                                                      .dense = dense,
+                                                      .fields = fields,
+                                                      .seed = seed,
+                                                      .epoch = epoch,
+                                                      .shuffle_window = shuffle_window}));
+           }),
+           py::arg("files"), py::arg("dense") = 13, py::arg("fields") = 26, py::arg("seed") = 0,
+           py::arg("epoch") = 0, py::arg("shuffle_window") = 65536,
+           "Click logs in Criteo's layout, in the order a click job's workers read them "
+           "(docs/click-data.md).")
+      .def(
+          "read",
+          [](pstrain::ClickReader& r, int64_t from, int64_t count) {
+            pstrain::ClickSamples s = Value(Unlocked([&] { return r.Read(from, count); }));
+            const auto n = static_cast<py::ssize_t>(s.labels.size());
+            const py::ssize_t dense = n == 0 ? 0 : static_cast<py::ssize_t>(s.dense.size()) / n;
+            return py::make_tuple(
+                py::array_t<float>(n, s.labels.data()),
+                py::array_t<float>(std::vector<py::ssize_t>{n, dense}, s.dense.data()),
+                py::array_t<int64_t>(static_cast<py::ssize_t>(s.bag_starts.size()),
+                                     s.bag_starts.data()),
+                py::array_t<uint64_t>(static_cast<py::ssize_t>(s.keys.size()), s.keys.data()));
+          },
+          py::arg("start"), py::arg("count"),
+          "Positions [start, start + count): (labels float32[n], dense float32[n, dense], "
+          "bag_starts int64[n * fields + 1], keys uint64[]); bag b = sample * fields + field "
+          "holds keys[bag_starts[b]:bag_starts[b + 1]].")
+      .def(
+          "available",
+          [](pstrain::ClickReader& r, int64_t end) {
+            return Value(Unlocked([&] { return r.Available(end); }));
+          },
+          py::arg("end"), "How many of positions [0, end) the epoch has.");
+
   py::class_<pstrain::Client>(m, "Client")
       .def(py::init([](const std::string& coordinator, const std::string& job_id,
                        const std::string& node_id, const std::string& cert_file,
@@ -196,6 +235,44 @@ PYBIND11_MODULE(_client, m) {
                                }
                                return out;
                              })
+      .def_property_readonly("tables",
+                             [](const pstrain::Client& c) {
+                               std::vector<std::pair<std::string, int>> out;
+                               for (const pstrain::TableInfo& t : c.tables()) {
+                                 out.emplace_back(t.name, t.dim);
+                               }
+                               return out;
+                             },
+                             "(name, dim) of each of the job's embedding tables.")
+      .def("table_index",
+           [](const pstrain::Client& c, const std::string& name) {
+             return Value(c.TableIndex(name));
+           })
+      .def(
+          "pull_rows",
+          [](pstrain::Client& c, const std::vector<std::tuple<int, uintptr_t, int64_t, uintptr_t>>&
+                                     pulls) {
+            std::vector<pstrain::RowPull> rows;
+            for (const auto& [table, keys, n, values] : pulls) {
+              rows.push_back({table, reinterpret_cast<const uint64_t*>(keys), n,
+                              reinterpret_cast<float*>(values)});
+            }
+            Check(Unlocked([&] { return c.PullRows(rows); }));
+          },
+          py::arg("pulls"),
+          "Pulls rows: (table, keys address, n, rows address) each, n distinct 64-bit keys "
+          "and n * dim float32 for their rows; one exchange per server for all.")
+      .def(
+          "push_rows_address",
+          [](pstrain::Client& c, int table, uintptr_t keys, uintptr_t counts, uintptr_t grads,
+             int64_t n) {
+            Check(c.PushRowGradients(table, reinterpret_cast<const uint64_t*>(keys),
+                                     reinterpret_cast<const uint32_t*>(counts),
+                                     reinterpret_cast<const float*>(grads), n));
+          },
+          py::arg("table"), py::arg("keys"), py::arg("counts"), py::arg("grads"), py::arg("n"),
+          "The step's gradients of a table's rows: n distinct keys (uint64), their counts in "
+          "the batch (uint32) and gradients (n * dim float32), by address; copied at once.")
       .def_property_readonly(
           "buffers",
           [](const pstrain::Client& c) {

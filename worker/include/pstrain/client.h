@@ -121,6 +121,69 @@ struct ModelTensor {
 // and the like for one that cannot be read.
 PSTRAIN_CLIENT_API absl::StatusOr<std::vector<ModelTensor>> ReadModel(const std::string& path);
 
+// Click logs in Criteo's layout (docs/click-data.md), read in the order
+// every worker of a click job agrees on: the files' windows of
+// `shuffle_window` lines, each in an order drawn from (seed, epoch,
+// window). Global batch t of G samples is positions [t*G, (t+1)*G), cut by
+// worker index (Client::batch_offset()) as Client::BatchIndices cuts a
+// training set; a baseline (one process, DDP) that reads the same
+// positions sees the same batches.
+struct ClickSamples {
+  std::vector<float> labels;  // 0 or 1, one a sample
+  // dense floats a sample: log(1 + max(x, 0)) of each integer feature
+  std::vector<float> dense;
+  // Bag b = sample * fields + field holds keys[bag_starts[b] ..
+  // bag_starts[b+1]) (an empty feature: an empty bag).
+  std::vector<int64_t> bag_starts;
+  std::vector<uint64_t> keys;
+};
+class PSTRAIN_CLIENT_API ClickReader {
+ public:
+  struct Options {
+    std::vector<std::string> files;  // plain or gzip, read as one stream
+    int dense = 13;                  // integer columns
+    int fields = 26;                 // categorical columns
+    uint64_t seed = 0;               // the job's
+    int64_t epoch = 0;
+    int64_t shuffle_window = 65536;  // the job's data.clicks.shuffle_window
+  };
+  // NOT_FOUND naming a missing file; INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<ClickReader>> Open(Options options);
+  ~ClickReader();
+  ClickReader(const ClickReader&) = delete;
+  ClickReader& operator=(const ClickReader&) = delete;
+
+  // The samples at positions [from, from + count). `from` may not go below
+  // that of an earlier call. OUT_OF_RANGE past the epoch's end;
+  // INVALID_ARGUMENT naming the file and line of a line that does not
+  // parse.
+  absl::StatusOr<ClickSamples> Read(int64_t from, int64_t count);
+  // How many of positions [0, end) the epoch has (reads ahead as needed).
+  absl::StatusOr<int64_t> Available(int64_t end);
+
+  class Impl;
+
+ private:
+  explicit ClickReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One of the job's embedding tables (the job file's `tables`), whose rows
+// live on the servers by 64-bit key.
+struct TableInfo {
+  std::string name;
+  int dim = 0;  // floats a row
+};
+
+// A pull of one table's rows: n distinct keys, and where their rows go
+// (n * dim floats).
+struct RowPull {
+  int table = 0;
+  const uint64_t* keys = nullptr;
+  int64_t n = 0;
+  float* rows = nullptr;
+};
+
 // A test-set evaluation of the final model, which worker 0 reports.
 struct Evaluation {
   double accuracy = 0;
@@ -191,6 +254,11 @@ class PSTRAIN_CLIENT_API Client {
   // NOT_FOUND for a name the model does not have.
   absl::StatusOr<int> TensorIndex(std::string_view name) const;
 
+  // The job's embedding tables, in the job file's order.
+  const std::vector<TableInfo>& tables() const;
+  // NOT_FOUND for a name the job's tables do not have.
+  absl::StatusOr<int> TableIndex(std::string_view name) const;
+
   // Where tensor `tensor`'s values live: `size` floats that the client
   // writes the new values into, in place, and (worker 0) reads the initial
   // values from. They must stay valid while the client lives or until bound
@@ -216,6 +284,25 @@ class PSTRAIN_CLIENT_API Client {
   // gone. A tensor pushed twice in a step: INVALID_ARGUMENT.
   absl::Status PushGradient(int tensor, const float* grad, int64_t size,
                             std::shared_ptr<const void> keep_alive = nullptr);
+
+  // The rows of each pull's keys as the step computed next reads them
+  // (sync: once the servers have applied step() steps; async and SSP as
+  // the dense values), one exchange per server for all the pulls. A key
+  // the table has not admitted (docs/sparse-tables.md) reads as zeros.
+  // Keys must be distinct within a table (pulls of one table are joined);
+  // INVALID_ARGUMENT otherwise, or for an unknown table.
+  absl::Status PullRows(const std::vector<RowPull>& pulls);
+
+  // This step's gradients of table `table`'s rows: n distinct keys, each
+  // with its occurrences in the batch (`counts`, which admission counts)
+  // and its gradient (dim floats: the sum over its occurrences of the
+  // gradient of the mean loss, times gradient_scale()). Copied at once.
+  // Once every table is pushed the step's rows go to the servers, one
+  // frame each, while the program goes on; EndStep sends the step's
+  // tables not pushed (as pushes of no rows) and waits for them. A table
+  // pushed twice in a step: INVALID_ARGUMENT.
+  absl::Status PushRowGradients(int table, const uint64_t* keys, const uint32_t* counts,
+                                const float* grads, int64_t n);
 
   // Ends step(): pushes zeros for the tensors not pushed, tells the servers
   // the step is complete, and waits for the values the next step is

@@ -19,14 +19,14 @@ and .message the text.
 import os
 import re
 
-from pstrain._client import (Client, Error, copied_payload_bytes, read_model, sample_order,
-                             set_log_level, submit_job)
+from pstrain._client import (ClickReader, Client, Error, copied_payload_bytes, read_model,
+                             sample_order, set_log_level, submit_job)
 
 Error.code = property(lambda self: self.args[0], doc="the status code, e.g. 'NOT_FOUND'")
 Error.message = property(lambda self: self.args[1], doc="what went wrong")
 Error.__str__ = lambda self: "%s: %s" % (self.args[0], self.args[1])
 
-__all__ = ["Client", "Error", "copied_payload_bytes", "init", "read_model", "sample_order",
+__all__ = ["ClickReader", "Client", "Error", "copied_payload_bytes", "init", "read_model", "sample_order",
            "set_log_level", "submit_job"]
 
 # The library's own log lines reach stderr from PSTRAIN_LOG_LEVEL up (info,

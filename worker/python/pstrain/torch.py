@@ -53,6 +53,20 @@ and broadcasts the new values (parameters and buffers) to the others: one
 push per node crosses to the servers. The script is the same on every
 process; only LOCAL_RANK 0's metrics and finish() reach the job.
 
+Embedding tables whose rows live on the servers (the job file's
+`tables`, docs/sparse-tables.md): pst.EmbeddingBag in place of
+nn.EmbeddingBag, or pst.EmbeddingBags for several tables in one exchange;
+DistributedOptimizer(model) binds them to the job:
+
+    self.fields = pst.EmbeddingBags(["c1", "c2", ...], mode="sum")
+    ...
+    e = self.fields(keys)          # keys: int64 [batch, tables] -> [batch, tables, dim]
+
+The forward pass pulls the batch's distinct keys (any 64-bit ids, no
+vocabulary), backward pushes their summed gradients (scaled as the dense
+ones) while it goes on below, and the servers' table optimizer updates the
+rows.
+
 overlap_values=True: step() returns once the servers have the step's end,
 and the new values land while the next step begins: a forward pre-hook on
 every module waits for the module's own parameters before its forward
@@ -130,6 +144,11 @@ class DistributedOptimizer:
     def __init__(self, model, client=None, job_yaml=None, overlap_values=False, seed_rng=False,
                  **init_options):
         group = os.environ.get("PSTRAIN_LOCAL_GROUP") if client is None else None
+        tables = [m for m in model.modules() if isinstance(m, EmbeddingBags)] \
+            if isinstance(model, torch.nn.Module) else []
+        if group and tables:
+            raise ValueError("pstrain: embedding tables are not offered with several processes "
+                             "per node")
         if group and overlap_values:
             raise ValueError("pstrain: overlap_values is not offered with several processes per "
                              "node (the node's values come in one broadcast)")
@@ -168,6 +187,7 @@ class DistributedOptimizer:
         self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
         self._check_tensors(tensors)
         self._micro_batches = self.client.accumulate_steps  # the job's: the same every step
+        _bind_tables(tables, self.client)
         for index, (name, p) in enumerate(self._params):
             self.client.bind_address(index, p.data_ptr(), p.numel())
             if self._node is None:  # a node's processes push their sum in step()
@@ -509,6 +529,115 @@ class _Node:
             raise
         self._broadcast()
         return c.step
+
+
+class EmbeddingBags(torch.nn.Module):
+    """Embedding bags of the job's tables `tables` (names in the job file's
+    `tables`, whose dim and optimizer are the job's), rows on the servers:
+    one pull of every table's distinct keys in the forward pass, each
+    table's gradients pushed in backward. mode "sum" or "mean" (as
+    nn.EmbeddingBag's; an empty bag gives zeros). forward(keys) with an
+    int64 tensor [batch, tables] (one key a table and sample) gives
+    [batch, tables, dim]; forward(bags) with a list of (input, offsets)
+    a table, as nn.EmbeddingBag takes them (offsets None: input is 2-D,
+    [batch, bag size]), gives a list of [batch, dim]. Keys are any 64-bit
+    ids (int64 bits); a key the table has not admitted reads as zeros.
+    DistributedOptimizer(model) binds the module to the job; each table may
+    be read by one module of the model."""
+
+    def __init__(self, tables, mode="mean"):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError("pstrain: mode must be 'sum' or 'mean', not %r" % (mode,))
+        self.tables, self.mode = list(tables), mode
+        if len(set(self.tables)) != len(self.tables):
+            raise ValueError("pstrain: a table twice in %s" % self.tables)
+        self._client, self._indices, self._dims = None, None, None
+
+    def extra_repr(self):
+        return "tables=%s, mode=%s" % (self.tables, self.mode)
+
+    def _bind(self, client):
+        known = dict(client.tables)
+        missing = [t for t in self.tables if t not in known]
+        if missing:
+            raise ValueError("pstrain: the job has no table %s (its tables: %s)" %
+                             (", ".join(missing), ", ".join(known) or "none"))
+        self._client = client
+        self._indices = [client.table_index(t) for t in self.tables]
+        self._dims = [known[t] for t in self.tables]
+
+    def forward(self, bags):
+        if self._client is None:
+            raise RuntimeError("pstrain: %s is not bound to a job: make the "
+                               "DistributedOptimizer of the model first" % self)
+        stacked = torch.is_tensor(bags)
+        if stacked:
+            if bags.dim() != 2 or bags.shape[1] != len(self.tables):
+                raise ValueError("pstrain: keys must be [batch, %d], got %s" %
+                                 (len(self.tables), list(bags.shape)))
+            columns = bags.to(torch.int64).t()
+            bags = [(columns[t].contiguous(), None) for t in range(len(self.tables))]
+        elif len(bags) != len(self.tables):
+            raise ValueError("pstrain: %d bags for %d tables" % (len(bags), len(self.tables)))
+        looked_up = []
+        pulls = []
+        for (index, dim), (keys, offsets) in zip(zip(self._indices, self._dims), bags):
+            keys = keys.to(torch.int64)
+            if offsets is None:
+                if keys.dim() == 1:  # one key a bag
+                    keys = keys.unsqueeze(1)
+                if keys.dim() != 2:
+                    raise ValueError("pstrain: input without offsets must be 2-D")
+                offsets = torch.arange(0, keys.numel(), max(keys.shape[1], 1))[:keys.shape[0]]
+            distinct, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
+            rows = torch.empty(distinct.numel(), dim, dtype=torch.float32)
+            pulls.append((index, distinct.data_ptr(), distinct.numel(), rows.data_ptr()))
+            looked_up.append((index, distinct, inverse, offsets, rows))
+        self._client.pull_rows(pulls)
+        out = []
+        for index, distinct, inverse, offsets, rows in looked_up:
+            if torch.is_grad_enabled():
+                rows.requires_grad_()
+                rows.register_hook(self._pusher(index, distinct, inverse))
+            out.append(torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode))
+        return torch.stack(out, dim=1) if stacked else out
+
+    def _pusher(self, index, distinct, inverse):
+        def hook(grad):
+            grad = (grad * self._client.gradient_scale).contiguous()
+            counts = torch.bincount(inverse, minlength=distinct.numel()).to(torch.int32)
+            self._client.push_rows_address(index, distinct.data_ptr(), counts.data_ptr(),
+                                           grad.data_ptr(), distinct.numel())
+        return hook
+
+
+class EmbeddingBag(EmbeddingBags):
+    """nn.EmbeddingBag whose rows are table `table` of the job, on the
+    servers (EmbeddingBags of one table): forward(input, offsets=None) as
+    nn.EmbeddingBag's, giving [batch, dim]."""
+
+    def __init__(self, table, mode="mean"):
+        super().__init__([table], mode)
+
+    def forward(self, input, offsets=None):
+        return super().forward([(input, offsets)])[0]
+
+
+def _bind_tables(modules, client):
+    """Binds the model's embedding modules to the job's client."""
+    if not modules:
+        return
+    if client.accumulate_steps > 1:
+        raise ValueError("pstrain: embedding tables are not offered with accumulate_steps > 1")
+    seen = set()
+    for module in modules:
+        again = seen.intersection(module.tables)
+        if again:
+            raise ValueError("pstrain: table %s is read by two modules of the model" %
+                             ", ".join(sorted(again)))
+        seen.update(module.tables)
+        module._bind(client)
 
 
 def _floats(metrics):
