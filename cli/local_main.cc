@@ -328,7 +328,8 @@ int Run() {
     std::filesystem::create_directories(spec->checkpoint().dir(), error);
     options.checkpoint_root = spec->checkpoint().dir();
   }
-  options.data_root = spec->data().dir();
+  // Click data names its files, which the user chose as the directories.
+  options.data_root = spec->data().clicks().train_files_size() > 0 ? "/" : spec->data().dir();
   options.run_dir = run_dir;
   // Colocated: the servers are the workers' processes.
   options.colocated_servers = spec->colocated_servers();

@@ -200,6 +200,28 @@ TEST(LocalTest, TheClickExampleComesWithin001OfItsDatasOracleAuc) {
   EXPECT_TRUE(absl::StrContains(alone.err, "evaluate the directory")) << alone.err;
 }
 
+// Click logs are files the user names: pstrain-local's workers read them
+// wherever they are (no data root confines them).
+TEST(LocalTest, AClickJobReadsItsFilesWhereverTheyAre) {
+  TempDir dir;
+  ProcessResult gen = RunProcess({BinDir() + "/pstrain-clickgen", "--out", dir.path() + "/clicks",
+                                  "--train_rows", "4096", "--test_rows", "512", "--dense", "2",
+                                  "--fields", "2", "--vocabulary", "50"});
+  ASSERT_EQ(gen.exit_code(), 0) << gen.err;
+  const std::string job = dir.path() + "/job.yaml";
+  std::ofstream(job) << "name: click-files\n"
+                        "model: {type: click, click: {bottom: [8], top: [8]}}\n"
+                        "data: {clicks: {dense: 2, fields: 2, train_files: ["
+                     << dir.path() << "/clicks/train.txt], test_files: [" << dir.path()
+                     << "/clicks/test.txt]}}\n"
+                        "tables: [{name: a, dim: 4, fields: [1]}, {name: b, dim: 4, fields: [2]}]\n"
+                        "optimizer: {type: adam, learning_rate: 0.01}\n"
+                        "batch_size: 64\nsteps: 16\nnum_workers: 2\nnum_servers: 1\n";
+  ProcessResult r = RunProcess({BinDir() + "/pstrain-local", "--job", job}, absl::Minutes(5));
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(ResultFields(r.out).contains("test_auc")) << r.out;
+}
+
 // The click example with a server and a worker killed: their tables'
 // rows, optimizer states and admission filters come back from the
 // checkpoints, and the run ends bitwise as a clean one.
