@@ -51,8 +51,10 @@ def mlp(widths, relu_last):
 
 
 class DLRM(torch.nn.Module):
-    """`tables` maps a list of (keys, offsets), one a field, to a list of
-    [batch, dim]: pst.EmbeddingBags or LocalTables."""
+    """`tables` maps the batch's keys to the pooled fields: a list of
+    (keys, offsets), one a field, to a list of [batch, dim]
+    (pst.EmbeddingBags or LocalTables), or (pst.EmbeddingBags) keys
+    [batch, fields], one a field, to [batch, fields, dim]."""
 
     def __init__(self, dense, fields, dim, bottom, top, tables):
         super().__init__()
@@ -66,7 +68,10 @@ class DLRM(torch.nn.Module):
 
     def forward(self, dense, bags):
         z = self.bottom(dense)
-        t = torch.stack([z] + list(self.tables(bags)), dim=1)  # [batch, fields + 1, dim]
+        e = self.tables(bags)
+        if isinstance(e, list):
+            e = torch.stack(e, dim=1)
+        t = torch.cat([z.unsqueeze(1), e], dim=1)  # [batch, fields + 1, dim]
         dots = torch.bmm(t, t.transpose(1, 2))[:, self.pair_i, self.pair_j]
         return self.top(torch.cat([z, dots], dim=1)).squeeze(1)
 
@@ -128,19 +133,29 @@ def field_keys(starts, keys, fields):
     return out
 
 
+def bags_of(starts, keys, fields, vocabulary):
+    """The model's categorical input: [(keys, offsets) a field], DDP's
+    rows for its keys with a vocabulary; without (pstrain's keys), where
+    every bag holds one key, keys [batch, fields]."""
+    if vocabulary is None and np.all(np.diff(starts) == 1):
+        return torch.from_numpy(keys.view(np.int64).reshape(-1, fields))
+    bags = []
+    for f, (k, offsets) in enumerate(field_keys(starts, keys, fields)):
+        k = vocabulary.rows(f, k) if vocabulary else k.view(np.int64)
+        bags.append((torch.from_numpy(k), torch.from_numpy(offsets)))
+    return bags
+
+
 def load_batches(data, layout, seed, first, count, batch, offset, global_batch, vocabulary):
     """This process's samples of steps [first, first + count) (one epoch),
-    as tensors: (labels, dense, [(keys, offsets) a field])."""
+    as tensors: (labels, dense, bags_of's input)."""
     reader = pstrain.ClickReader([os.path.join(data, "train.txt")], dense=layout["dense"],
                                  fields=layout["fields"], seed=seed)
     batches = []
     for step in range(first, first + count):
         labels, dense, starts, keys = reader.read(step * global_batch + offset, batch)
-        bags = []
-        for f, (k, offsets) in enumerate(field_keys(starts, keys, layout["fields"])):
-            k = vocabulary.rows(f, k) if vocabulary else k.view(np.int64)
-            bags.append((torch.from_numpy(k), torch.from_numpy(offsets)))
-        batches.append((torch.from_numpy(labels), torch.from_numpy(dense), bags))
+        batches.append((torch.from_numpy(labels), torch.from_numpy(dense),
+                        bags_of(starts, keys, layout["fields"], vocabulary)))
     return batches
 
 
@@ -149,10 +164,7 @@ def evaluate(model, data, layout, vocabulary):
     scores, labels = [], []
     with torch.no_grad():
         for y, dense, starts, keys in read_all(os.path.join(data, "test.txt"), layout, 8192):
-            bags = []
-            for f, (k, offsets) in enumerate(field_keys(starts, keys, layout["fields"])):
-                k = vocabulary.rows(f, k) if vocabulary else k.view(np.int64)
-                bags.append((torch.from_numpy(k), torch.from_numpy(offsets)))
+            bags = bags_of(starts, keys, layout["fields"], vocabulary)
             scores.append(model(torch.from_numpy(dense), bags).numpy())
             labels.append(y)
     s, y = np.concatenate(scores).astype(np.float64), np.concatenate(labels)

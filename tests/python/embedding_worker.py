@@ -5,7 +5,7 @@ bags of 0-3 keys with offsets). Writes OUT_DIR/worker-W.npz: the final
 dense parameters, every key's final row of each table (pulled after the
 last step), and each step's sample indices.
 
-  embedding_worker.py OUT_DIR [--mode sum|mean] [--die-at STEP] [--steps N]
+  embedding_worker.py OUT_DIR [--mode sum|mean] [--die-at STEP] [--steps N] [--stacked]
 """
 import argparse
 import os
@@ -46,9 +46,13 @@ def key(k):
     return np.int64((int(k) * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) - (1 << 63))
 
 
-def bags_of(a, b, indices):
-    """The two fields' (keys, offsets) for the samples `indices`."""
+def bags_of(a, b, indices, stacked=False):
+    """The two fields' (keys, offsets) for the samples `indices`; stacked:
+    keys [batch, 2] of field a and a field of one key a sample."""
     keys_a = torch.tensor([key(a[i]) for i in indices], dtype=torch.int64)
+    if stacked:
+        keys_c = torch.tensor([key((a[i] * 7 + 3) % KEYS) for i in indices], dtype=torch.int64)
+        return torch.stack([keys_a, keys_c], dim=1)
     keys_b = [key(k) for i in indices for k in b[i]]
     offsets_b = np.concatenate([[0], np.cumsum([len(b[i]) for i in indices])[:-1]])
     return [(keys_a, None),
@@ -64,7 +68,9 @@ class Net(torch.nn.Module):
         self.tables = tables
 
     def forward(self, x, bags):
-        e = torch.stack(self.tables(bags), dim=1)  # [batch, 2, DIM]
+        e = self.tables(bags)
+        if isinstance(e, list):
+            e = torch.stack(e, dim=1)  # [batch, 2, DIM]
         return self.dense(x).squeeze(1) + (e * self.weights).sum(dim=(1, 2))
 
 
@@ -74,6 +80,7 @@ def main():
     parser.add_argument("--mode", default="sum")
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--stacked", action="store_true", help="keys [batch, 2] (bags_of)")
     args = parser.parse_args()
     x, y, a, b = data()
     net = Net(pst.EmbeddingBags(["a", "b"], mode=args.mode))
@@ -87,7 +94,7 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            net(x[idx], bags_of(a, b, idx)), y[idx])
+            net(x[idx], bags_of(a, b, idx, args.stacked)), y[idx])
         loss.backward()
         steps.append(client.step)
         indices.append(np.asarray(idx))

@@ -44,6 +44,8 @@ class LocalRows(torch.nn.Module):
         self.looked_up = []
 
     def forward(self, bags):
+        if torch.is_tensor(bags):  # one key a sample and table
+            return torch.stack(self.forward([(c, None) for c in bags.t()]), dim=1)
         out, self.looked_up = [], []
         for t, (keys, offsets) in enumerate(bags):
             if offsets is None:
@@ -61,7 +63,7 @@ class LocalRows(torch.nn.Module):
                 self.rows[t][k] = row - ew.LR * grad
 
 
-def one_process(batches, mode):
+def one_process(batches, mode, stacked=False):
     """The model trained by one torch process on each step's global batch."""
     x, y, a, b = ew.data()
     tables = LocalRows(mode)
@@ -70,7 +72,7 @@ def one_process(batches, mode):
     for idx in batches:
         opt.zero_grad()
         torch.nn.functional.binary_cross_entropy_with_logits(
-            net(x[idx], ew.bags_of(a, b, idx)), y[idx]).backward()
+            net(x[idx], ew.bags_of(a, b, idx, stacked)), y[idx]).backward()
         opt.step()
         tables.sgd()
     out = {name: p.detach().numpy() for name, p in net.named_parameters()}
@@ -83,13 +85,16 @@ def one_process(batches, mode):
 MODEL = ("dense.weight", "dense.bias", "weights", "rows_a", "rows_b")
 
 
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", ["sum", "mean", "stacked"])
 def test_sync_two_workers_with_tables_equal_one_process_with_the_global_batch(mode):
+    # stacked: keys [batch, tables] (one sort for all tables, one rows tensor)
+    args = ["--stacked"] if mode == "stacked" else ["--mode", mode]
     with tempfile.TemporaryDirectory() as out:
-        result, workers = run_job(out, "--mode", mode)
+        result, workers = run_job(out, *args)
         assert result["steps"] == 24
         batches = [np.concatenate([w["indices"][i] for w in workers]) for i in range(24)]
-        reference = one_process(batches, mode)
+        reference = one_process(batches, "sum" if mode == "stacked" else mode,
+                                stacked=mode == "stacked")
         assert np.abs(reference["rows_b"]).max() > 0.001  # the rows were trained
         for name in MODEL:
             d = workers[0][name].astype(np.float64) - reference[name]

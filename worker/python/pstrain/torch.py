@@ -576,6 +576,8 @@ class EmbeddingBags(torch.nn.Module):
             if bags.dim() != 2 or bags.shape[1] != len(self.tables):
                 raise ValueError("pstrain: keys must be [batch, %d], got %s" %
                                  (len(self.tables), list(bags.shape)))
+            if len(set(self._dims)) == 1:
+                return self._lookup_keys(bags.to(torch.int64))
             columns = bags.to(torch.int64).t()
             bags = [(columns[t].contiguous(), None) for t in range(len(self.tables))]
         elif len(bags) != len(self.tables):
@@ -602,6 +604,39 @@ class EmbeddingBags(torch.nn.Module):
                 rows.register_hook(self._pusher(index, distinct, inverse))
             out.append(torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode))
         return torch.stack(out, dim=1) if stacked else out
+
+    def _lookup_keys(self, keys):
+        """One key a table and sample, every table of one dim: the tables'
+        distinct keys found at once (a sort of each column), one rows
+        tensor for all, [batch, tables, dim] out."""
+        columns = keys.t().contiguous()  # [tables, batch]
+        ordered, order = columns.sort(dim=1)
+        first = torch.ones_like(ordered, dtype=torch.bool)
+        first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        distinct = ordered[first]  # table by table, ascending
+        sizes = first.sum(dim=1)
+        starts = torch.cumsum(sizes, 0) - sizes
+        inverse = torch.empty_like(order).scatter_(
+            1, order, first.cumsum(dim=1) - 1 + starts.unsqueeze(1))
+        dim = self._dims[0]
+        rows = torch.empty(distinct.numel(), dim, dtype=torch.float32)
+        spans = list(zip(self._indices, starts.tolist(), sizes.tolist()))
+        self._client.pull_rows([(index, distinct.data_ptr() + 8 * start, size,
+                                 rows.data_ptr() + 4 * dim * start)
+                                for index, start, size in spans])
+        if torch.is_grad_enabled():
+            rows.requires_grad_()
+
+            def push(grad):
+                grad = (grad * self._client.gradient_scale).contiguous()
+                counts = torch.bincount(inverse.reshape(-1),
+                                        minlength=distinct.numel()).to(torch.int32)
+                for index, start, size in spans:
+                    self._client.push_rows_address(
+                        index, distinct.data_ptr() + 8 * start, counts.data_ptr() + 4 * start,
+                        grad.data_ptr() + 4 * dim * start, size)
+            rows.register_hook(push)
+        return torch.nn.functional.embedding(inverse.t(), rows)
 
     def _pusher(self, index, distinct, inverse):
         def hook(grad):
