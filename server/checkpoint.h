@@ -59,10 +59,10 @@ struct TableCheckpoint {
   std::vector<SparseTable::Row> rows;  // by key
   std::vector<uint64_t> deleted;       // incremental: keys evicted since the base, by key
   std::vector<uint16_t> filter;
-  // Instead of `rows`, rows read as the file is written (a job's last
-  // step, which nothing changes any more: no copy of a table that may be
-  // most of the server's memory): `count` rows, which `read` hands to
-  // `each` in key order, or an error if the table changed after all.
+  // Instead of `rows`, rows read from the table as the file is written (a
+  // snapshot, copied on write: no copy of a table that may be most of the
+  // server's memory): `count` rows, which `read` hands to `each` in key
+  // order, or an error if a recovery reloaded the table meanwhile.
   struct LiveRows {
     using EachRow = std::function<absl::Status(const SparseTable::Row&)>;
     using Reader = std::function<absl::Status(const EachRow& each)>;

@@ -1,6 +1,8 @@
 #include "server/shard_checkpoints.h"
 
+#include <algorithm>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -216,28 +218,26 @@ void Gather(FileSystem* fs, CheckpointWriter* writer, const std::shared_ptr<Shar
 
 }  // namespace
 
-TableCheckpoint::LiveRows::Reader LiveRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
-                                             int64_t version) {
-  return [sparse = std::move(sparse), t, version](const TableCheckpoint::LiveRows::EachRow& each) {
-    const absl::Status moved = absl::AbortedError(absl::StrCat(
-        "table ", t, " changed after step ", version, " while its checkpoint was written"));
-    std::vector<uint64_t> keys;
-    {
-      absl::MutexLock lock(&sparse->mu);
-      if (sparse->version != version) return moved;
-      keys = sparse->tables[t]->Keys();
-    }
+TableCheckpoint::LiveRows::Reader SnapshotRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
+                                                 SparseTable::Snapshot snapshot) {
+  auto open = std::make_shared<SparseTable::Snapshot>(std::move(snapshot));
+  return [sparse = std::move(sparse), t, open](const TableCheckpoint::LiveRows::EachRow& each) {
+    if (open->token == nullptr) return absl::FailedPreconditionError("the snapshot was read");
+    // The keys in order, sorted here rather than under the lock.
+    std::sort(open->keys.begin(), open->keys.end());
     constexpr size_t kBatch = 1 << 16;
     std::vector<SparseTable::Row> rows;
-    for (size_t at = 0; at < keys.size(); at += kBatch) {
+    absl::Status status;
+    for (size_t at = 0; at < open->keys.size() && status.ok(); at += kBatch) {
       {
         absl::MutexLock lock(&sparse->mu);
-        if (sparse->version != version) return moved;
-        sparse->tables[t]->RowsOf(absl::MakeConstSpan(keys).subspan(at, kBatch), rows);
+        status = sparse->tables[t]->ReadSnapshot(
+            open->token, absl::MakeConstSpan(open->keys).subspan(at, kBatch), rows);
       }
-      for (const SparseTable::Row& row : rows) PSTRAIN_RETURN_IF_ERROR(each(row));
+      for (size_t i = 0; i < rows.size() && status.ok(); ++i) status = each(rows[i]);
     }
-    return absl::OkStatus();
+    open->token.reset();  // ends the snapshot: its rows are copied no more
+    return status;
   };
 }
 
@@ -261,8 +261,7 @@ void SnapshotTables(FileSystem* fs, CheckpointWriter* writer, const std::shared_
                     SparseShard& shard) {
   const int64_t step = CheckpointStepOf(*job, shard.version);
   if (step < 0 || !Reserve(writer, *job, step)) return;
-  // The last step's checkpoint is full and not copied: nothing changes the
-  // rows any more, and the writer reads them from the tables.
+  // The last step's checkpoint is full (exports read it).
   const bool last_step = step == job->total_steps;
   // Full, or the rows changed since the last checkpoint whose tables were
   // copied (of this generation).
@@ -289,16 +288,17 @@ void SnapshotTables(FileSystem* fs, CheckpointWriter* writer, const std::shared_
     copy.state_floats = StateFloatsPerRow(table.config());
     copy.version = shard.version;
     copy.deleted = table.TakeEvicted();
-    if (base.has_value()) {
-      copy.rows = table.Rows(base->version);
+    if (!base.has_value()) copy.deleted.clear();  // every row is in: nothing to delete
+    // The rows changed since the base (or all), read from the table while
+    // training goes on: a snapshot, copied on write. While the last
+    // checkpoint's snapshot is still being read, a copy.
+    const int64_t since = base.has_value() ? base->version : std::numeric_limits<int64_t>::min();
+    if (std::optional<SparseTable::Snapshot> snapshot = table.BeginSnapshot(since)) {
+      const auto count = static_cast<int64_t>(snapshot->keys.size());
+      copy.live = TableCheckpoint::LiveRows{
+          .count = count, .read = SnapshotRowsOf(job->sparse, t, *std::move(snapshot))};
     } else {
-      copy.deleted.clear();  // every row is in: nothing to delete
-      if (last_step) {
-        copy.live = TableCheckpoint::LiveRows{.count = table.rows(),
-                                              .read = LiveRowsOf(job->sparse, t, shard.version)};
-      } else {
-        copy.rows = table.Rows();
-      }
+      copy.rows = table.Rows(since);
     }
     copy.filter = table.filter();
   }

@@ -47,12 +47,13 @@ void SnapshotTables(FileSystem* fs, CheckpointWriter* writer,
                     const std::shared_ptr<ShardJob>& job, SparseShard& shard)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
-// The rows of the shard's table t for a checkpoint written from the table
-// itself (the last step's): a batch at a time under the shard's lock, in
-// key order, for as long as the tables stay at `version`; ABORTED once they
-// moved on (a recovery that took the job back).
-TableCheckpoint::LiveRows::Reader LiveRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
-                                             int64_t version);
+// The rows of the shard's table t that `snapshot` (its BeginSnapshot's)
+// holds, for a checkpoint written from the table while training goes on: a
+// batch at a time under the shard's lock, in key order; ABORTED if a
+// recovery reloaded the table meanwhile. Read once; the snapshot ends when
+// the reading does (or the reader goes).
+TableCheckpoint::LiveRows::Reader SnapshotRowsOf(std::shared_ptr<SparseShard> sparse, uint32_t t,
+                                                 SparseTable::Snapshot snapshot);
 
 }  // namespace pstrain::server
 

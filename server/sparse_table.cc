@@ -168,7 +168,7 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   } else if (config_.optimizer == SparseTableConfig::Optimizer::kFtrl) {
     std::fill(s + dim, s + 2 * dim, config_.initial_accumulator);  // n; z stays 0
   }
-  meta_[slot] = Meta{.key = key};
+  meta_[slot] = Meta{.key = key, .epoch = snapshot_epoch_};
 }
 
 void SparseTable::UpdateRow(uint32_t slot, const float* g) {
@@ -257,6 +257,7 @@ bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) 
 void SparseTable::Remove(uint64_t key) {
   if (config_.record_evictions) evicted_.push_back(key);
   const auto it = index_.find(key);
+  PreserveForSnapshot(it->second);
   free_slots_.push_back(it->second);
   index_.erase(it);
 }
@@ -341,7 +342,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     UpdateRow(slot, sums.data() + i * dim);
     Meta& meta = meta_[slot];
     meta.last_step = step;
-    ++meta.touches;
+    if (meta.touches < std::numeric_limits<uint32_t>::max()) ++meta.touches;
     ++stats.rows_updated;
   };
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -350,6 +351,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
       AddSightings(keys[i], counts[i]);
       continue;
     }
+    PreserveForSnapshot(it->second);
     update(it->second, i);
   }
   std::sort(expired.begin(), expired.end());
@@ -425,6 +427,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
                                                      " rows exceed max_memory_bytes ",
                                                      config_.max_memory_bytes));
   }
+  snapshot_.reset();  // its reader gets ABORTED: the rows it was reading are gone
   index_ = std::move(index);
   filter_ = filter;
   meta_.assign(rows.size(), Meta{});
@@ -436,52 +439,89 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
     const Row& row = rows[i];
     std::copy(row.values.begin(), row.values.end(), values_.begin() + i * dim);
     std::copy(row.state.begin(), row.state.end(), state_.begin() + i * state_floats_);
-    meta_[i] = Meta{
-        .key = row.key, .last_step = row.last_step, .touches = row.touches, .updates = row.updates};
+    meta_[i] = Meta{.key = row.key,
+                    .last_step = row.last_step,
+                    .updates = row.updates,
+                    .touches = static_cast<uint32_t>(std::clamp<int64_t>(
+                        row.touches, 0, std::numeric_limits<uint32_t>::max())),
+                    .epoch = snapshot_epoch_};
   }
   return absl::OkStatus();
 }
 
-std::vector<uint64_t> SparseTable::Keys() const {
-  std::vector<uint64_t> keys;
-  keys.reserve(index_.size());
-  for (const auto& [key, slot] : index_) keys.push_back(key);
-  std::sort(keys.begin(), keys.end());
-  return keys;
+SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
+  const Meta& meta = meta_[slot];
+  return Row{
+      .key = meta.key,
+      .values = {values_.begin() + int64_t{slot} * config_.dim,
+                 values_.begin() + int64_t{slot + 1} * config_.dim},
+      .state = {state_.begin() + int64_t{slot} * state_floats_,
+                state_.begin() + int64_t{slot + 1} * state_floats_},
+      .last_step = meta.last_step,
+      .touches = meta.touches,
+      .updates = meta.updates,
+  };
 }
 
-void SparseTable::RowsOf(absl::Span<const uint64_t> keys, std::vector<Row>& out) const {
-  out.resize(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t slot = index_.at(keys[i]);
-    const Meta& meta = meta_[slot];
-    Row& row = out[i];
-    row.key = keys[i];
-    row.values.assign(values_.begin() + int64_t{slot} * config_.dim,
-                      values_.begin() + int64_t{slot + 1} * config_.dim);
-    row.state.assign(state_.begin() + int64_t{slot} * state_floats_,
-                     state_.begin() + int64_t{slot + 1} * state_floats_);
-    row.last_step = meta.last_step;
-    row.touches = meta.touches;
-    row.updates = meta.updates;
+std::optional<SparseTable::Snapshot> SparseTable::BeginSnapshot(int64_t since) {
+  if (snapshot_.has_value() && !snapshot_->token.expired()) return std::nullopt;
+  auto token = std::make_shared<int>(0);
+  snapshot_.emplace();
+  snapshot_->token = token;
+  snapshot_->epoch = ++snapshot_epoch_;  // rows made from now on are not in it
+  snapshot_->since = since;
+  Snapshot out{.token = std::move(token)};
+  out.keys.reserve(index_.size());
+  for (const auto& [key, slot] : index_) {
+    if (meta_[slot].last_step >= since) out.keys.push_back(key);
   }
+  return out;
+}
+
+void SparseTable::PreserveForSnapshot(uint32_t slot) {
+  if (!snapshot_.has_value()) return;
+  if (snapshot_->token.expired()) {  // its reader is gone
+    snapshot_.reset();
+    return;
+  }
+  const Meta& meta = meta_[slot];
+  if (meta.epoch >= snapshot_->epoch || meta.last_step < snapshot_->since) return;
+  if (snapshot_->reading && meta.key <= snapshot_->read_up_to) return;
+  snapshot_->saved.try_emplace(meta.key, RowAt(slot));  // the first change's
+}
+
+absl::Status SparseTable::ReadSnapshot(const std::shared_ptr<const void>& token,
+                                       absl::Span<const uint64_t> keys, std::vector<Row>& out) {
+  if (!snapshot_.has_value() || snapshot_->token.lock() != token) {
+    return absl::AbortedError(
+        absl::StrCat("table ", config_.name, ": its snapshot ended (the table was reloaded)"));
+  }
+  out.clear();
+  out.reserve(keys.size());
+  for (const uint64_t key : keys) {
+    if (snapshot_->reading && key <= snapshot_->read_up_to) {
+      return absl::InvalidArgumentError("snapshot keys out of order");
+    }
+    snapshot_->reading = true;
+    snapshot_->read_up_to = key;
+    if (auto saved = snapshot_->saved.extract(key); !saved.empty()) {
+      out.push_back(std::move(saved.mapped()));
+      continue;
+    }
+    const auto it = index_.find(key);
+    if (it == index_.end()) {
+      return absl::InternalError(absl::StrCat("table ", config_.name, ": snapshot row ", key,
+                                              " is gone without its copy"));
+    }
+    out.push_back(RowAt(it->second));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<SparseTable::Row> SparseTable::Rows(int64_t since) const {
   std::vector<Row> rows;
   for (const auto& [key, slot] : index_) {
-    const Meta& meta = meta_[slot];
-    if (meta.last_step < since) continue;
-    rows.push_back(Row{
-        .key = key,
-        .values = {values_.begin() + int64_t{slot} * config_.dim,
-                   values_.begin() + int64_t{slot + 1} * config_.dim},
-        .state = {state_.begin() + int64_t{slot} * state_floats_,
-                  state_.begin() + int64_t{slot + 1} * state_floats_},
-        .last_step = meta.last_step,
-        .touches = meta.touches,
-        .updates = meta.updates,
-    });
+    if (meta_[slot].last_step >= since) rows.push_back(RowAt(slot));
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.key < b.key; });
   return rows;

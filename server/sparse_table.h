@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -141,10 +142,24 @@ class SparseTable {
   // row by default; an incremental checkpoint's since its last.
   std::vector<Row> Rows(int64_t since = std::numeric_limits<int64_t>::min()) const;
 
-  // Every key, ascending; and the rows of `keys` (each a row's) into out,
-  // replacing its contents: a large table's rows read a batch at a time.
-  std::vector<uint64_t> Keys() const;
-  void RowsOf(absl::Span<const uint64_t> keys, std::vector<Row>& out) const;
+  // A snapshot: the rows Rows(since) would give now, read later, a batch
+  // at a time, while steps go on changing the table. Copy on write: a
+  // snapshot row that a step updates or evicts before the snapshot has read
+  // it is copied first; rows admitted after it are not in it. One at a
+  // time: BeginSnapshot returns nullopt while another is open. It returns
+  // the snapshot's keys (unordered) and a token: the snapshot stays open
+  // while the token lives, and ends with it (or with Load).
+  struct Snapshot {
+    std::vector<uint64_t> keys;
+    std::shared_ptr<const void> token;
+  };
+  std::optional<Snapshot> BeginSnapshot(int64_t since = std::numeric_limits<int64_t>::min());
+  // The snapshot rows of `keys` (a batch of the snapshot's keys, each
+  // batch's keys above the last batch's, ascending) into out, replacing its
+  // contents. ABORTED if the snapshot of `token` is no longer open (a
+  // recovery loaded the table); INVALID_ARGUMENT for keys out of order.
+  absl::Status ReadSnapshot(const std::shared_ptr<const void>& token,
+                            absl::Span<const uint64_t> keys, std::vector<Row>& out);
 
   // The keys evicted since the last call, by key: an incremental
   // checkpoint's deletions (with record_evictions; else none).
@@ -174,6 +189,10 @@ class SparseTable {
   void Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t, uint32_t>& keep,
              SparseStepStats& stats);
   void Remove(uint64_t key);
+  // Before a step changes or frees the row in `slot`: its copy, if the open
+  // snapshot holds the row and has not read it yet.
+  void PreserveForSnapshot(uint32_t slot);
+  Row RowAt(uint32_t slot) const;
 
   const SparseTableConfig config_;
   const int state_floats_;
@@ -183,14 +202,28 @@ class SparseTable {
   struct Meta {
     uint64_t key = 0;
     int64_t last_step = 0;
-    int64_t touches = 0;
-    int64_t updates = 0;  // Adam's bias correction counts the row's own updates
+    int64_t updates = 0;   // Adam's bias correction counts the row's own updates
+    uint32_t touches = 0;  // saturating
+    uint32_t epoch = 0;    // snapshot_epoch_ when the row was made
   };
   std::vector<Meta> meta_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint64_t> evicted_;  // since TakeEvicted
   std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
   int64_t filter_width_ = 0;
+  // The open snapshot: rows made at epochs below `epoch` with last_step >=
+  // `since`, those above key `read_up_to` not read yet; `saved` holds the
+  // copies of those that changed since.
+  struct OpenSnapshot {
+    std::weak_ptr<const void> token;
+    uint32_t epoch = 0;
+    int64_t since = 0;
+    bool reading = false;
+    uint64_t read_up_to = 0;
+    absl::flat_hash_map<uint64_t, Row> saved;
+  };
+  std::optional<OpenSnapshot> snapshot_;  // reset lazily once its token is gone
+  uint32_t snapshot_epoch_ = 0;
 };
 
 }  // namespace pstrain::server

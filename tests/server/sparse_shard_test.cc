@@ -266,34 +266,51 @@ TEST_F(SparseShardTest, HostileSparseFramesAreRefusedWithNothingChanged) {
       absl::StatusCode::kOk);  // an empty push: no keys for this server this step
 }
 
-// The last step's checkpoint reads its rows from the table itself: every
-// row in key order while the tables stay at the step, ABORTED once they
-// moved on (a recovery took them back) — never a mix.
-TEST(LiveRowsTest, TheTableAsItIsOrNothing) {
+// A checkpoint reads its rows from the table itself: every row in key
+// order as the snapshot found them, whatever steps came after; ABORTED if a
+// recovery reloaded the table — never a mix.
+TEST(SnapshotRowsTest, TheTableAsItWasOrNothing) {
   absl::StatusOr<std::unique_ptr<SparseShard>> made =
       NewSparseShard(Assignment("sync").spec(), 2);
   PSTRAIN_ASSERT_OK(made);
   std::shared_ptr<SparseShard> shard = std::move(*made);
+  auto step = [&](int64_t s, std::vector<uint64_t> keys) {
+    absl::MutexLock lock(&shard->mu);
+    const std::vector<uint32_t> counts(keys.size(), 1);
+    const std::vector<float> grads(keys.size() * 2, 1.0f);
+    PSTRAIN_ASSERT_OK(shard->tables[0]->ApplyStep(s, {SparsePush{keys, counts, grads}}).status());
+    shard->version = s + 1;
+  };
+  step(0, {9, 2, 5});
+  std::vector<SparseTable::Row> before;
+  TableCheckpoint::LiveRows::Reader read;
   {
     absl::MutexLock lock(&shard->mu);
-    const std::vector<uint64_t> keys = {9, 2, 5};
-    const std::vector<uint32_t> counts(3, 1);
-    const std::vector<float> grads(3 * 2, 1.0f);
-    PSTRAIN_ASSERT_OK(shard->tables[0]->ApplyStep(0, {SparsePush{keys, counts, grads}}).status());
-    shard->version = 1;
+    before = shard->tables[0]->Rows();
+    std::optional<SparseTable::Snapshot> snapshot = shard->tables[0]->BeginSnapshot();
+    ASSERT_TRUE(snapshot.has_value());
+    read = SnapshotRowsOf(shard, 0, *std::move(snapshot));
   }
-  const TableCheckpoint::LiveRows::Reader read = LiveRowsOf(shard, 0, 1);
-  std::vector<uint64_t> seen;
+  step(1, {2, 7});  // after the snapshot: key 2 moves, key 7 is new
+  std::vector<SparseTable::Row> seen;
   auto collect = [&](const SparseTable::Row& row) {
-    seen.push_back(row.key);
-    EXPECT_EQ(row.values.size(), 2u);
+    seen.push_back(row);
     return absl::OkStatus();
   };
   PSTRAIN_ASSERT_OK(read(collect));
-  EXPECT_EQ(seen, (std::vector<uint64_t>{2, 5, 9}));
+  ASSERT_EQ(seen.size(), before.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].key, before[i].key);
+    EXPECT_EQ(seen[i].values, before[i].values);
+  }
+  EXPECT_EQ(read(collect).code(), absl::StatusCode::kFailedPrecondition);  // read once
+
   {
     absl::MutexLock lock(&shard->mu);
-    shard->version = 2;
+    std::optional<SparseTable::Snapshot> snapshot = shard->tables[0]->BeginSnapshot();
+    ASSERT_TRUE(snapshot.has_value());  // the first ended with its reading
+    read = SnapshotRowsOf(shard, 0, *std::move(snapshot));
+    PSTRAIN_ASSERT_OK(shard->tables[0]->Load(before, shard->tables[0]->filter()));
   }
   seen.clear();
   EXPECT_EQ(read(collect).code(), absl::StatusCode::kAborted);

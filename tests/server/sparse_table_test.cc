@@ -1,7 +1,10 @@
 #include "server/sparse_table.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -280,6 +283,87 @@ TEST(SparseTableTest, AStepThatCannotFitFailsNamingTheTableAndChangesNothing) {
   const auto after = table->Rows();
   ASSERT_EQ(after.size(), rows.size());
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(after[i].values, rows[i].values);
+}
+
+// Every row a snapshot holds, read in key order in batches.
+absl::StatusOr<std::vector<SparseTable::Row>> ReadAll(SparseTable& table,
+                                                      SparseTable::Snapshot& snapshot,
+                                                      size_t batch) {
+  std::sort(snapshot.keys.begin(), snapshot.keys.end());
+  std::vector<SparseTable::Row> all, rows;
+  for (size_t at = 0; at < snapshot.keys.size(); at += batch) {
+    PSTRAIN_RETURN_IF_ERROR(table.ReadSnapshot(
+        snapshot.token, absl::MakeConstSpan(snapshot.keys).subspan(at, batch), rows));
+    all.insert(all.end(), rows.begin(), rows.end());
+  }
+  return all;
+}
+
+void ExpectSameRows(const std::vector<SparseTable::Row>& a, const std::vector<SparseTable::Row>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].key, b[i].key);
+    EXPECT_EQ(a[i].values, b[i].values) << a[i].key;
+    EXPECT_EQ(a[i].state, b[i].state) << a[i].key;
+    EXPECT_EQ(a[i].last_step, b[i].last_step) << a[i].key;
+    EXPECT_EQ(a[i].touches, b[i].touches) << a[i].key;
+  }
+}
+
+// A snapshot reads the rows as they were when it began, whatever the steps
+// after it update, admit or evict, before or after it reads a batch.
+TEST(SparseTableTest, ASnapshotReadsTheRowsAsTheyWereWhileStepsGoOn) {
+  for (const int64_t since : {std::numeric_limits<int64_t>::min(), int64_t{1}}) {
+    Config c = SmallConfig(Config::Optimizer::kAdagrad);
+    c.ttl_steps = 2;
+    auto table = Make(c);
+    std::vector<uint64_t> keys(40);
+    std::iota(keys.begin(), keys.end(), 100);
+    ASSERT_TRUE(Step(*table, 0, {Push(keys, 0.5f)}).ok());
+    ASSERT_TRUE(Step(*table, 1, {Push({100, 101, 102, 130, 131}, 0.25f)}).ok());
+    const std::vector<SparseTable::Row> expected = table->Rows(since);
+    std::optional<SparseTable::Snapshot> snapshot = table->BeginSnapshot(since);
+    ASSERT_TRUE(snapshot.has_value());
+    EXPECT_EQ(snapshot->keys.size(), expected.size());
+    EXPECT_FALSE(table->BeginSnapshot().has_value());  // one at a time
+    std::sort(snapshot->keys.begin(), snapshot->keys.end());
+    std::vector<SparseTable::Row> got, rows;
+    // Steps 2 and 3 update some rows, admit others and (ttl 2) evict
+    // those untouched since step 0, between reads of 4 rows at a time.
+    for (size_t at = 0; at < snapshot->keys.size(); at += 4) {
+      const int64_t step = 2 + static_cast<int64_t>(at / 4);
+      ASSERT_TRUE(Step(*table, step, {Push({100, 131, 139, 500 + static_cast<uint64_t>(at)}, 1.0f)})
+                      .ok());
+      PSTRAIN_ASSERT_OK(table->ReadSnapshot(
+          snapshot->token, absl::MakeConstSpan(snapshot->keys).subspan(at, 4), rows));
+      got.insert(got.end(), rows.begin(), rows.end());
+    }
+    ExpectSameRows(got, expected);
+    EXPECT_NE(Read(*table, {100}), expected[0].values);  // the table did move on
+    // The next snapshot begins once the first's token is gone.
+    std::shared_ptr<const void> token = snapshot->token;
+    snapshot.reset();
+    EXPECT_FALSE(table->BeginSnapshot(since).has_value());  // `token` keeps it open
+    token.reset();
+    EXPECT_TRUE(table->BeginSnapshot(since).has_value());
+  }
+}
+
+TEST(SparseTableTest, ASnapshotEndsWithItsTokenAndAReloadAbortsIt) {
+  auto table = Make(SmallConfig());
+  ASSERT_TRUE(Step(*table, 0, {Push({1, 2, 3}, 0.5f)}).ok());
+  {
+    std::optional<SparseTable::Snapshot> dropped = table->BeginSnapshot();
+    ASSERT_TRUE(dropped.has_value());
+  }
+  // Its reader gone, the snapshot copies nothing and another can begin.
+  ASSERT_TRUE(Step(*table, 1, {Push({1}, 0.5f)}).ok());
+  std::optional<SparseTable::Snapshot> snapshot = table->BeginSnapshot();
+  ASSERT_TRUE(snapshot.has_value());
+  const std::vector<SparseTable::Row> before = table->Rows();
+  PSTRAIN_ASSERT_OK(table->Load(before, table->filter()));
+  absl::StatusOr<std::vector<SparseTable::Row>> read = ReadAll(*table, *snapshot, 2);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kAborted) << read.status();
 }
 
 TEST(SparseTableTest, BadPushesAreRefusedWithNothingChanged) {
