@@ -466,10 +466,8 @@ SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
 std::optional<SparseTable::Snapshot> SparseTable::BeginSnapshot(int64_t since) {
   if (snapshot_.has_value() && !snapshot_->token.expired()) return std::nullopt;
   auto token = std::make_shared<int>(0);
-  snapshot_.emplace();
-  snapshot_->token = token;
-  snapshot_->epoch = ++snapshot_epoch_;  // rows made from now on are not in it
-  snapshot_->since = since;
+  // Rows made from now on are not in it (a later epoch).
+  snapshot_.emplace(OpenSnapshot{.token = token, .epoch = ++snapshot_epoch_, .since = since});
   Snapshot out{.token = std::move(token)};
   out.keys.reserve(index_.size());
   for (const auto& [key, slot] : index_) {
