@@ -6,6 +6,7 @@ dense parameters, every key's final row of each table (pulled after the
 last step), and each step's sample indices.
 
   embedding_worker.py OUT_DIR [--mode sum|mean] [--die-at STEP] [--steps N] [--stacked]
+                      [--separate]
 """
 import argparse
 import os
@@ -59,6 +60,20 @@ def bags_of(a, b, indices, stacked=False):
             (torch.tensor(keys_b, dtype=torch.int64), torch.tensor(offsets_b, dtype=torch.int64))]
 
 
+class Separate(torch.nn.Module):
+    """The two tables as a module each: pst.Embedding for field a (one key
+    a sample), pst.EmbeddingBag for field b."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.a = pst.Embedding("a")
+        self.b = pst.EmbeddingBag("b", mode=mode)
+
+    def forward(self, bags):
+        (keys_a, _), (keys_b, offsets_b) = bags
+        return [self.a(keys_a), self.b(keys_b, offsets_b)]
+
+
 class Net(torch.nn.Module):
     def __init__(self, tables):
         super().__init__()
@@ -81,9 +96,11 @@ def main():
     parser.add_argument("--die-at", type=int, default=-1)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--stacked", action="store_true", help="keys [batch, 2] (bags_of)")
+    parser.add_argument("--separate", action="store_true",
+                        help="pst.Embedding and pst.EmbeddingBag modules")
     args = parser.parse_args()
     x, y, a, b = data()
-    net = Net(pst.EmbeddingBags(["a", "b"], mode=args.mode))
+    net = Net(Separate(args.mode) if args.separate else pst.EmbeddingBags(["a", "b"], mode=args.mode))
     opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args.steps))
     client = opt.client
     steps, indices = [], []

@@ -85,15 +85,18 @@ def one_process(batches, mode, stacked=False):
 MODEL = ("dense.weight", "dense.bias", "weights", "rows_a", "rows_b")
 
 
-@pytest.mark.parametrize("mode", ["sum", "mean", "stacked"])
+@pytest.mark.parametrize("mode", ["sum", "mean", "stacked", "separate"])
 def test_sync_two_workers_with_tables_equal_one_process_with_the_global_batch(mode):
-    # stacked: keys [batch, tables] (one sort for all tables, one rows tensor)
-    args = ["--stacked"] if mode == "stacked" else ["--mode", mode]
+    # stacked: keys [batch, tables] (one sort for all tables, one rows
+    # tensor); separate: pst.Embedding and pst.EmbeddingBag (mean), a module
+    # a table.
+    args = {"stacked": ["--stacked"], "separate": ["--separate", "--mode", "mean"]}.get(
+        mode, ["--mode", mode])
     with tempfile.TemporaryDirectory() as out:
         result, workers = run_job(out, *args)
         assert result["steps"] == 24
         batches = [np.concatenate([w["indices"][i] for w in workers]) for i in range(24)]
-        reference = one_process(batches, "sum" if mode == "stacked" else mode,
+        reference = one_process(batches, {"stacked": "sum", "separate": "mean"}.get(mode, mode),
                                 stacked=mode == "stacked")
         assert np.abs(reference["rows_b"]).max() > 0.001  # the rows were trained
         for name in MODEL:

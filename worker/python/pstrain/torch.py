@@ -54,9 +54,10 @@ push per node crosses to the servers. The script is the same on every
 process; only LOCAL_RANK 0's metrics and finish() reach the job.
 
 Embedding tables whose rows live on the servers (the job file's
-`tables`, docs/sparse-tables.md): pst.EmbeddingBag in place of
-nn.EmbeddingBag, or pst.EmbeddingBags for several tables in one exchange;
-DistributedOptimizer(model) binds them to the job:
+`tables`, docs/sparse-tables.md): pst.EmbeddingBag and pst.Embedding in
+place of nn.EmbeddingBag and nn.Embedding, or pst.EmbeddingBags for
+several tables in one exchange; DistributedOptimizer(model) binds them to
+the job:
 
     self.fields = pst.EmbeddingBags(["c1", "c2", ...], mode="sum")
     ...
@@ -567,20 +568,22 @@ class EmbeddingBags(torch.nn.Module):
         self._indices = [client.table_index(t) for t in self.tables]
         self._dims = [known[t] for t in self.tables]
 
-    def forward(self, bags):
+    def _check_bound(self):
         if self._client is None:
             raise RuntimeError("pstrain: %s is not bound to a job: make the "
                                "DistributedOptimizer of the model first" % self)
-        stacked = torch.is_tensor(bags)
-        if stacked:
+
+    def forward(self, bags):
+        self._check_bound()
+        if torch.is_tensor(bags):
             if bags.dim() != 2 or bags.shape[1] != len(self.tables):
                 raise ValueError("pstrain: keys must be [batch, %d], got %s" %
                                  (len(self.tables), list(bags.shape)))
-            if len(set(self._dims)) == 1:
-                return self._lookup_keys(bags.to(torch.int64))
-            columns = bags.to(torch.int64).t()
-            bags = [(columns[t].contiguous(), None) for t in range(len(self.tables))]
-        elif len(bags) != len(self.tables):
+            if len(set(self._dims)) != 1:
+                raise ValueError("pstrain: keys [batch, tables] need tables of one dim (these "
+                                 "have %s): give a list of (input, offsets)" % self._dims)
+            return self._lookup_keys(bags.to(torch.int64))
+        if len(bags) != len(self.tables):
             raise ValueError("pstrain: %d bags for %d tables" % (len(bags), len(self.tables)))
         looked_up = []
         pulls = []
@@ -591,7 +594,7 @@ class EmbeddingBags(torch.nn.Module):
                     keys = keys.unsqueeze(1)
                 if keys.dim() != 2:
                     raise ValueError("pstrain: input without offsets must be 2-D")
-                offsets = torch.arange(0, keys.numel(), max(keys.shape[1], 1))[:keys.shape[0]]
+                offsets = torch.arange(keys.shape[0]) * keys.shape[1]
             distinct, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
             rows = torch.empty(distinct.numel(), dim, dtype=torch.float32)
             pulls.append((index, distinct.data_ptr(), distinct.numel(), rows.data_ptr()))
@@ -601,9 +604,10 @@ class EmbeddingBags(torch.nn.Module):
         for index, distinct, inverse, offsets, rows in looked_up:
             if torch.is_grad_enabled():
                 rows.requires_grad_()
-                rows.register_hook(self._pusher(index, distinct, inverse))
+                rows.register_hook(self._push_hook([(index, 0, distinct.numel())], distinct,
+                                                   inverse, rows.shape[1]))
             out.append(torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode))
-        return torch.stack(out, dim=1) if stacked else out
+        return out
 
     def _lookup_keys(self, keys):
         """One key a table and sample, every table of one dim: the tables'
@@ -626,24 +630,21 @@ class EmbeddingBags(torch.nn.Module):
                                 for index, start, size in spans])
         if torch.is_grad_enabled():
             rows.requires_grad_()
-
-            def push(grad):
-                grad = (grad * self._client.gradient_scale).contiguous()
-                counts = torch.bincount(inverse.reshape(-1),
-                                        minlength=distinct.numel()).to(torch.int32)
-                for index, start, size in spans:
-                    self._client.push_rows_address(
-                        index, distinct.data_ptr() + 8 * start, counts.data_ptr() + 4 * start,
-                        grad.data_ptr() + 4 * dim * start, size)
-            rows.register_hook(push)
+            rows.register_hook(self._push_hook(spans, distinct, inverse, dim))
         return torch.nn.functional.embedding(inverse.t(), rows)
 
-    def _pusher(self, index, distinct, inverse):
+    def _push_hook(self, spans, distinct, inverse, dim):
+        """Backward's push of the rows' gradients: the rows of `distinct`
+        (whose occurrences `inverse` gives), a span (table index, first,
+        count) of them a table."""
         def hook(grad):
             grad = (grad * self._client.gradient_scale).contiguous()
-            counts = torch.bincount(inverse, minlength=distinct.numel()).to(torch.int32)
-            self._client.push_rows_address(index, distinct.data_ptr(), counts.data_ptr(),
-                                           grad.data_ptr(), distinct.numel())
+            counts = torch.bincount(inverse.reshape(-1),
+                                    minlength=distinct.numel()).to(torch.int32)
+            for index, start, size in spans:
+                self._client.push_rows_address(
+                    index, distinct.data_ptr() + 8 * start, counts.data_ptr() + 4 * start,
+                    grad.data_ptr() + 4 * dim * start, size)
         return hook
 
 
@@ -657,6 +658,31 @@ class EmbeddingBag(EmbeddingBags):
 
     def forward(self, input, offsets=None):
         return super().forward([(input, offsets)])[0]
+
+
+class Embedding(EmbeddingBags):
+    """nn.Embedding whose rows are table `table` of the job, on the
+    servers: forward(input) with int64 keys of any shape gives input.shape
+    + [dim], a key's row at each place."""
+
+    def __init__(self, table):
+        super().__init__([table], "sum")
+
+    def extra_repr(self):
+        return "table=%s" % self.tables[0]
+
+    def forward(self, input):
+        self._check_bound()
+        keys = input.to(torch.int64)
+        distinct, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
+        index, dim = self._indices[0], self._dims[0]
+        rows = torch.empty(distinct.numel(), dim, dtype=torch.float32)
+        self._client.pull_rows([(index, distinct.data_ptr(), distinct.numel(), rows.data_ptr())])
+        if torch.is_grad_enabled():
+            rows.requires_grad_()
+            rows.register_hook(self._push_hook([(index, 0, distinct.numel())], distinct, inverse,
+                                               dim))
+        return torch.nn.functional.embedding(inverse.reshape(keys.shape), rows)
 
 
 def _bind_tables(modules, client):

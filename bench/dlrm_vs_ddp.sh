@@ -1,0 +1,140 @@
+#!/bin/bash
+# The click model against PyTorch DistributedDataParallel: one epoch of
+# generated click logs (pstrain-clickgen: 1,000,000 lines, 26 fields of
+# 1,000,000 Zipf ids each, 13 integer features) in batches of 512 per
+# worker, 2 workers, Adagrad on dense tensors and tables:
+#   builtin: pstrain's built-in click model (pstrain-local: 2 workers, 2 servers)
+#   torch:   examples/torch/dlrm.py under pstrain-run (2 workers, 2 servers,
+#            the tables pst.EmbeddingBags)
+#   ddp:     the same script with --ddp (2 processes, gloo, each holding every
+#            table as nn.EmbeddingBag(sparse=True) of 1,000,001 rows)
+# The same model (bottom [64], dim 16, dot interaction, top [64]), batches
+# and learning rates; one torch and BLAS thread per process. The three run
+# in turn, PAIRS times; the table has each run (samples/s over the training
+# loop, test AUC, the largest worker peak RSS, the servers' largest) and
+# the medians.
+#   [PAIRS=3] [ROWS=1000000] [VOCABULARY=1000000] bench/dlrm_vs_ddp.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+pairs=${PAIRS:-3}
+rows=${ROWS:-1000000}
+vocabulary=${VOCABULARY:-1000000}
+export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+data=$out/clicks
+"$build/bin/pstrain-clickgen" --out "$data" --train_rows "$rows" --test_rows 100000 \
+  --vocabulary "$vocabulary" > /dev/null
+{
+  echo "name: dlrm-builtin"
+  echo "model: {type: click, click: {bottom: [64], top: [64], interaction: dot, pooling: sum}}"
+  echo "data: {clicks: {dense: 13, fields: 26, train_files: [$data/train.txt], test_files: [$data/test.txt]}}"
+  echo "optimizer: {type: adagrad, learning_rate: 0.02}"
+  echo "mode: sync"
+  echo "batch_size: 512"
+  echo "steps: $((rows / 1024))"  # one epoch (files: no epochs)
+  echo "num_workers: 2"
+  echo "num_servers: 2"
+  echo "seed: 1"
+  echo "tables:"
+  for f in $(seq 26); do
+    echo "  - {name: c$f, dim: 16, fields: [$f], optimizer: {type: adagrad, learning_rate: 0.05}}"
+  done
+} > "$out/builtin.yaml"
+
+# Peak RSS (VmHWM) of every worker and server process while a run lasts,
+# polled every 0.2 s: "workers servers" in MiB, the largest of each.
+cat > "$out/peak_rss.py" <<'PY'
+import os, signal, sys, time
+peak = {"worker": 0, "server": 0}
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+while not stop:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ")
+            kind = ("server" if b"pstrain-server" in cmd else
+                    "worker" if b"pstrain-worker" in cmd or b"dlrm.py" in cmd else None)
+            if kind:
+                for line in open("/proc/%s/status" % pid):
+                    if line.startswith("VmHWM:"):
+                        peak[kind] = max(peak[kind], int(line.split()[1]) // 1024)
+        except OSError:
+            pass
+    time.sleep(0.2)
+open(sys.argv[1], "w").write("%d %d\n" % (peak["worker"], peak["server"]))
+PY
+watch_start() { /usr/bin/python3 "$out/peak_rss.py" "$out/rss" & watcher=$!; }
+watch_stop() { kill "$watcher"; wait "$watcher" || true; read -r worker_mib server_mib < "$out/rss"; }
+
+for pair in $(seq "$pairs"); do
+  watch_start
+  "$build/bin/pstrain-local" --job "$out/builtin.yaml" > "$out/builtin.out"
+  watch_stop
+  /usr/bin/python3 - "$out/builtin.out" "$worker_mib" "$server_mib" >> "$out/results.jsonl" <<'PY'
+import json, sys
+r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+print(json.dumps({"system": "builtin", "samples_per_second": r["samples_per_second"],
+                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[2]),
+                  "server_mib": int(sys.argv[3])}))
+PY
+
+  # Like DDP and the built-in run, no checkpoint but the last step's
+  # (pstrain-run's default is one every 100 steps).
+  { cat examples/torch/dlrm.yaml | sed "s/train_samples: 1000000/train_samples: $rows/"
+    echo "checkpoint: {dir: $out/run-$pair/checkpoints, every_steps: 1000000000}"
+  } > "$out/torch.yaml"
+  watch_start
+  "$build/bin/pstrain-run" --workers 2 --servers 2 --job "$out/torch.yaml" --run_dir "$out/run-$pair" \
+    -- /usr/bin/python3 examples/torch/dlrm.py --data "$data" > /dev/null
+  watch_stop
+  grep -h '"test_auc"' "$out/run-$pair"/worker-0.log | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+print(json.dumps({"system": "torch", "samples_per_second": r["samples_per_second"],
+                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[1]),
+                  "server_mib": int(sys.argv[2])}))' "$worker_mib" "$server_mib" >> "$out/results.jsonl"
+
+  # Debian's torch.distributed.run fails on Python 3.11: the processes by
+  # hand, with torch's env:// rendezvous.
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  watch_start
+  for rank in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank WORLD_SIZE=2 \
+      /usr/bin/python3 examples/torch/dlrm.py --data "$data" --ddp --batch 512 --seed 1 \
+      > "$out/ddp-$rank.out" 2>&1 &
+  done
+  wait %2 %3
+  watch_stop
+  grep -h '"test_auc"' "$out/ddp-0.out" | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+print(json.dumps({"system": "ddp", "samples_per_second": r["samples_per_second"],
+                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[1]), "server_mib": 0}))' \
+    "$worker_mib" >> "$out/results.jsonl"
+done
+
+/usr/bin/python3 - "$out/results.jsonl" "$rows" "$vocabulary" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+systems = ("builtin", "torch", "ddp")
+print("| run | system | samples/s | test AUC | worker peak RSS (MiB) | server peak RSS (MiB) |")
+print("|---|---|---|---|---|---|")
+for i, r in enumerate(runs):
+    print("| %d | %s | %.0f | %.4f | %d | %s |" % (i // 3 + 1, r["system"], r["samples_per_second"],
+          r["test_auc"], r["worker_mib"], r["server_mib"] or "-"))
+med = {s: {k: statistics.median(r[k] for r in runs if r["system"] == s)
+           for k in ("samples_per_second", "test_auc", "worker_mib", "server_mib")}
+       for s in systems}
+for s in systems:
+    m = med[s]
+    print("| median | %s | %.0f | %.4f | %d | %s |" % (s, m["samples_per_second"], m["test_auc"],
+          m["worker_mib"], int(m["server_mib"]) or "-"))
+print()
+for s in ("builtin", "torch"):
+    print("%s rows, %s ids per field: %s / DDP samples/s %.2f, AUC difference %+.4f" % (
+        sys.argv[2], sys.argv[3], s, med[s]["samples_per_second"] / med["ddp"]["samples_per_second"],
+        med[s]["test_auc"] - med["ddp"]["test_auc"]))
+PY
