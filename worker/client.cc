@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/chunk_codec.h"
 #include "common/clock.h"
 #include "common/dataset.h"
@@ -328,9 +329,9 @@ class Client::Impl {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", tables_[table].name, "' was already pushed in step ", step_));
     }
+    PSTRAIN_RETURN_IF_ERROR(CheckDistinct(table, absl::MakeConstSpan(keys, n)));
     worker::SparseClient::TableKeys& rows = row_push_[table];
     rows.keys.assign(keys, keys + n);
-    PSTRAIN_RETURN_IF_ERROR(CheckDistinct(table, rows.keys));
     rows.counts.assign(counts, counts + n);
     rows.grads.assign(grads, grads + n * tables_[table].dim);
     for (float g : rows.grads) {
@@ -512,7 +513,7 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status CheckDistinct(int table, const std::vector<uint64_t>& keys) const {
+  absl::Status CheckDistinct(int table, absl::Span<const uint64_t> keys) const {
     absl::flat_hash_set<uint64_t> seen;
     seen.reserve(keys.size());
     for (uint64_t key : keys) {
