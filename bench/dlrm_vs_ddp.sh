@@ -45,7 +45,8 @@ data=$out/clicks
 } > "$out/builtin.yaml"
 
 # Peak RSS (VmHWM) of every worker and server process while a run lasts,
-# polled every 0.2 s: "workers servers" in MiB, the largest of each.
+# polled every 0.2 s: "workers servers" in MiB, the largest of each (0:
+# none ran).
 cat > "$out/peak_rss.py" <<'PY'
 import os, signal, sys, time
 peak = {"worker": 0, "server": 0}
@@ -67,53 +68,48 @@ while not stop:
 open(sys.argv[1], "w").write("%d %d\n" % (peak["worker"], peak["server"]))
 PY
 watch_start() { /usr/bin/python3 "$out/peak_rss.py" "$out/rss" & watcher=$!; }
-watch_stop() { kill "$watcher"; wait "$watcher" || true; read -r worker_mib server_mib < "$out/rss"; }
+# Stops the watcher and records SYSTEM's run: the last JSON line of FILE
+# that has a test AUC, with the peaks.
+watch_stop() {
+  kill "$watcher"
+  wait "$watcher" || true
+  /usr/bin/python3 - "$1" "$2" "$out/rss" >> "$out/results.jsonl" <<'PY'
+import json, sys
+r = json.loads([l for l in open(sys.argv[2]) if l.startswith("{") and '"test_auc"' in l][-1])
+worker_mib, server_mib = map(int, open(sys.argv[3]).read().split())
+print(json.dumps({"system": sys.argv[1], "samples_per_second": r["samples_per_second"],
+                  "test_auc": r["test_auc"], "worker_mib": worker_mib, "server_mib": server_mib}))
+PY
+}
 
 for pair in $(seq "$pairs"); do
   watch_start
   "$build/bin/pstrain-local" --job "$out/builtin.yaml" > "$out/builtin.out"
-  watch_stop
-  /usr/bin/python3 - "$out/builtin.out" "$worker_mib" "$server_mib" >> "$out/results.jsonl" <<'PY'
-import json, sys
-r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
-print(json.dumps({"system": "builtin", "samples_per_second": r["samples_per_second"],
-                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[2]),
-                  "server_mib": int(sys.argv[3])}))
-PY
+  watch_stop builtin "$out/builtin.out"
 
   # Like DDP and the built-in run, no checkpoint but the last step's
   # (pstrain-run's default is one every 100 steps).
-  { cat examples/torch/dlrm.yaml | sed "s/train_samples: 1000000/train_samples: $rows/"
+  { sed "s/train_samples: 1000000/train_samples: $rows/" examples/torch/dlrm.yaml
     echo "checkpoint: {dir: $out/run-$pair/checkpoints, every_steps: 1000000000}"
   } > "$out/torch.yaml"
   watch_start
   "$build/bin/pstrain-run" --workers 2 --servers 2 --job "$out/torch.yaml" --run_dir "$out/run-$pair" \
     -- /usr/bin/python3 examples/torch/dlrm.py --data "$data" > /dev/null
-  watch_stop
-  grep -h '"test_auc"' "$out/run-$pair"/worker-0.log | /usr/bin/python3 -c '
-import json, sys
-r = json.loads(sys.stdin.read())
-print(json.dumps({"system": "torch", "samples_per_second": r["samples_per_second"],
-                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[1]),
-                  "server_mib": int(sys.argv[2])}))' "$worker_mib" "$server_mib" >> "$out/results.jsonl"
+  watch_stop torch "$out/run-$pair/worker-0.log"
 
   # Debian's torch.distributed.run fails on Python 3.11: the processes by
   # hand, with torch's env:// rendezvous.
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   watch_start
+  ranks=()
   for rank in 0 1; do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank WORLD_SIZE=2 \
       /usr/bin/python3 examples/torch/dlrm.py --data "$data" --ddp --batch 512 --seed 1 \
       > "$out/ddp-$rank.out" 2>&1 &
+    ranks+=($!)
   done
-  wait %2 %3
-  watch_stop
-  grep -h '"test_auc"' "$out/ddp-0.out" | /usr/bin/python3 -c '
-import json, sys
-r = json.loads(sys.stdin.read())
-print(json.dumps({"system": "ddp", "samples_per_second": r["samples_per_second"],
-                  "test_auc": r["test_auc"], "worker_mib": int(sys.argv[1]), "server_mib": 0}))' \
-    "$worker_mib" >> "$out/results.jsonl"
+  wait "${ranks[@]}"
+  watch_stop ddp "$out/ddp-0.out"
 done
 
 /usr/bin/python3 - "$out/results.jsonl" "$rows" "$vocabulary" <<'PY'

@@ -466,9 +466,13 @@ SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
 std::optional<SparseTable::Snapshot> SparseTable::BeginSnapshot(int64_t since) {
   if (snapshot_.has_value() && !snapshot_->token.expired()) return std::nullopt;
   auto token = std::make_shared<int>(0);
-  // Rows made from now on are not in it (a later epoch).
-  snapshot_.emplace(OpenSnapshot{.token = token, .epoch = ++snapshot_epoch_, .since = since});
-  Snapshot out{.token = std::move(token)};
+  OpenSnapshot open;
+  open.token = token;
+  open.epoch = ++snapshot_epoch_;  // rows made from now on are not in it
+  open.since = since;
+  snapshot_.emplace(std::move(open));
+  Snapshot out;
+  out.token = std::move(token);
   out.keys.reserve(index_.size());
   for (const auto& [key, slot] : index_) {
     if (meta_[slot].last_step >= since) out.keys.push_back(key);
@@ -484,7 +488,7 @@ void SparseTable::PreserveForSnapshot(uint32_t slot) {
   }
   const Meta& meta = meta_[slot];
   if (meta.epoch >= snapshot_->epoch || meta.last_step < snapshot_->since) return;
-  if (snapshot_->reading && meta.key <= snapshot_->read_up_to) return;
+  if (snapshot_->read_up_to.has_value() && meta.key <= *snapshot_->read_up_to) return;
   snapshot_->saved.try_emplace(meta.key, RowAt(slot));  // the first change's
 }
 
@@ -497,10 +501,9 @@ absl::Status SparseTable::ReadSnapshot(const std::shared_ptr<const void>& token,
   out.clear();
   out.reserve(keys.size());
   for (const uint64_t key : keys) {
-    if (snapshot_->reading && key <= snapshot_->read_up_to) {
+    if (snapshot_->read_up_to.has_value() && key <= *snapshot_->read_up_to) {
       return absl::InvalidArgumentError("snapshot keys out of order");
     }
-    snapshot_->reading = true;
     snapshot_->read_up_to = key;
     if (auto saved = snapshot_->saved.extract(key); !saved.empty()) {
       out.push_back(std::move(saved.mapped()));

@@ -212,14 +212,13 @@ class SparseTable {
   std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
   int64_t filter_width_ = 0;
   // The open snapshot: rows made at epochs below `epoch` with last_step >=
-  // `since`, those above key `read_up_to` not read yet; `saved` holds the
-  // copies of those that changed since.
+  // `since`, those above key `read_up_to` (all before its first read) not
+  // read yet; `saved` holds the copies of those that changed since.
   struct OpenSnapshot {
     std::weak_ptr<const void> token;
     uint32_t epoch = 0;
     int64_t since = 0;
-    bool reading = false;
-    uint64_t read_up_to = 0;
+    std::optional<uint64_t> read_up_to;
     absl::flat_hash_map<uint64_t, Row> saved;
   };
   std::optional<OpenSnapshot> snapshot_;  // reset lazily once its token is gone

@@ -144,18 +144,8 @@ absl::StatusOr<std::unique_ptr<ClickTrainer>> ClickTrainer::Create(TrainerOption
   client.wire_dtype = t->spec_.wire_dtype();
   client.plan = a.plan();
   t->client_ = std::make_unique<ParameterClient>(client, t->transport_);
-  SparseClient::Options sparse;
-  sparse.job_id = a.job_id();
-  sparse.worker = a.worker_index();
-  sparse.generation = a.generation();
-  for (const v1::EmbeddingTableSpec& table : t->spec_.tables()) sparse.dims.push_back(table.dim());
-  std::vector<bool> has_chunk(a.plan().num_servers(), false);
-  for (const v1::ChunkInfo& c : a.plan().chunks()) has_chunk[c.server()] = true;
-  for (uint32_t s = 0; s < has_chunk.size(); ++s) {
-    if (!has_chunk[s]) sparse.servers_without_chunks.push_back(static_cast<int>(s));
-  }
-  sparse.retry = client.retry;
-  t->sparse_ = std::make_unique<SparseClient>(sparse, t->transport_);
+  t->sparse_ = std::make_unique<SparseClient>(SparseClient::OptionsFor(a, t->spec_, client.retry),
+                                              t->transport_);
   t->params_.assign(kernels::ClickModelParams(t->shape_), 0.0f);
   return t;
 }

@@ -526,13 +526,18 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
+  // What a pull of step_'s rows waits for: the tables' version (sync) and
+  // every worker's clock (ssp), as the dense values do.
+  std::pair<int64_t, int64_t> RowsWaitFor() const {
+    return {spec_.mode() == v1::MODE_SYNC ? step_ : 0,
+            StepsAppliedBefore(step_, StalenessOf(spec_))};
+  }
+
   // The rows of step_ (as the step reads them) of every table's keys.
   absl::Status PullTableRows(const std::vector<worker::SparseClient::TableKeys>& keys,
                              std::vector<std::vector<float>>& rows) {
-    const bool sync = spec_.mode() == v1::MODE_SYNC;
-    PSTRAIN_RETURN_IF_ERROR(sparse_->Pull(step_, sync ? step_ : 0,
-                                          StepsAppliedBefore(step_, StalenessOf(spec_)), keys,
-                                          rows));
+    const auto [version, pushed_steps] = RowsWaitFor();
+    PSTRAIN_RETURN_IF_ERROR(sparse_->Pull(step_, version, pushed_steps, keys, rows));
     pulled_step_ = step_;
     return absl::OkStatus();
   }
@@ -543,17 +548,14 @@ class Client::Impl {
   // the step's pull waits for: without one, an empty pull goes first.
   void StartRowPush() {
     if (row_push_done_.valid()) return;
-    const bool sync = spec_.mode() == v1::MODE_SYNC;
-    const int64_t version = sync ? step_ : 0;
-    const int64_t pushed_steps = StepsAppliedBefore(step_, StalenessOf(spec_));
     const bool pull_first = pulled_step_ != step_;
     row_push_done_ = std::async(
-        std::launch::async, [sparse = sparse_.get(), step = step_, version, pushed_steps,
+        std::launch::async, [sparse = sparse_.get(), step = step_, wait = RowsWaitFor(),
                              pull_first, rows = std::exchange(row_push_, {})]() -> absl::Status {
           if (pull_first) {
             std::vector<std::vector<float>> none;
             PSTRAIN_RETURN_IF_ERROR(sparse->Pull(
-                step, version, pushed_steps,
+                step, wait.first, wait.second,
                 std::vector<worker::SparseClient::TableKeys>(rows.size()), none));
           }
           return sparse->Push(step, rows);
@@ -730,19 +732,9 @@ class Client::Impl {
     c.retry = c.retry.WithPatience(std::max(
         c.retry.patience(),
         absl::Seconds(recovery.replace_after_seconds() + recovery.wait_timeout_seconds() + 60)));
+    auto sparse_client = std::make_unique<worker::SparseClient>(
+        worker::SparseClient::OptionsFor(next, spec_, c.retry), transport.get());
     auto params = std::make_unique<ParameterClient>(std::move(c), transport.get());
-    worker::SparseClient::Options sparse;
-    sparse.job_id = options_.job_id;
-    sparse.worker = next.worker_index();
-    sparse.generation = next.generation();
-    for (const TableInfo& table : tables_) sparse.dims.push_back(table.dim);
-    std::vector<bool> has_chunk(next.plan().num_servers(), false);
-    for (const v1::ChunkInfo& chunk : next.plan().chunks()) has_chunk[chunk.server()] = true;
-    for (uint32_t s = 0; s < has_chunk.size(); ++s) {
-      if (!has_chunk[s]) sparse.servers_without_chunks.push_back(static_cast<int>(s));
-    }
-    sparse.retry = c.retry;
-    auto sparse_client = std::make_unique<worker::SparseClient>(sparse, transport.get());
     WaitForRowPush().IgnoreError();  // the last generation's, cancelled
     std::unique_ptr<ParameterClient> old_params;
     std::unique_ptr<worker::SparseClient> old_sparse;

@@ -50,6 +50,22 @@ ServerFrames ByServer(const std::vector<SparseClient::TableKeys>& tables,
 
 }  // namespace
 
+SparseClient::Options SparseClient::OptionsFor(const v1::WorkerAssignment& assignment,
+                                               const v1::JobSpec& spec, RetryPolicy retry) {
+  Options options;
+  options.job_id = assignment.job_id();
+  options.worker = assignment.worker_index();
+  options.generation = assignment.generation();
+  for (const v1::EmbeddingTableSpec& table : spec.tables()) options.dims.push_back(table.dim());
+  std::vector<bool> has_chunk(assignment.plan().num_servers(), false);
+  for (const v1::ChunkInfo& c : assignment.plan().chunks()) has_chunk[c.server()] = true;
+  for (uint32_t s = 0; s < has_chunk.size(); ++s) {
+    if (!has_chunk[s]) options.servers_without_chunks.push_back(static_cast<int>(s));
+  }
+  options.retry = std::move(retry);
+  return options;
+}
+
 SparseClient::SparseClient(Options options, ParameterTransport* transport)
     : options_(std::move(options)), transport_(transport) {}
 

@@ -15,6 +15,8 @@
 #include "absl/status/status.h"
 #include "common/retry.h"
 #include "common/sparse_frames.h"
+#include "pstrain/v1/job.pb.h"
+#include "pstrain/v1/membership.pb.h"
 #include "worker/transport.h"
 
 namespace pstrain::worker {
@@ -41,6 +43,11 @@ class SparseClient {
     std::vector<uint32_t> counts;
     std::vector<float> grads;
   };
+
+  // The options of the worker that `assignment` places, for `spec`'s
+  // tables (the servers without dense chunks from its plan).
+  static Options OptionsFor(const v1::WorkerAssignment& assignment, const v1::JobSpec& spec,
+                            RetryPolicy retry);
 
   // The transport must outlive the client.
   SparseClient(Options options, ParameterTransport* transport);

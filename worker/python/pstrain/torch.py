@@ -568,13 +568,10 @@ class EmbeddingBags(torch.nn.Module):
         self._indices = [client.table_index(t) for t in self.tables]
         self._dims = [known[t] for t in self.tables]
 
-    def _check_bound(self):
+    def forward(self, bags):
         if self._client is None:
             raise RuntimeError("pstrain: %s is not bound to a job: make the "
                                "DistributedOptimizer of the model first" % self)
-
-    def forward(self, bags):
-        self._check_bound()
         if torch.is_tensor(bags):
             if bags.dim() != 2 or bags.shape[1] != len(self.tables):
                 raise ValueError("pstrain: keys must be [batch, %d], got %s" %
@@ -672,17 +669,9 @@ class Embedding(EmbeddingBags):
         return "table=%s" % self.tables[0]
 
     def forward(self, input):
-        self._check_bound()
-        keys = input.to(torch.int64)
-        distinct, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
-        index, dim = self._indices[0], self._dims[0]
-        rows = torch.empty(distinct.numel(), dim, dtype=torch.float32)
-        self._client.pull_rows([(index, distinct.data_ptr(), distinct.numel(), rows.data_ptr())])
-        if torch.is_grad_enabled():
-            rows.requires_grad_()
-            rows.register_hook(self._push_hook([(index, 0, distinct.numel())], distinct, inverse,
-                                               dim))
-        return torch.nn.functional.embedding(inverse.reshape(keys.shape), rows)
+        # A bag of one key at each place: its row.
+        rows = super().forward([(input.reshape(-1), None)])[0]
+        return rows.reshape(list(input.shape) + [rows.shape[1]])
 
 
 def _bind_tables(modules, client):
