@@ -18,6 +18,7 @@
 #include "server/checkpoint.h"
 #include "server/dense_chunk.h"
 #include "server/shard_checkpoints.h"
+#include "server/shard_checks.h"
 #include "server/shard_job.h"
 #include "server/sparse_shard.h"
 
@@ -354,38 +355,6 @@ absl::StatusOr<std::shared_ptr<ShardJob>> ShardStore::FindJob(
 }
 
 
-namespace {
-
-// The chunk a frame names; INVALID_ARGUMENT if this server holds no such chunk.
-absl::StatusOr<DenseChunk*> FindChunk(const ShardJob& job, const v1::ChunkHeader& h) {
-  if (h.chunk() >= job.chunks.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown chunk ", h.chunk(), " (the plan has ",
-                                                   job.chunks.size(), ")"));
-  }
-  DenseChunk* chunk = job.chunks[h.chunk()].get();
-  if (chunk == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk ", h.chunk(), " is not held by this server"));
-  }
-  return chunk;
-}
-
-// A request of another generation than the job's on this server: one that
-// is over is refused for good, a newer one is not loaded here yet.
-absl::Status CheckGeneration(const ShardJob& job, const v1::ChunkHeader& h) {
-  const int64_t here = job.generation;
-  if (h.generation() == here) return absl::OkStatus();
-  if (h.generation() < here) {
-    return absl::AbortedError(absl::StrCat("generation ", h.generation(), " of job ", job.id,
-                                           " is over (the job is at generation ", here, ")"));
-  }
-  return absl::UnavailableError(absl::StrCat("job ", job.id, " is at generation ", here,
-                                             " on this server; ", h.generation(),
-                                             " is not loaded yet"));
-}
-
-}  // namespace
-
 absl::Status ShardStore::Init(const Frame& frame) {
   const v1::ChunkHeader& h = frame.header();
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(h.job_id()));
@@ -416,26 +385,6 @@ absl::Status ShardStore::Init(const Frame& frame) {
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// External models: nothing but the initial values until they are in.
-absl::Status CheckInitialized(const ShardJob& job) {
-  if (job.chunks_awaiting_init.load() == 0) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("job ", job.id, " waits for the initial values of ",
-                                             job.chunks_awaiting_init.load(),
-                                             " chunks from worker 0"));
-}
-
-// INVALID_ARGUMENT unless the frame's worker is one of the job's: every
-// kind of frame indexes the job's and the chunk's per-worker state by it.
-absl::Status CheckWorker(const ShardJob& job, const v1::ChunkHeader& h) {
-  if (h.worker() < job.num_workers) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("worker ", h.worker(), " outside [0, ", job.num_workers, ")"));
-}
-
-}  // namespace
 
 absl::Status ShardStore::Push(Frame frame, std::shared_ptr<ChunkWaiter> waiter,
                               bool payload_borrowed) {
@@ -691,47 +640,6 @@ absl::Status ShardStore::EndStep(const v1::ChunkHeader& h) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<SparseSection>> ShardStore::CheckSparseFrame(
-    const ShardJob& job, const Frame& frame) const {
-  const v1::ChunkHeader& h = frame.header();
-  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(job, h));
-  PSTRAIN_RETURN_IF_ERROR(CheckInitialized(job));
-  PSTRAIN_RETURN_IF_ERROR(CheckWorker(job, h));
-  if (job.sparse == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job.id, " has no embedding tables"));
-  }
-  if (h.step() < 0 || h.version() < 0 || h.pushed_steps() < 0) {
-    return absl::InvalidArgumentError("negative step, version or pushed_steps");
-  }
-  return DecodeSparseFrame(frame, job.sparse->dims, job.server_index, job.num_servers);
-}
-
-absl::Status ShardStore::SparsePush(const Frame& frame) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(frame.header().job_id()));
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<SparseSection> sections, CheckSparseFrame(*job, frame));
-  SparseShard& sparse = *job->sparse;
-  absl::MutexLock lock(&sparse.mu);
-  PSTRAIN_RETURN_IF_ERROR(
-      AddSparsePush(*job, sparse, frame.header(), std::move(sections), [&] {
-        sparse.mu.AssertHeld();
-        SnapshotTables(fs_, writer_.get(), job, sparse);
-      }));
-  WaitAndAnswerSparse(sparse, std::nullopt);
-  return absl::OkStatus();
-}
-
-absl::Status ShardStore::SparsePull(const Frame& frame, std::shared_ptr<ChunkWaiter> waiter) {
-  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(frame.header().job_id()));
-  PSTRAIN_ASSIGN_OR_RETURN(std::vector<SparseSection> sections, CheckSparseFrame(*job, frame));
-  SparseShard& sparse = *job->sparse;
-  absl::MutexLock lock(&sparse.mu);
-  if (!sparse.closed.ok()) return sparse.closed;
-  ChunkWait wait = PullWait(frame.header(), std::move(waiter));
-  if (job->mode != v1::MODE_SYNC) wait.own_clock = frame.header().step();
-  WaitAndAnswerSparse(sparse, SparseShard::Wait{std::move(sections), std::move(wait)});
-  return absl::OkStatus();
-}
-
 absl::Status ShardStore::Pull(const v1::ChunkHeader& h, std::shared_ptr<ChunkWaiter> waiter) {
   PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(h.job_id()));
   PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
@@ -772,16 +680,6 @@ absl::StatusOr<ShardStore::ChunkSnapshot> ShardStore::ReadChunk(const std::strin
   PSTRAIN_ASSIGN_OR_RETURN(DenseChunk * chunk, FindChunk(*job, h));
   absl::MutexLock lock(&chunk->mu);
   return ChunkSnapshot{chunk->version, *chunk->values, chunk->staged_values != nullptr};
-}
-
-absl::StatusOr<std::vector<SparseTable::Row>> ShardStore::ReadTable(const std::string& job_id,
-                                                                  uint32_t table) const {
-  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(job_id));
-  if (job->sparse == nullptr || table >= job->sparse->dims.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, " has no table ", table));
-  }
-  absl::MutexLock lock(&job->sparse->mu);
-  return job->sparse->tables[table]->Rows();
 }
 
 }  // namespace pstrain::server
