@@ -84,7 +84,7 @@ constexpr int kExitUsage = 2;
 // --eval DIR: an export of a click model (its model file and tables) on
 // the job's test set.
 int EvaluateExport(const std::string& dir) {
-  absl::StatusOr<server::TableExport> exported = server::ReadTableExport(PosixFileSystem(), dir);
+  absl::StatusOr<TableExport> exported = ReadTableExport(PosixFileSystem(), dir);
   if (!exported.ok()) {
     std::cerr << "pstrain-local: " << exported.status().message() << "\n";
     return kExitUsage;

@@ -3,12 +3,8 @@
 // worker 0 uploads); the servers write them, as the checkpoint of the
 // job's last step (a job with tables always takes it, full), and an export
 // reads those files row by row, merging the servers' rows by key (tables
-// may be larger than the memory of the machine it runs on), and writes a
-// directory:
-//
-//   DIR/model.pstrain      the dense part: the job's model file
-//   DIR/tables/NAME.rows   every row of table NAME, by key (common/table_file.h)
-//   DIR/export.json        what the directory holds; written last
+// may be larger than the memory of the machine it runs on), and writes an
+// export directory (common/export_dir.h, which reads it back).
 //
 // The checkpoint directory must be reachable where the export runs (the
 // machine of pstrain-local, or a volume psctl's machine mounts).
@@ -21,17 +17,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/export_dir.h"
 #include "common/file_system.h"
-#include "common/model_file.h"
-#include "common/table_file.h"
 #include "pstrain/v1/job.pb.h"
 
 namespace pstrain::server {
-
-// The files of an export directory.
-inline constexpr char kExportModelFile[] = "model.pstrain";
-inline constexpr char kExportManifest[] = "export.json";
-std::string ExportTablePath(const std::string& dir, const std::string& table);
 
 // Where a finished job's tables are: its spec (normalized, with its
 // checkpoint.dir), the step of its end and its last generation.
@@ -51,16 +41,6 @@ struct TableExportSource {
 absl::Status ExportTables(FileSystem* fs, const TableExportSource& source,
                           const std::string& model_file, const std::string& dir,
                           absl::Duration wait);
-
-// An export read back: the dense part, and each table of its spec in table
-// order.
-struct TableExport {
-  ModelFile model;
-  std::vector<TableFile> tables;
-};
-// INVALID_ARGUMENT or DATA_LOSS naming the file at fault, also for tables
-// that do not match the model file's spec.
-absl::StatusOr<TableExport> ReadTableExport(FileSystem* fs, const std::string& dir);
 
 }  // namespace pstrain::server
 
