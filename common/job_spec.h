@@ -80,6 +80,9 @@ int TensorDTypeBytes(v1::TensorDType dtype);
 // The dtype of a name as job files write it ("int64", EnumValueOf);
 // INVALID_ARGUMENT naming the ones there are otherwise.
 absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name);
+// The other way: an external tensor's dtype as job files write it
+// ("float32" for a parameter, whose values are fp32).
+std::string TensorDTypeName(const v1::ExternalTensor& tensor);
 // The floats an external tensor takes in the flat space: its elements, or a
 // buffer's bytes over 4 rounded up.
 int64_t FloatsOf(const v1::ExternalTensor& tensor);

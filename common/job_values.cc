@@ -117,6 +117,11 @@ int TensorDTypeBytes(v1::TensorDType dtype) {
   }
 }
 
+std::string TensorDTypeName(const v1::ExternalTensor& tensor) {
+  if (!tensor.buffer() || tensor.dtype() == v1::TENSOR_DTYPE_UNSPECIFIED) return "float32";
+  return EnumName(tensor.dtype());
+}
+
 absl::StatusOr<v1::TensorDType> TensorDTypeOf(absl::string_view name) {
   PSTRAIN_ASSIGN_OR_RETURN(const google::protobuf::EnumValueDescriptor* value,
                            EnumValueOf(v1::TensorDType_descriptor(), name));

@@ -47,12 +47,6 @@ namespace {
 
 using worker::ParameterClient;
 
-// A tensor's dtype as TensorSpec names it.
-std::string DTypeName(const v1::ExternalTensor& tensor) {
-  if (!tensor.buffer() || tensor.dtype() == v1::TENSOR_DTYPE_UNSPECIFIED) return "float32";
-  return EnumName(tensor.dtype());
-}
-
 }  // namespace
 
 int64_t DataPlaneCopiedBytes() { return CopiedPayloadBytes(); }
@@ -78,25 +72,6 @@ absl::Status SetLogLevel(std::string_view level) {
 
 std::vector<int64_t> SampleOrder(uint64_t seed, int64_t epoch, int64_t n) {
   return EpochOrder(seed, epoch, n);
-}
-
-absl::StatusOr<std::vector<ModelTensor>> ReadModel(const std::string& path) {
-  PSTRAIN_ASSIGN_OR_RETURN(ModelFile file, ReadModelFile(path));
-  const v1::ModelSpec& model = file.header.spec().model();
-  std::vector<ModelTensor> tensors;
-  for (int t = 0; t < file.header.tensors_size(); ++t) {
-    const v1::TensorInfo& info = file.header.tensors(t);
-    ModelTensor& tensor = tensors.emplace_back();
-    tensor.spec.name = info.name();
-    tensor.spec.shape.assign(info.shape().begin(), info.shape().end());
-    if (info.buffer() && t < model.tensors_size()) {
-      tensor.spec.buffer = true;
-      tensor.spec.dtype = DTypeName(model.tensors(t));
-    }
-    tensor.values.assign(file.params.begin() + info.offset(),
-                         file.params.begin() + info.offset() + info.size());
-  }
-  return tensors;
 }
 
 class Client::Impl {
@@ -700,7 +675,7 @@ class Client::Impl {
       int64_t widest = 0;
       for (const kernels::TensorDesc& d : descs_) {
         const v1::ExternalTensor& e = spec_.model().tensors(static_cast<int>(tensors_.size()));
-        tensors_.push_back({d.name, d.shape, e.buffer(), DTypeName(e)});
+        tensors_.push_back({d.name, d.shape, e.buffer(), TensorDTypeName(e)});
         widest = std::max(widest, d.size);
       }
       bound_.assign(descs_.size(), nullptr);
