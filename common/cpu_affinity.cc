@@ -5,22 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <set>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/init.h"
 #include "common/status.h"
-#include "glog/logging.h"
-
-ABSL_FLAG(std::string, cpus, "",
-          "CPU list (e.g. 0-3 or 0,2,4-7) that every thread of this process runs on; empty: "
-          "wherever the system puts them");
 
 namespace pstrain {
 namespace {
@@ -135,19 +126,6 @@ absl::Status RunProcessOnlyOn(const std::vector<int>& cpus) {
   }
   closedir(tasks);
   return status;
-}
-
-void RunOnlyOnFlagCpus(absl::string_view program) {
-  const std::string list = absl::GetFlag(FLAGS_cpus);
-  if (list.empty()) return;
-  absl::StatusOr<std::vector<int>> cpus = ParseCpuList(list);
-  absl::Status status = cpus.ok() ? absl::OkStatus() : cpus.status();
-  if (status.ok() && !OnlyCheckingFlags()) status = RunProcessOnlyOn(*cpus);
-  if (!status.ok()) {
-    std::cerr << program << ": --cpus: " << status.message() << "\n";
-    std::exit(2);
-  }
-  if (!OnlyCheckingFlags()) LOG(INFO) << "running on CPUs " << FormatCpuList(*cpus);
 }
 
 }  // namespace pstrain
