@@ -243,9 +243,12 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
       break;
     case v1::JobEvent::kEvaluation:
       EndLine();
-      std::fprintf(out_, "step %d: test accuracy %.4f  test loss %.4f\n",
+      std::fprintf(out_, "step %d: test accuracy %.4f%s\n",
                    static_cast<int>(event.evaluation().step()), event.evaluation().test_accuracy(),
-                   event.evaluation().test_loss());
+                   event.evaluation().has_test_loss()
+                       ? absl::StrFormat("  test loss %.4f", event.evaluation().test_loss())
+                             .c_str()
+                       : "");
       break;
     default:
       break;
@@ -256,21 +259,26 @@ void ProgressDisplay::OnEvent(const v1::JobEvent& event, const v1::Job& job) {
 std::string ResultJson(const v1::Job& job) {
   const v1::JobSpec& spec = job.spec();
   const v1::JobResult& r = job.result();
-  // A click model's measures, also among the metrics, at the top.
-  std::string click;
+  // Only what the job measured: an evaluation the workers reported, a
+  // click model's measures (also among the metrics) at the top.
+  std::string measured;
+  if (r.evaluated()) absl::StrAppendFormat(&measured, "\"test_accuracy\":%.4f,", r.test_accuracy());
   for (const char* name : {"test_auc", "oracle_auc"}) {
     const auto it = r.metrics().find(name);
-    if (it != r.metrics().end()) absl::StrAppendFormat(&click, "\"%s\":%.6f,", name, it->second);
+    if (it != r.metrics().end()) {
+      absl::StrAppendFormat(&measured, "\"%s\":%.6f,", name, it->second);
+    }
   }
+  const std::string metrics =
+      r.metrics().empty() ? "" : absl::StrCat(",\"metrics\":", MetricsJson(r.metrics()));
   return absl::StrFormat(
       "{\"job\":%s,\"name\":%s,\"mode\":%s,\"workers\":%d,\"servers\":%d,\"steps\":%d,"
       "\"train_seconds\":%.3f,\"samples_per_second\":%.1f,\"final_loss\":%.6f,"
-      "\"test_accuracy\":%.4f,%s\"recoveries\":%d,\"last_checkpoint_step\":%d,"
-      "\"metrics\":%s}",
+      "%s\"recoveries\":%d,\"last_checkpoint_step\":%d%s}",
       JsonQuote(job.id()), JsonQuote(spec.name()), JsonQuote(EnumName(spec.mode())),
       spec.num_workers(), spec.num_servers(), r.steps(), r.train_seconds(),
-      r.samples_per_second(), r.final_loss(), r.test_accuracy(), click, job.recoveries(),
-      job.last_checkpoint_step(), MetricsJson(r.metrics()));
+      r.samples_per_second(), r.final_loss(), measured, job.recoveries(),
+      job.last_checkpoint_step(), metrics);
 }
 
 void PrintResult(const v1::Job& job) {

@@ -14,6 +14,7 @@
 #include "common/enum_names.h"
 #include "common/files.h"
 #include "common/rpc.h"
+#include "common/status.h"
 
 namespace pstrain::cli {
 
@@ -50,14 +51,37 @@ absl::StatusOr<v1::Job> JobFollower::Follow(const std::string& job_id, ProgressD
   }
   if (job.ok()) {
     // The job as the coordinator has it (its recoveries, checkpoints).
-    v1::GetJobRequest get;
-    get.set_job_id(job->id());
-    v1::Job full;
-    grpc::ClientContext context;
-    SetTimeout(context, absl::Seconds(10));
-    context.set_wait_for_ready(true);
-    if (authorize_) authorize_(context);
-    if (stub_->GetJob(&context, get, &full).ok()) job = std::move(full);
+    if (absl::StatusOr<v1::Job> full = Get(job->id()); full.ok()) job = *std::move(full);
+    job = WithLastCheckpoint(*std::move(job));
+  }
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobFollower::Get(const std::string& job_id) {
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetTimeout(context, absl::Seconds(10));
+  context.set_wait_for_ready(true);
+  if (authorize_) authorize_(context);
+  PSTRAIN_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetJob(&context, get, &job)));
+  return job;
+}
+
+v1::Job JobFollower::WithLastCheckpoint(v1::Job job) {
+  const v1::CheckpointSpec& checkpoint = job.spec().checkpoint();
+  if (job.state() != v1::JOB_STATE_SUCCEEDED || checkpoint.dir().empty() ||
+      checkpoint.every_steps() <= 0) {
+    return job;
+  }
+  // The servers report the checkpoints of the job's last steps as they are
+  // written, after its end: the last one a few seconds at most.
+  const int64_t last = job.result().steps() / checkpoint.every_steps() * checkpoint.every_steps();
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(10);
+  while (job.last_checkpoint_step() < last && MonotonicNow() < give_up) {
+    absl::SleepFor(absl::Milliseconds(100));
+    if (absl::StatusOr<v1::Job> now = Get(job.id()); now.ok()) job = *std::move(now);
   }
   return job;
 }

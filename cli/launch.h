@@ -42,6 +42,13 @@ class JobFollower {
   std::string stopped() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // A succeeded job once the coordinator has the checkpoint of its last
+  // multiple of checkpoint.every_steps (written after its end; 10 s at
+  // most), so that last_checkpoint_step is the last one written.
+  v1::Job WithLastCheckpoint(v1::Job job);
+  // The job as the coordinator has it now.
+  absl::StatusOr<v1::Job> Get(const std::string& job_id);
+
   v1::Control::Stub* const stub_;
   const Authorize authorize_;
   mutable absl::Mutex mu_;

@@ -1,5 +1,6 @@
 #include "cli/local_cluster.h"
 
+#include <algorithm>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +17,6 @@
 
 namespace pstrain::cli {
 
-namespace {
-
 std::string LastLines(const std::string& path, int count) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return absl::StrCat("(", text.status().message(), ")");
@@ -32,8 +31,6 @@ std::string LastLines(const std::string& path, int count) {
   }
   return text->substr(start == 0 ? 0 : start + 1);
 }
-
-}  // namespace
 
 std::string ExecutableDir() {
   char path[PATH_MAX];
@@ -128,6 +125,13 @@ std::string LocalCluster::CheckpointRoot() const {
   return options_.checkpoint_root.empty() ? options_.run_dir : options_.checkpoint_root;
 }
 
+std::string LocalCluster::SharingFlag() const {
+  const int sharing = options_.processes_sharing_cpus > 0
+                          ? options_.processes_sharing_cpus
+                          : std::max(1, options_.num_servers + options_.num_workers);
+  return absl::StrCat("--processes_sharing_cpus=", sharing);
+}
+
 absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
   const std::string name = absl::StrCat("server-", servers_started_++);
   std::vector<std::string> argv = {
@@ -136,7 +140,7 @@ absl::Status LocalCluster::StartServer(const std::vector<std::string>& flags) {
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
                    absl::ToInt64Seconds(options_.coordinator_loss_exit)),
-      absl::StrCat("--checkpoint_root=", CheckpointRoot())};
+      absl::StrCat("--checkpoint_root=", CheckpointRoot()), SharingFlag()};
   return SpawnNew(name, std::move(argv), flags);
 }
 
@@ -146,7 +150,8 @@ absl::Status LocalCluster::StartWorker(const std::vector<std::string>& flags) {
       absl::StrCat(options_.bin_dir, "/pstrain-worker"),
       absl::StrCat("--coordinator=", coordinator_address_), absl::StrCat("--node_id=", name),
       absl::StrCat("--coordinator_loss_exit_s=",
-                   absl::ToInt64Seconds(options_.coordinator_loss_exit))};
+                   absl::ToInt64Seconds(options_.coordinator_loss_exit)),
+      SharingFlag()};
   if (!options_.data_root.empty()) argv.push_back("--data_root=" + options_.data_root);
   if (options_.colocated_servers) {
     argv.push_back("--colocated_server");

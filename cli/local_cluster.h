@@ -62,6 +62,11 @@ class LocalCluster {
     // Every worker runs a parameter server in its process
     // (--colocated_server), for jobs with colocated_servers.
     bool colocated_servers = false;
+    // The servers' and workers' --processes_sharing_cpus (their compute
+    // threads are the CPUs divided among that many); 0: num_servers +
+    // num_workers, every process of the cluster on every CPU. A child's own
+    // flag (worker_flags, server_flags) wins.
+    int processes_sharing_cpus = 0;
   };
 
   // Starts the coordinator, waits until it serves, then starts the servers
@@ -137,6 +142,8 @@ class LocalCluster {
   absl::Status Spawn(Child& child);
   // The servers' --checkpoint_root.
   std::string CheckpointRoot() const;
+  // The servers' and workers' --processes_sharing_cpus flag.
+  std::string SharingFlag() const;
   absl::Status SpawnNew(const std::string& name, std::vector<std::string> base_argv,
                         std::vector<std::string> flags);
   // Starts the coordinator listening on `listen` and waits for its address.
@@ -153,6 +160,10 @@ class LocalCluster {
 
 // The directory of the running executable.
 std::string ExecutableDir();
+
+// The last `count` lines of the file at `path` (all of a shorter one), or
+// "(why it cannot be read)".
+std::string LastLines(const std::string& path, int count);
 
 }  // namespace pstrain::cli
 

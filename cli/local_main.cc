@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, bin_dir, "",
           "directory of the pstrain binaries; default: the directory of pstrain-local");
 ABSL_FLAG(std::string, run_dir, "",
           "directory for the processes' logs; default: a new /tmp/pstrain-local.XXXXXX");
+ABSL_FLAG(bool, keep_run_dir, false,
+          "keep the run directory (a new /tmp/pstrain-local.XXXXXX) when the job succeeds; "
+          "it is kept anyway when the job fails, and a --run_dir always");
 ABSL_FLAG(int, lease_s, 10, "heartbeat lease of the nodes, seconds");
 ABSL_FLAG(std::string, devices, "cpu:1",
           "every worker's devices: cpu:N or cuda:0,cuda:1,... (see pstrain-worker)");
@@ -285,6 +288,8 @@ int Run() {
   });
 
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
+  // A directory of pstrain-local's own goes once the job has succeeded.
+  const bool remove_run_dir = run_dir.empty() && !absl::GetFlag(FLAGS_keep_run_dir);
   if (run_dir.empty()) {
     char tmpl[] = "/tmp/pstrain-local.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
@@ -345,11 +350,20 @@ int Run() {
                                     : 1;
     const std::vector<std::vector<int>> groups =
         WorkerCpus(AllowedCpus(), spec->num_workers(), compute_threads);
+    // A pinned worker shares its CPUs with the servers beside it (unpinned,
+    // every process shares every CPU: LocalCluster's default).
+    std::vector<int> sharing(groups.size(), 1);
+    for (int s = 0; s < options.num_servers && !groups.empty(); ++s) {
+      ++sharing[s % groups.size()];
+    }
     for (size_t g = 0; g < groups.size(); ++g) {
       options.worker_flags[g].push_back("--cpus=" + FormatCpuList(groups[g]));
+      options.worker_flags[g].push_back(absl::StrCat("--processes_sharing_cpus=", sharing[g]));
     }
     for (int s = 0; s < options.num_servers && !groups.empty(); ++s) {
-      options.server_flags[s] = {"--cpus=" + FormatCpuList(groups[s % groups.size()])};
+      const size_t g = s % groups.size();
+      options.server_flags[s] = {"--cpus=" + FormatCpuList(groups[g]),
+                                 absl::StrCat("--processes_sharing_cpus=", sharing[g])};
     }
   }
   options.state_dir = run_dir + "/state";
@@ -357,10 +371,11 @@ int Run() {
   // A child that dies is restarted under its node id, as a container
   // runtime would: the job recovers and its result does not change.
   options.restart_exited_children = true;
-  std::printf("pstrain-local: %d server(s)%s, %d worker(s), logs in %s, Prometheus targets in "
+  std::printf("pstrain-local: %d server(s)%s, %d worker(s), logs in %s%s, Prometheus targets in "
               "%s\n",
               spec->num_servers(), spec->colocated_servers() ? " in the workers' processes" : "",
               spec->num_workers(), run_dir.c_str(),
+              remove_run_dir ? " (removed if the job succeeds)" : "",
               options.prometheus_sd_file.c_str());
   std::fflush(stdout);
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
@@ -446,11 +461,16 @@ int Run() {
     std::cerr << "pstrain-local: a process exited: " << dead << "\n";
     return finish(kExitFailed);
   }
-  return EndLaunch({.program = "pstrain-local",
-                    .run_dir = run_dir,
-                    .export_path = absl::GetFlag(FLAGS_export),
-                    .stop = finish},
-                   *stub, authorize, job, "");
+  const int code = EndLaunch({.program = "pstrain-local",
+                              .run_dir = run_dir,
+                              .export_path = absl::GetFlag(FLAGS_export),
+                              .stop = finish},
+                             *stub, authorize, job, "");
+  if (code == 0 && remove_run_dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(run_dir, ignored);
+  }
+  return code;
 }
 
 }  // namespace

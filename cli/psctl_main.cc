@@ -262,6 +262,17 @@ std::string Ago(int64_t time_ms) {
   return absl::StrCat(s / 86400, "d");
 }
 
+// Whether `psctl export` can write the succeeded job's model: a job with
+// tables exports from its servers' checkpoints of the last step.
+std::string ModelFileRow(const v1::Job& job) {
+  if (!job.has_model()) return "no";
+  if (job.spec().tables_size() > 0 && job.spec().checkpoint().dir().empty()) {
+    return "not exportable: its tables are exported from checkpoints, and the job had no "
+           "checkpoint.dir";
+  }
+  return "yes (psctl export)";
+}
+
 std::string Time(int64_t time_ms) {
   if (time_ms <= 0) return "-";
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(time_ms),
@@ -409,9 +420,11 @@ class Psctl {
     for (const auto& [label, eval] : {std::pair{"last evaluation:", &job.last_evaluation()},
                                       std::pair{"best evaluation:", &job.best_evaluation()}}) {
       if (eval->step() == 0) continue;  // none during training
-      rows.push_back({label, absl::StrFormat("step %d: test accuracy %.4f, test loss %.4f",
-                                             eval->step(), eval->test_accuracy(),
-                                             eval->test_loss())});
+      rows.push_back({label, absl::StrFormat("step %d: test accuracy %.4f", eval->step(),
+                                             eval->test_accuracy()) +
+                                 (eval->has_test_loss()
+                                      ? absl::StrFormat(", test loss %.4f", eval->test_loss())
+                                      : "")});
     }
     const bool succeeded = job.state() == v1::JOB_STATE_SUCCEEDED;
     const auto& metrics = succeeded ? job.result().metrics() : job.progress().metrics();
@@ -419,15 +432,17 @@ class Psctl {
     if (succeeded) {
       const v1::JobResult& r = job.result();
       rows.push_back(
-          {"result:", (r.evaluated() ? absl::StrFormat("test accuracy %.4f, test loss %.4f, ",
-                                                       r.test_accuracy(), r.test_loss())
+          {"result:", (r.evaluated() ? absl::StrFormat("test accuracy %.4f, ", r.test_accuracy())
                                      : "") +
+                          (r.evaluated() && r.has_test_loss()
+                               ? absl::StrFormat("test loss %.4f, ", r.test_loss())
+                               : "") +
                           absl::StrFormat("final loss %.4f", r.final_loss())});
       rows.push_back({"training:", absl::StrFormat("%d steps in %.1f s, %.0f samples/s",
                                                    r.steps(), r.train_seconds(),
                                                    r.samples_per_second())});
       rows.push_back({"step time:", StepTimesSummary(r.step_times())});
-      rows.push_back({"model file:", job.has_model() ? "yes (psctl export)" : "no"});
+      rows.push_back({"model file:", ModelFileRow(job)});
     }
     PrintTable(rows);
     return kExitOk;

@@ -16,6 +16,7 @@
 // WORLD_SIZE, with K > 1 PSTRAIN_LOCAL_GROUP (where the node's processes
 // meet: a file:// URL for torch.distributed) and, with --job,
 // PSTRAIN_JOB_FILE (pstrain.init reads them).
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,11 +31,13 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "cli/job_output.h"
 #include "cli/launch.h"
 #include "cli/local_cluster.h"
 #include "common/clock.h"
+#include "common/cpu_budget.h"
 #include "common/files.h"
 #include "common/init.h"
 #include "common/job_spec.h"
@@ -86,6 +89,31 @@ struct Node {
   int restarts = 0;
 };
 
+// The job file as the scripts will submit it (with pstrain-run's workers
+// and servers, the scripts' tensors standing in as one), checked as the
+// coordinator will check it, so that a bad field stops the launch before
+// anything starts. Returns the file's checkpoint.dir ("" when it names
+// none: the run directory's), or INVALID_ARGUMENT naming the field.
+absl::StatusOr<std::string> CheckJobFile(const std::string& path, int workers, int servers) {
+  PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpecFile(path));
+  PSTRAIN_RETURN_IF_ERROR(MakeModelExternal(*spec.mutable_model()));
+  if ((spec.num_workers() != 0 && spec.num_workers() != workers) ||
+      (spec.num_servers() != 0 && spec.num_servers() != servers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers: ", spec.num_workers(), ", num_servers: ", spec.num_servers(),
+                     " where the flags say --workers ", workers, ", --servers ", servers));
+  }
+  v1::ExternalTensor* stand_in = spec.mutable_model()->add_tensors();
+  stand_in->set_name("parameters");
+  stand_in->add_shape(1);
+  spec.set_num_workers(workers);
+  spec.set_num_servers(servers);
+  const std::string checkpoint_dir = spec.checkpoint().dir();
+  if (checkpoint_dir.empty()) spec.mutable_checkpoint()->set_dir("/run-dir/checkpoints");
+  PSTRAIN_RETURN_IF_ERROR(NormalizeJobSpec(std::move(spec)).status());
+  return checkpoint_dir;
+}
+
 int Run(const std::vector<std::string>& command) {
   const int workers = absl::GetFlag(FLAGS_workers);
   const int servers = absl::GetFlag(FLAGS_servers);
@@ -105,25 +133,14 @@ int Run(const std::vector<std::string>& command) {
     return kExitUsage;
   }
   const std::string job_file = absl::GetFlag(FLAGS_job);
+  std::string checkpoint_dir;  // the job file's checkpoint.dir, if it names one
   if (!job_file.empty()) {
-    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(job_file);
-    if (!spec.ok()) {
-      std::cerr << "pstrain-run: " << job_file << ": " << spec.status().message() << "\n";
+    absl::StatusOr<std::string> checked = CheckJobFile(job_file, workers, servers);
+    if (!checked.ok()) {
+      std::cerr << "pstrain-run: " << job_file << ": " << checked.status().message() << "\n";
       return kExitUsage;
     }
-    const v1::ModelType type = spec->model().type();
-    if (type != v1::MODEL_TYPE_UNSPECIFIED && type != v1::MODEL_TYPE_EXTERNAL) {
-      std::cerr << "pstrain-run: " << job_file << ": model.type: the script's model is external "
-                << "(pstrain-local runs built-in models)\n";
-      return kExitUsage;
-    }
-    if ((spec->num_workers() != 0 && spec->num_workers() != workers) ||
-        (spec->num_servers() != 0 && spec->num_servers() != servers)) {
-      std::cerr << "pstrain-run: " << job_file << " says num_workers: " << spec->num_workers()
-                << ", num_servers: " << spec->num_servers() << "; --workers " << workers
-                << ", --servers " << servers << "\n";
-      return kExitUsage;
-    }
+    checkpoint_dir = *checked;
   }
 
   std::string run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -140,6 +157,19 @@ int Run(const std::vector<std::string>& command) {
     run_dir = std::filesystem::absolute(run_dir).string();
   }
 
+  // The scripts and the servers share this machine's CPUs: each script's
+  // pools (OpenMP, OpenBLAS, MKL) get its share, unless the user set one.
+  const int sharing =
+      workers * per_node + (absl::GetFlag(FLAGS_coordinator).empty() ? servers : 0);
+  const ThreadChoice threads = ThreadsFor(ProcessCpuBudget(), sharing);
+  const std::optional<std::string> user_threads = ThreadVariableSet();
+  std::vector<std::string> thread_env = {absl::StrCat("PSTRAIN_PROCESSES_SHARING_CPUS=", sharing)};
+  if (!user_threads.has_value()) {
+    for (const char* name : kThreadVariables) {
+      thread_env.push_back(absl::StrCat(name, "=", threads.threads));
+    }
+  }
+
   std::unique_ptr<LocalCluster> cluster;
   std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (coordinator.empty()) {
@@ -149,9 +179,15 @@ int Run(const std::vector<std::string>& command) {
     options.run_dir = run_dir;
     options.num_servers = servers;
     options.num_workers = 0;  // the scripts are the workers
-    options.checkpoint_root = run_dir;
+    // The servers may write where the job file says, or in the run directory.
+    options.checkpoint_root = checkpoint_dir.empty() ? run_dir : checkpoint_dir;
+    if (!checkpoint_dir.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(checkpoint_dir, error);
+    }
     options.state_dir = run_dir + "/state";
     options.restart_exited_children = true;
+    options.processes_sharing_cpus = sharing;
     absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
     if (!started.ok()) {
       std::cerr << "pstrain-run: " << started.status().message() << "\n";
@@ -168,6 +204,14 @@ int Run(const std::vector<std::string>& command) {
               cluster != nullptr ? absl::StrCat(servers, " server(s) started").c_str()
                                  : ("coordinator " + coordinator).c_str(),
               run_dir.c_str());
+  if (user_threads.has_value()) {
+    std::printf("pstrain-run: the worker processes' threads are the environment's (%s)\n",
+                user_threads->c_str());
+  } else {
+    std::printf("pstrain-run: %d compute thread(s) a worker process (OMP_NUM_THREADS, "
+                "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS): %s\n",
+                threads.threads, threads.why.c_str());
+  }
   std::fflush(stdout);
 
   std::vector<Node> nodes(workers);
@@ -175,6 +219,8 @@ int Run(const std::vector<std::string>& command) {
     for (int j = 0; j < per_node; ++j) {
       Script& s = nodes[i].processes.emplace_back();
       s.spawn.argv = command;
+      // What the script starts (DataLoader workers) ends with it.
+      s.spawn.own_process_group = true;
       s.spawn.log_path = per_node == 1 ? absl::StrCat(run_dir, "/worker-", i, ".log")
                                        : absl::StrCat(run_dir, "/worker-", i, "-", j, ".log");
       s.spawn.env = {"PSTRAIN_COORDINATOR=" + coordinator,
@@ -187,6 +233,7 @@ int Run(const std::vector<std::string>& command) {
                      absl::StrCat("LOCAL_WORLD_SIZE=", per_node),
                      absl::StrCat("RANK=", i * per_node + j),
                      absl::StrCat("WORLD_SIZE=", workers * per_node)};
+      s.spawn.env.insert(s.spawn.env.end(), thread_env.begin(), thread_env.end());
       // The node's processes exchange gradients over loopback.
       if (per_node > 1) s.spawn.env.push_back("GLOO_SOCKET_IFNAME=lo");
       // Where the local cluster's servers may write checkpoints.
@@ -217,6 +264,13 @@ int Run(const std::vector<std::string>& command) {
   std::atomic<bool> job_ended{false};
   std::atomic<bool> done{false};
   auto give_up = [&](const std::string& why) { follower.Stop(why); };
+  // SIGINT or SIGTERM: everything stops (the scripts with what they
+  // started), and pstrain-run exits 128 + the signal.
+  std::atomic<int> signalled{0};
+  TerminationSignals signals([&](int signo) {
+    signalled = signo;
+    give_up(absl::StrCat("signal ", signo));
+  });
   // Starts every script, then watches them (and the cluster): a script that
   // fails while the job runs is started again under its node id.
   std::thread supervisor([&] {
@@ -237,6 +291,7 @@ int Run(const std::vector<std::string>& command) {
       for (int i = 0; i < workers; ++i) {
         Node& node = nodes[i];
         std::string failed;  // the first process of the node that failed
+        bool permanent = false;  // it exited 2: it would fail again
         for (int j = 0; j < per_node; ++j) {
           Script& s = node.processes[j];
           if (s.pid < 0) continue;
@@ -245,22 +300,25 @@ int Run(const std::vector<std::string>& command) {
             ++running;
             continue;
           }
+          kill(-s.pid, SIGKILL);  // what it left behind
           s.pid = -1;
           if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) continue;
           if (failed.empty()) {
+            permanent = WIFEXITED(*status) && WEXITSTATUS(*status) == kExitUsage;
             failed = absl::StrCat("worker process ", i, per_node > 1 ? absl::StrCat(".", j) : "",
-                                  " ", DescribeWaitStatus(*status), " (", s.spawn.log_path, ")");
+                                  " ", DescribeWaitStatus(*status), " (", s.spawn.log_path,
+                                  "): ", absl::StripAsciiWhitespace(LastLines(s.spawn.log_path, 1)));
           }
         }
         if (failed.empty() || job_ended) continue;
         // The node's other processes cannot go on without it: all start again.
         for (Script& s : node.processes) {
           if (s.pid < 0) continue;
-          StopProcess(s.pid, absl::Seconds(10));
+          StopProcessGroup(s.pid, absl::Seconds(10));
           s.pid = -1;
           --running;
         }
-        if (node.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
+        if (permanent || node.restarts >= absl::GetFlag(FLAGS_max_restarts)) {
           give_up(failed);
           continue;
         }
@@ -285,7 +343,7 @@ int Run(const std::vector<std::string>& command) {
     }
     for (Node& node : nodes) {
       for (Script& s : node.processes) {
-        if (s.pid >= 0) StopProcess(s.pid, absl::Seconds(10));
+        if (s.pid >= 0) StopProcessGroup(s.pid, absl::Seconds(10));
       }
     }
   });
@@ -298,7 +356,7 @@ int Run(const std::vector<std::string>& command) {
       for (const Node& node : nodes) {
         for (const Script& s : node.processes) all = all && s.pid < 0;
       }
-      if (all || !job_ended) break;
+      if (all || !job_ended || signalled != 0) break;
       absl::SleepFor(absl::Milliseconds(100));
     }
     done = true;
@@ -338,6 +396,10 @@ int Run(const std::vector<std::string>& command) {
     job = follower.Follow(job_id, display, /*patience=*/absl::InfiniteDuration(),
                           /*retry_every_error=*/true);
     job_ended = true;
+  }
+  if (signalled != 0) {
+    std::cerr << "pstrain-run: signal " << signalled << ", stopping\n";
+    return finish(128 + signalled);
   }
   return EndLaunch({.program = "pstrain-run",
                     .run_dir = run_dir,

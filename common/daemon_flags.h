@@ -9,7 +9,8 @@
 //                             --metrics_job_grace_s
 //   nodes (server, worker)    --coordinator, --node_id,
 //                             --coordinator_loss_exit_s, --max_memory_bytes,
-//                             --checkpoint_root, --shared_memory, --direct_tcp
+//                             --checkpoint_root, --shared_memory, --direct_tcp,
+//                             --processes_sharing_cpus
 //   services (server,         --listen, --advertise_address, --address_file,
 //   coordinator)              --fs_fault_injection
 #ifndef PSTRAIN_COMMON_DAEMON_FLAGS_H_
@@ -45,6 +46,10 @@ struct NodeFlags {
   // worker makes them (plaintext only).
   bool shared_memory = true;
   bool direct_tcp = true;
+  // --processes_sharing_cpus: the pstrain processes (this one included)
+  // that share the CPUs this one may use; its compute threads are their
+  // share (cpu_budget.h). A launcher sets it; 1 by default.
+  int processes_sharing_cpus = 1;
 };
 NodeFlags NodeFlagsFromFlags(absl::string_view program);
 

@@ -9,6 +9,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/files.h"
@@ -35,6 +37,14 @@ void ExitIfOnlyCheckingFlags() {
 
 void InitMain(int argc, char** argv, absl::string_view usage) {
   absl::SetProgramUsageMessage(usage);
+  // --help lists every flag of pstrain's own (by default Abseil lists
+  // those of a file named after the program, which none of ours is).
+  absl::FlagsUsageConfig help;
+  help.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  help.contains_helpshort_flags = help.contains_help_flags;
+  absl::SetFlagsUsageConfig(help);
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

@@ -218,6 +218,16 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
     eviction.set_policy(v1::TABLE_EVICTION_POLICY_LRU);
   }
   if (t.max_memory_bytes() < 0) return FieldError(at + ".max_memory_bytes", "must be >= 0");
+  if (t.initial_rows() < 0 || t.initial_rows() * t.dim() > kMaxParams) {
+    return FieldError(at + ".initial_rows",
+                      absl::StrCat("must be in [0, ", kMaxParams / t.dim(), "] (", kMaxParams,
+                                   " values at most)"));
+  }
+  if (t.initial_rows() > 0 && (eviction.ttl_steps() > 0 || t.max_memory_bytes() > 0)) {
+    return FieldError(at + ".initial_rows",
+                      "a table that starts from given rows keeps them: no ttl_steps or "
+                      "max_memory_bytes");
+  }
   return absl::OkStatus();
 }
 
@@ -344,6 +354,19 @@ absl::Status CheckClickTables(const v1::JobSpec& spec) {
 
 }  // namespace
 
+absl::Status MakeModelExternal(v1::ModelSpec& model) {
+  if (model.type() != v1::MODEL_TYPE_UNSPECIFIED && model.type() != v1::MODEL_TYPE_EXTERNAL) {
+    return FieldError("model.type",
+                      "the program gives the model's tensors: it is external (pstrain-local runs "
+                      "the built-in models)");
+  }
+  if (model.tensors_size() != 0) {
+    return FieldError("model.tensors", "the program gives them (its parameters)");
+  }
+  model.set_type(v1::MODEL_TYPE_EXTERNAL);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
   auto range = [](const std::string& field, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi) {
@@ -436,6 +459,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     }
     if (!click && spec.tables(t).fields_size() > 0) {
       return FieldError(at + ".fields", "only a click model's tables serve fields");
+    }
+    if (click && spec.tables(t).initial_rows() > 0) {
+      return FieldError(at + ".initial_rows", "an external model's: its worker 0 gives them");
     }
   }
 

@@ -54,6 +54,12 @@ inline constexpr int kFashionClasses = 10;
 // "optimizer.learning_rate: must be > 0".
 absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec);
 
+// A job file for a program that gives the model's tensors itself (the
+// client library, a script under pstrain-run): its model becomes
+// `external`, with no tensors yet. INVALID_ARGUMENT naming model.type or
+// model.tensors for a file that names a built-in model or lists tensors.
+absl::Status MakeModelExternal(v1::ModelSpec& model);
+
 // Whether the data read from the job's data.dir fits the job: images of
 // the model's input size, labels of its classes, and for the training set
 // (`train`) at least the samples its epochs are planned for (the plan does

@@ -128,6 +128,7 @@ absl::Status MembershipClient::Register() {
   request.set_metrics_address(options_.metrics_address);
   request.set_join_job(options_.join_job);
   request.set_colocated_with(options_.colocated_with);
+  request.set_checkpoint_root(options_.checkpoint_root);
   v1::RegisterResponse response;
   grpc::ClientContext context;
   SetTimeout(context, options_.rpc_timeout);

@@ -40,6 +40,9 @@ class MembershipClient {
     // Servers: the worker node whose process this is
     // (RegisterRequest.colocated_with).
     std::string colocated_with;
+    // Servers: where a job's checkpoint.dir must lie; empty: anywhere
+    // (RegisterRequest.checkpoint_root).
+    std::string checkpoint_root;
     RpcMetrics* rpc = nullptr;     // measures the calls to the coordinator
     // Mutual TLS to the coordinator; null: plaintext. Must outlive the client.
     const TransportSecurity* security = nullptr;

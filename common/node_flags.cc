@@ -27,6 +27,10 @@ ABSL_FLAG(bool, direct_tcp, true,
           "direct TCP connections (found and verified through Hello and a handshake): a "
           "server takes them, a worker prefers them to gRPC streams for servers that shared "
           "memory does not reach; plaintext only");
+ABSL_FLAG(int, processes_sharing_cpus, 1,
+          "pstrain processes of this machine, this one included, that share the CPUs this "
+          "one may use (its affinity and cgroup CPU quota): compute threads not set by a flag "
+          "are the CPUs divided among them. pstrain-local and pstrain-run set it, in [1, 4096]");
 
 namespace pstrain {
 
@@ -45,6 +49,10 @@ NodeFlags NodeFlagsFromFlags(absl::string_view program) {
   flags.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   flags.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   flags.direct_tcp = absl::GetFlag(FLAGS_direct_tcp);
+  flags.processes_sharing_cpus = absl::GetFlag(FLAGS_processes_sharing_cpus);
+  if (flags.processes_sharing_cpus < 1 || flags.processes_sharing_cpus > 4096) {
+    ExitForBadFlag(program, "--processes_sharing_cpus must be in [1, 4096]");
+  }
   return flags;
 }
 

@@ -84,6 +84,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (options.own_process_group) setpgid(0, 0);
     if (options.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(1);  // the parent died before prctl
@@ -96,6 +97,8 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     execve(program.c_str(), argv.data(), envp.data());
     _exit(127);
   }
+  // Both sides, so that the group exists whichever runs first.
+  if (options.own_process_group) setpgid(pid, pid);
   if (*log_fd >= 0) close(*log_fd);
   if (*err_fd >= 0) close(*err_fd);
   return pid;
@@ -125,6 +128,12 @@ int StopProcess(pid_t pid, absl::Duration grace) {
   if (std::optional<int> status = TryReap(pid)) return *status;
   kill(pid, SIGTERM);
   return WaitOrKill(pid, MonotonicNow() + grace);
+}
+
+int StopProcessGroup(pid_t pid, absl::Duration grace) {
+  const int status = StopProcess(pid, grace);
+  kill(-pid, SIGKILL);  // ESRCH once the group is empty
+  return status;
 }
 
 std::string DescribeWaitStatus(int status) {

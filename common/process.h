@@ -33,6 +33,10 @@ struct SpawnOptions {
   // "NAME=value" entries set in the child's environment, beside (or over)
   // what it inherits.
   std::vector<std::string> env;
+  // The child leads a process group of its own (its pid), which the
+  // processes it starts join unless they leave it: StopProcessGroup ends
+  // them all, even after the child itself has died.
+  bool own_process_group = false;
 };
 
 // fork + exec. INTERNAL if fork fails; a failing exec makes the child exit 127.
@@ -51,6 +55,12 @@ int WaitOrKill(pid_t pid, absl::Time deadline);
 // SIGTERM (once: a second one means "stop now" to pstrain's binaries), then
 // WaitOrKill after `grace`.
 int StopProcess(pid_t pid, absl::Duration grace);
+
+// For a child spawned with own_process_group: StopProcess, then SIGKILL to
+// whatever is left of its group (what it started: a script's DataLoader
+// workers, say). Returns the child's wait status (kUnknownWaitStatus if
+// it was reaped before).
+int StopProcessGroup(pid_t pid, absl::Duration grace);
 
 // "exit 3", "killed by signal 9" for a wait status.
 std::string DescribeWaitStatus(int status);

@@ -22,7 +22,9 @@ uint32_t GetWord(const uint8_t* p) {
 
 absl::Status Bad(const v1::ChunkHeader& header, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrCat(header.kind() == v1::FRAME_KIND_SPARSE_PUSH ? "sparse push" : "sparse pull",
+      absl::StrCat(header.kind() == v1::FRAME_KIND_SPARSE_PUSH   ? "sparse push"
+                   : header.kind() == v1::FRAME_KIND_SPARSE_INIT ? "sparse init"
+                                                                 : "sparse pull",
                    " of worker ", header.worker(), " step ", header.step(), ": ", what));
 }
 
@@ -63,7 +65,9 @@ absl::StatusOr<std::vector<SparseSection>> DecodeSparseFrame(const Frame& frame,
                                                              uint32_t server,
                                                              uint32_t num_servers) {
   const v1::ChunkHeader& h = frame.header();
-  const bool push = h.kind() == v1::FRAME_KIND_SPARSE_PUSH;
+  // A SPARSE_INIT carries its rows as a push carries its gradients.
+  const bool push =
+      h.kind() == v1::FRAME_KIND_SPARSE_PUSH || h.kind() == v1::FRAME_KIND_SPARSE_INIT;
   if (h.num_elements() > 0 && h.dtype() != v1::DTYPE_FP32) return Bad(h, "dtype must be fp32");
   if (h.num_keys() > kMaxSparseFrameKeys) {
     return Bad(h, absl::StrCat(h.num_keys(), " keys; at most ", kMaxSparseFrameKeys));

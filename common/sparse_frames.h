@@ -3,7 +3,7 @@
 // words (num_elements of them, dtype fp32), one section a table, tables
 // ascending:
 //   SPARSE_PUSH: table, n, n keys (2 words each, low word first), n counts,
-//                n x dim gradient floats
+//                n x dim gradient floats (SPARSE_INIT: counts 1, the rows)
 //   SPARSE_PULL: table, n, n keys
 //   ROWS:        for each section of the pull, n x dim floats
 #ifndef PSTRAIN_COMMON_SPARSE_FRAMES_H_
@@ -41,7 +41,8 @@ struct SparseSection {
 std::string EncodeSparsePayload(const std::vector<SparseSection>& sections, bool with_grads,
                                 int64_t* num_keys);
 
-// Decodes and checks a received SPARSE_PUSH or SPARSE_PULL of a job whose
+// Decodes and checks a received SPARSE_PUSH (or SPARSE_INIT, laid out as
+// one) or SPARSE_PULL of a job whose
 // tables have dimensions `dims`, addressed to server `server` of
 // num_servers. INVALID_ARGUMENT saying what is wrong for a dtype other than
 // fp32, a payload that ends inside a section or goes on past the last, an

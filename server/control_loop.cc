@@ -67,9 +67,17 @@ void ControlLoop::Run() {
 }
 
 void ControlLoop::CompleteCheckpoints(Txn& txn) {
-  for (const std::string& id : state_->jobs.running()) {
+  // A succeeded job's last checkpoints for a minute after its end.
+  std::vector<std::string> settled;
+  for (const std::string& id : state_->jobs.settling()) {
+    if (txn.now_ms() - txn.Get(id).end_time_ms() > 60'000) settled.push_back(id);
+  }
+  for (const std::string& id : settled) state_->jobs.StopSettling(id);
+  std::vector<std::string> jobs = state_->jobs.running();
+  jobs.insert(jobs.end(), state_->jobs.settling().begin(), state_->jobs.settling().end());
+  for (const std::string& id : jobs) {
     const v1::Job& job = txn.Get(id);
-    if (job.state() != v1::JOB_STATE_RUNNING) continue;
+    if (job.state() != v1::JOB_STATE_RUNNING && job.state() != v1::JOB_STATE_SUCCEEDED) continue;
     JobRecord& record = state_->jobs.at(id);
     std::optional<v1::CheckpointRecord> complete = NewlyComplete(job, record.reports);
     if (!complete.has_value()) continue;

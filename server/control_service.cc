@@ -191,6 +191,7 @@ absl::Status ControlService::Submit(const v1::SubmitJobRequest& request,
   }
   std::string id;
   PSTRAIN_RETURN_IF_ERROR(state_.Commit([&](Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu) {
+    PSTRAIN_RETURN_IF_ERROR(CheckCheckpointDirTaken(spec, state_.registry));
     if (const std::string* made = state_.jobs.JobOfRequest(request_id)) {
       // A retry: the job it made, unless this is another job under the same id.
       if (state_.jobs.at(*made).job.spec().SerializeAsString() != spec.SerializeAsString()) {

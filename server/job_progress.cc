@@ -48,7 +48,7 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
     v1::Evaluation eval;
     eval.set_step(r.evaluated_step() > 0 ? r.evaluated_step() : r.step());
     eval.set_test_accuracy(r.test_accuracy());
-    eval.set_test_loss(r.test_loss());
+    if (r.has_test_loss()) eval.set_test_loss(r.test_loss());
     // The best so far: the first of equal accuracies.
     if (!job->has_best_evaluation() ||
         eval.test_accuracy() > job->best_evaluation().test_accuracy()) {
@@ -58,7 +58,7 @@ void ApplyProgressReport(const v1::ReportProgressRequest& r, v1::Job* job) {
     if (r.finished()) {  // the final model's
       job->mutable_result()->set_evaluated(true);
       job->mutable_result()->set_test_accuracy(r.test_accuracy());
-      job->mutable_result()->set_test_loss(r.test_loss());
+      if (r.has_test_loss()) job->mutable_result()->set_test_loss(r.test_loss());
     }
   }
   if (r.finished() && !r.stopped_early().empty() && job->reason().empty()) {

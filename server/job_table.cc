@@ -174,6 +174,9 @@ void JobTable::OnStateChange(const std::string& id, v1::JobState old, int64_t no
   if (old == v1::JOB_STATE_RUNNING) std::erase(running_, id);
   if (state == v1::JOB_STATE_PENDING) pending_.push_back(id);
   if (state == v1::JOB_STATE_RUNNING) running_.push_back(id);
+  if (state == v1::JOB_STATE_SUCCEEDED && !record.job.spec().checkpoint().dir().empty()) {
+    settling_.push_back(id);
+  }
   if (metrics_ != nullptr) {
     if (state == v1::JOB_STATE_RUNNING && !record.metrics.has_value()) {
       record.metrics = metrics_->BindJob(id);
@@ -250,6 +253,7 @@ std::vector<std::string> JobTable::ForgetOldFinished(int64_t keep) {
       request_ids_.erase(request_id);
     }
     records_.erase(it);
+    std::erase(settling_, id);
     forgotten.push_back(id);
   }
   order_ = std::move(kept);

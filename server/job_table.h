@@ -127,6 +127,11 @@ class JobTable {
   const std::vector<std::string>& order() const { return order_; }      // by submission
   const std::vector<std::string>& pending() const { return pending_; }  // oldest first
   const std::vector<std::string>& running() const { return running_; }
+  // Jobs that succeeded with a checkpoint.dir: their last checkpoints may
+  // complete after their last step (the servers report them as they are
+  // written), until StopSettling.
+  const std::vector<std::string>& settling() const { return settling_; }
+  void StopSettling(const std::string& id) { std::erase(settling_, id); }
 
   // The job that a SubmitJob with this request id made; null if none.
   const std::string* JobOfRequest(const std::string& request_id) const;
@@ -178,6 +183,7 @@ class JobTable {
   std::vector<std::string> order_;
   std::vector<std::string> pending_;
   std::vector<std::string> running_;
+  std::vector<std::string> settling_;
   std::map<std::string, std::string> request_ids_;  // SubmitJobRequest.request_id -> job
   int64_t last_number_ = 0;                         // the highest job number yet
 };

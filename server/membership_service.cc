@@ -178,7 +178,11 @@ bool MembershipService::RecordHeld(const v1::HeartbeatRequest& request) {
   bool news = false;
   for (const v1::HeldJob& held : request.held()) {
     JobRecord* record = state_.jobs.Find(held.job_id());
-    if (record == nullptr || record->job.state() != v1::JOB_STATE_RUNNING) continue;
+    // A succeeded job's servers report the checkpoints written at its end.
+    if (record == nullptr || (record->job.state() != v1::JOB_STATE_RUNNING &&
+                              record->job.state() != v1::JOB_STATE_SUCCEEDED)) {
+      continue;
+    }
     const v1::Job& job = record->job;
     for (int s = 0; s < job.server_nodes_size(); ++s) {
       if (job.server_nodes(s) != request.node_id() ||
@@ -318,7 +322,7 @@ absl::Status MembershipService::Progress(Txn& txn, const v1::ReportProgressReque
     record->metrics->steps->Set(static_cast<double>(changed.progress().step()));
     if (r.evaluated()) {
       record->metrics->accuracy->Set(r.test_accuracy());
-      record->metrics->test_loss->Set(r.test_loss());
+      if (r.has_test_loss()) record->metrics->test_loss->Set(r.test_loss());
     }
     state_.jobs.SetScriptMetrics(*record, changed.progress());
   }

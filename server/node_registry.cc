@@ -1,5 +1,7 @@
 #include "server/node_registry.h"
 
+#include <limits.h>
+
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
@@ -51,6 +53,10 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   }
   if (request.max_memory_bytes() < 0) {
     return absl::InvalidArgumentError("max_memory_bytes: must be >= 0");
+  }
+  if (request.checkpoint_root().size() > PATH_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_root: longer than ", PATH_MAX, " bytes"));
   }
   if (request.hostname().size() > kMaxHostnameBytes) {
     return absl::InvalidArgumentError(
@@ -126,6 +132,7 @@ absl::StatusOr<NodeRegistry::Registration> NodeRegistry::Register(
   node.info.set_metrics_address(request.metrics_address());
   node.info.set_join_job(request.join_job());
   node.info.set_colocated_with(request.colocated_with());
+  node.info.set_checkpoint_root(request.checkpoint_root());
   node.info.set_incarnation(request.incarnation());
   node.info.set_state(v1::NODE_STATE_ALIVE);
   node.info.set_last_heartbeat_ms(WallMs());

@@ -90,6 +90,7 @@ class ParameterServerImpl final : public ParameterServer {
       m.role = v1::NODE_ROLE_SERVER;
       m.node_id = options_.node_id;
       m.colocated_with = options_.colocated_with;
+      m.checkpoint_root = options_.store.checkpoint_root;
       m.address = address_;
       m.max_memory_bytes = options_.store.max_memory_bytes;
       m.metrics_address = options_.metrics_address;

@@ -33,8 +33,9 @@ absl::Status StreamRequests::Handle(const grpc::ByteBuffer& request,
   const bool step_end = method_ == Method::kPush && kind == v1::FRAME_KIND_STEP_END;
   const bool init = method_ == Method::kPush && kind == v1::FRAME_KIND_INIT;
   const bool sparse_push = method_ == Method::kPush && kind == v1::FRAME_KIND_SPARSE_PUSH;
+  const bool sparse_init = method_ == Method::kPush && kind == v1::FRAME_KIND_SPARSE_INIT;
   const bool sparse_pull = method_ == Method::kPull && kind == v1::FRAME_KIND_SPARSE_PULL;
-  if (kind != expected && !step_end && !init && !sparse_push && !sparse_pull) {
+  if (kind != expected && !step_end && !init && !sparse_push && !sparse_init && !sparse_pull) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame kind ", v1::FrameKind_Name(kind), " not allowed on this method"));
   }
@@ -47,6 +48,7 @@ absl::Status StreamRequests::Handle(const grpc::ByteBuffer& request,
       status = step_end      ? store_->EndStep(ack)
                : init        ? store_->Init(borrowed ? frame->OwnedCopy() : *frame)
                : sparse_push ? store_->SparsePush(*frame)
+               : sparse_init ? store_->SparseInit(*frame)
                              : store_->Push(*std::move(frame), nullptr, borrowed);
       if (status.ok()) {
         ack.set_kind(v1::FRAME_KIND_ACK);
@@ -158,7 +160,8 @@ absl::Status WorkerRoster::Check(const std::string& caller, const v1::ChunkHeade
   }
   const std::vector<std::string>& workers = generation->workers;
   if (header.kind() == v1::FRAME_KIND_PUSH || header.kind() == v1::FRAME_KIND_STEP_END ||
-      header.kind() == v1::FRAME_KIND_INIT || header.kind() == v1::FRAME_KIND_SPARSE_PUSH) {
+      header.kind() == v1::FRAME_KIND_INIT || header.kind() == v1::FRAME_KIND_SPARSE_PUSH ||
+      header.kind() == v1::FRAME_KIND_SPARSE_INIT) {
     if (header.worker() < workers.size() && workers[header.worker()] == caller) {
       return absl::OkStatus();
     }

@@ -1,12 +1,15 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <numeric>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "server/shard_store.h"
 
@@ -166,6 +169,32 @@ void ScheduleJobs(Txn& txn, const NodeRegistry& registry) {
     StartGeneration(&job, "placed", txn.now_ms());
     txn.SetState(id, v1::JOB_STATE_RUNNING, "");
   }
+}
+
+bool TakesCheckpointDir(const v1::Node& server, const std::string& dir) {
+  if (server.checkpoint_root().empty()) return true;
+  std::string root = std::filesystem::path(server.checkpoint_root()).lexically_normal().string();
+  if (root.size() > 1 && root.back() == '/') root.pop_back();
+  const std::string path = std::filesystem::path(dir).lexically_normal().string();
+  return root == "/" || path == root || absl::StartsWith(path, root + "/");
+}
+
+absl::Status CheckCheckpointDirTaken(const v1::JobSpec& spec, const NodeRegistry& registry) {
+  const std::string& dir = spec.checkpoint().dir();
+  if (dir.empty()) return absl::OkStatus();
+  std::vector<std::string> roots;
+  for (const auto& [id, node] : registry.nodes()) {
+    if (node.info.role() != v1::NODE_ROLE_SERVER || node.info.state() != v1::NODE_STATE_ALIVE) {
+      continue;
+    }
+    if (TakesCheckpointDir(node.info, dir)) return absl::OkStatus();
+    if (roots.size() < 4) roots.push_back(absl::StrCat(id, ": ", node.info.checkpoint_root()));
+  }
+  if (roots.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint.dir: ", dir.substr(0, 200), " lies outside every server's --checkpoint_root (",
+      absl::StrJoin(roots, ", "), roots.size() == 4 ? ", ..." : "",
+      "): name a directory inside one, or start the servers with one that holds it"));
 }
 
 }  // namespace pstrain::server

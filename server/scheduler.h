@@ -55,6 +55,16 @@ absl::StatusOr<Placement> PlaceJob(const v1::JobSpec& spec, const std::vector<in
 // job alone, whose model is external.
 bool WorksOn(const v1::Node& worker, const std::string& job_id, const v1::JobSpec& spec);
 
+// Whether `server` takes `dir` as a job's checkpoint.dir: its
+// checkpoint_root is empty or holds dir. Compared as written, after "."
+// and ".." are resolved: the server itself also resolves symbolic links.
+bool TakesCheckpointDir(const v1::Node& server, const std::string& dir);
+
+// At submit: INVALID_ARGUMENT naming checkpoint.dir when servers are
+// registered and none takes the job's directory (it would fail once
+// placed); OK without a directory, or before any server registered.
+absl::Status CheckCheckpointDirTaken(const v1::JobSpec& spec, const NodeRegistry& registry);
+
 // The bytes the running jobs, as `txn` sees them, need on each server node.
 std::map<std::string, int64_t> ReservedBytes(const Txn& txn);
 

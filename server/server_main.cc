@@ -1,8 +1,10 @@
 // pstrain-server: a parameter server.
+#include <algorithm>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "common/cpu_affinity.h"
+#include "common/cpu_budget.h"
 #include "common/daemon_flags.h"
 #include "common/init.h"
 #include "common/metrics.h"
@@ -18,8 +20,10 @@ ABSL_FLAG(int, max_streams_per_client, pstrain::server::ClientLimits().streams,
 ABSL_FLAG(int64_t, max_waits_per_client, pstrain::server::ClientLimits().owed_replies,
           "pulls and pushes of one client waiting for their values; beyond, refused "
           "(RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int, apply_threads, 1,
-          "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]");
+ABSL_FLAG(int, apply_threads, 0,
+          "threads that share the sum and update of a chunk of 2 MiB or more, in [1, 64]; 0: "
+          "the CPUs this process may use (affinity, cgroup CPU quota) divided among "
+          "--processes_sharing_cpus");
 ABSL_FLAG(bool, local_socket, pstrain::server::ParameterServer::Options().local_socket,
           "also serve on an abstract Unix socket, which workers of this machine use instead "
           "of TCP (plaintext only)");
@@ -60,14 +64,23 @@ int main(int argc, char** argv) {
                  "positive\n";
     return 2;
   }
-  if (options.store.apply_threads < 1 || options.store.apply_threads > 64) {
-    std::cerr << "pstrain-server: --apply_threads must be in [1, 64]\n";
+  if (options.store.apply_threads < 0 || options.store.apply_threads > 64) {
+    std::cerr << "pstrain-server: --apply_threads must be in [1, 64], or 0\n";
     return 2;
+  }
+  std::string threads_why = "--apply_threads";
+  if (options.store.apply_threads == 0) {
+    const pstrain::ThreadChoice choice =
+        pstrain::ThreadsFor(pstrain::ProcessCpuBudget(), node.processes_sharing_cpus);
+    options.store.apply_threads = std::min(choice.threads, 64);
+    threads_why = choice.why;
   }
   if (options.store.max_memory_bytes == -1) {
     options.store.max_memory_bytes = pstrain::AvailableMemoryBytes() / 4 * 3;
   }
   if (service.faulty_fs != nullptr) options.store.fs = service.faulty_fs.get();
+  // Said with --check_flags too: what the process would run.
+  LOG(INFO) << "apply threads: " << options.store.apply_threads << " (" << threads_why << ")";
   pstrain::ExitIfOnlyCheckingFlags();
   pstrain::StopOnSignal signals;
   std::unique_ptr<pstrain::MetricsServer> metrics = pstrain::ServeMetricsFromFlags();

@@ -30,10 +30,12 @@ absl::Status CheckGeneration(const ShardJob& job, const v1::ChunkHeader& h) {
 }
 
 absl::Status CheckInitialized(const ShardJob& job) {
-  if (job.chunks_awaiting_init.load() == 0) return absl::OkStatus();
+  const int chunks = job.chunks_awaiting_init.load();
+  const int64_t rows = job.rows_awaiting_init.load();
+  if (chunks == 0 && rows == 0) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("job ", job.id, " waits for the initial values of ",
-                                             job.chunks_awaiting_init.load(),
-                                             " chunks from worker 0"));
+                                             chunks, " chunks and ", rows,
+                                             " table rows from worker 0"));
 }
 
 absl::Status CheckWorker(const ShardJob& job, const v1::ChunkHeader& h) {

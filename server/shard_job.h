@@ -124,6 +124,9 @@ struct ShardJob {
   bool external = false;
   bool restored = false;  // RestoreShard loaded a checkpoint
   std::atomic<int> chunks_awaiting_init{0};
+  // Tables with initial_rows: the rows of them held here not given yet
+  // (SPARSE_INIT frames).
+  std::atomic<int64_t> rows_awaiting_init{0};
 
   // Checkpoints; dir empty: none.
   std::string checkpoint_dir;

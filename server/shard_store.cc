@@ -183,6 +183,10 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
     }
   }
 
+  if (job->external && !job->restored && job->sparse != nullptr) {
+    job->rows_awaiting_init = InitialRowsHeld(spec, job->server_index, job->num_servers);
+  }
+
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("server is shutting down");
   if (!jobs_.emplace(job->id, job).second) {

@@ -152,6 +152,15 @@ class ShardStore {
   // nothing changed.
   absl::Status SparsePush(const Frame& frame);
 
+  // A SPARSE_INIT from worker 0 of an external model: initial rows of the
+  // tables with initial_rows (sparse_shard.h, AddInitialRows). A
+  // generation that starts from the initial values answers the job's
+  // requests UNAVAILABLE until every key of [0, initial_rows) held here has
+  // its row; a row already there is kept. INVALID_ARGUMENT for a built-in
+  // model's job, a worker other than 0, or a payload AddInitialRows
+  // refuses; NOT_FOUND, ABORTED, UNAVAILABLE as for Push.
+  absl::Status SparseInit(const Frame& frame);
+
   // A SPARSE_PULL: the waiter gets the rows once the tables here have
   // had h.version() steps applied, every worker h.pushed_steps() of them,
   // and (async, SSP) the asking worker h.step(). Errors as for SparsePush.

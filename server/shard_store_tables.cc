@@ -2,6 +2,7 @@
 // the rows read for a checkpoint's reader.
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "glog/logging.h"
 #include "server/chunk_waits.h"
 #include "server/shard_checkpoints.h"
 #include "server/shard_checks.h"
@@ -37,6 +38,29 @@ absl::Status ShardStore::SparsePush(const Frame& frame) {
         SnapshotTables(fs_, writer_.get(), job, sparse);
       }));
   WaitAndAnswerSparse(sparse, std::nullopt);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::SparseInit(const Frame& frame) {
+  const v1::ChunkHeader& h = frame.header();
+  PSTRAIN_ASSIGN_OR_RETURN(std::shared_ptr<ShardJob> job, FindJob(h.job_id()));
+  PSTRAIN_RETURN_IF_ERROR(CheckGeneration(*job, h));
+  if (!job->external || job->sparse == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job->id, " takes no initial rows: its tables are not an external "
+                                      "model's"));
+  }
+  if (h.worker() != 0) return absl::InvalidArgumentError("only worker 0 sends initial rows");
+  PSTRAIN_ASSIGN_OR_RETURN(
+      std::vector<SparseSection> sections,
+      DecodeSparseFrame(frame, job->sparse->dims, job->server_index, job->num_servers));
+  SparseShard& sparse = *job->sparse;
+  absl::MutexLock lock(&sparse.mu);
+  if (!sparse.closed.ok()) return sparse.closed;
+  PSTRAIN_ASSIGN_OR_RETURN(const int64_t added, AddInitialRows(sparse, sections));
+  if (added > 0 && (job->rows_awaiting_init -= added) == 0) {
+    LOG(INFO) << "job " << job->id << ": the tables' initial rows are in";
+  }
   return absl::OkStatus();
 }
 

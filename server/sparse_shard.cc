@@ -191,11 +191,56 @@ absl::StatusOr<std::unique_ptr<SparseShard>> NewSparseShard(const v1::JobSpec& s
         SparseTable::Create(SparseTableConfigOf(spec, t));
     if (!table.ok()) return table.status();
     shard->dims.push_back(spec.tables(t).dim());
+    shard->initial_rows.push_back(spec.tables(t).initial_rows());
     shard->tables.push_back(std::move(*table));
   }
   shard->clock.assign(num_workers, 0);
   shard->pushed.resize(num_workers);
   return shard;
+}
+
+int64_t InitialRowsHeld(const v1::JobSpec& spec, uint32_t server, uint32_t num_servers) {
+  int64_t held = 0;
+  for (int t = 0; t < spec.tables_size(); ++t) {
+    for (int64_t key = 0; key < spec.tables(t).initial_rows(); ++key) {
+      held += RowServer(t, static_cast<uint64_t>(key), num_servers) == server ? 1 : 0;
+    }
+  }
+  return held;
+}
+
+absl::StatusOr<int64_t> AddInitialRows(SparseShard& shard,
+                                       const std::vector<SparseSection>& sections) {
+  for (const SparseSection& s : sections) {
+    const int64_t rows = shard.initial_rows[s.table];
+    if (rows == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", shard.tables[s.table]->config().name, " has no initial_rows"));
+    }
+    for (const uint64_t key : s.keys) {
+      if (key >= static_cast<uint64_t>(rows)) {
+        return absl::InvalidArgumentError(absl::StrCat("initial row ", key, " of table ",
+                                                       shard.tables[s.table]->config().name,
+                                                       " outside [0, ", rows, ")"));
+      }
+    }
+    for (const float v : s.grads) {
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the initial rows of table ", shard.tables[s.table]->config().name,
+            " are not all finite"));
+      }
+    }
+  }
+  int64_t added = 0;
+  for (const SparseSection& s : sections) {
+    SparseTable& table = *shard.tables[s.table];
+    const int dim = shard.dims[s.table];
+    for (size_t i = 0; i < s.keys.size(); ++i) {
+      added += table.AddRow(s.keys[i], absl::MakeConstSpan(s.grads).subspan(i * dim, dim)) ? 1 : 0;
+    }
+  }
+  return added;
 }
 
 void MeasureTables(SparseShard& shard, ServerMetrics& metrics, const std::string& job_id) {

@@ -41,6 +41,7 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t);
 struct SparseShard {
   absl::Mutex mu;
   std::vector<int> dims;  // the tables', fixed
+  std::vector<int64_t> initial_rows;  // the tables' (EmbeddingTableSpec), fixed
   std::vector<std::unique_ptr<SparseTable>> tables ABSL_GUARDED_BY(mu);
   int64_t version ABSL_GUARDED_BY(mu) = 0;  // steps applied (async: pushes)
   // Each worker's clock, as a chunk's (chunk_waits.h).
@@ -91,6 +92,19 @@ absl::Status AddSparsePush(ShardJob& job, SparseShard& shard, const v1::ChunkHea
 // `stepped` runs (with the lock held) each time the version advances.
 absl::Status CompleteSparseStep(ShardJob& job, SparseShard& shard, uint32_t worker,
                                 const std::function<void()>& stepped)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+// The keys of [0, initial_rows) of the job's tables that `server` holds:
+// the rows a generation that starts from the initial values waits for.
+int64_t InitialRowsHeld(const v1::JobSpec& spec, uint32_t server, uint32_t num_servers);
+
+// Worker 0's initial rows (a SPARSE_INIT's sections, the rows in place of
+// gradients): each key gets its row unless it has one (a repeat changes
+// nothing). Returns the rows added. INVALID_ARGUMENT, with nothing
+// changed, for a table without initial_rows, a key outside them, or a
+// value that is not finite.
+absl::StatusOr<int64_t> AddInitialRows(SparseShard& shard,
+                                       const std::vector<SparseSection>& sections)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
 // Adds a SPARSE_PULL's wait and answers every wait the shard satisfies.

@@ -171,6 +171,15 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   meta_[slot] = Meta{.key = key, .epoch = snapshot_epoch_};
 }
 
+bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
+  if (index_.contains(key)) return false;
+  const uint32_t slot = NewSlot();
+  InitRow(key, slot);
+  std::copy(values.begin(), values.end(), values_.data() + int64_t{slot} * config_.dim);
+  index_.emplace(key, slot);
+  return true;
+}
+
 void SparseTable::UpdateRow(uint32_t slot, const float* g) {
   const int dim = config_.dim;
   const float lr = config_.learning_rate;

@@ -125,6 +125,11 @@ class SparseTable {
   // step did not touch is evicted. The table is unchanged after an error.
   absl::StatusOr<SparseStepStats> ApplyStep(int64_t step, absl::Span<const SparsePush> pushes);
 
+  // A row of `key` with `values` (dim floats) and fresh optimizer state,
+  // unless the key has one: false then, and nothing changes. Not held to
+  // max_memory_bytes (a table with initial rows has no cap).
+  bool AddRow(uint64_t key, absl::Span<const float> values);
+
   int64_t rows() const { return static_cast<int64_t>(index_.size()); }
   // Bytes held: rows (BytesPerRow each) and the filter.
   int64_t bytes() const;

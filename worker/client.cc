@@ -187,11 +187,35 @@ class Client::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status BindTableRows(int table, const float* rows, int64_t count) {
+    if (table < 0 || table >= static_cast<int>(tables_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", table, " outside [0, ",
+                                                     tables_.size(), ")"));
+    }
+    const TableInfo& info = tables_[table];
+    if (rows == nullptr || count != info.initial_rows || count == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", info.name, "' starts from ",
+                                                     info.initial_rows, " given rows, not ",
+                                                     count));
+    }
+    std::erase_if(initial_rows_, [&](const auto& r) { return r.table == uint32_t(table); });
+    initial_rows_.push_back({static_cast<uint32_t>(table), rows, count});
+    return absl::OkStatus();
+  }
+
   absl::Status Start() {
     for (size_t t = 0; t < tensors_.size(); ++t) {
       if (bound_[t] == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat("tensor '", tensors_[t].name, "' is not bound (BindTensor)"));
+      }
+    }
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      const bool bound = std::any_of(initial_rows_.begin(), initial_rows_.end(),
+                                     [&](const auto& r) { return r.table == t; });
+      if (tables_[t].initial_rows > 0 && !bound && assignment_.worker_index() == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", tables_[t].name, "' starts from given rows: bind them (BindTableRows)"));
       }
     }
     if (started_) return absl::FailedPreconditionError("already started");
@@ -444,7 +468,9 @@ class Client::Impl {
         report.set_evaluated(true);
         report.set_evaluated_step(total);
         report.set_test_accuracy(static_cast<float>(evaluation->accuracy));
-        report.set_test_loss(static_cast<float>(evaluation->loss));
+        if (evaluation->loss.has_value()) {
+          report.set_test_loss(static_cast<float>(*evaluation->loss));
+        }
       }
     }
     // What is queued first (a checkpoint's resume state), and nothing after.
@@ -667,7 +693,7 @@ class Client::Impl {
     const std::vector<kernels::TensorDesc> descs = JobTensors(spec_);
     if (tables_.empty()) {
       for (const v1::EmbeddingTableSpec& table : spec_.tables()) {
-        tables_.push_back({table.name(), table.dim()});
+        tables_.push_back({table.name(), table.dim(), table.initial_rows()});
       }
     }
     if (descs_.empty()) {
@@ -760,6 +786,10 @@ class Client::Impl {
                                              initial_, chunks_of_tensor_[t]));
         }
         status = FinishAll(std::move(inits));
+        // A generation from the initial values (no checkpoint): the tables'.
+        if (status.ok() && step_ == 0 && !initial_rows_.empty()) {
+          status = sparse_->Init(initial_rows_);
+        }
       }
       if (status.ok()) {
         status = PullInto(spec_.mode() == v1::MODE_SYNC ? step_ : 0);
@@ -863,6 +893,7 @@ class Client::Impl {
   std::vector<float*> bound_;
   std::shared_ptr<std::vector<float>> zeros_;    // the gradient of an unused tensor
   std::shared_ptr<std::vector<float>> initial_;  // worker 0: the initial values, flat
+  std::vector<worker::SparseClient::InitialRows> initial_rows_;  // BindTableRows
   bool started_ = false;
 
   // The step's pushes.
@@ -931,6 +962,7 @@ double Client::gradient_scale() const {
 double Client::loss_scale() const { return impl_->loss_scale(); }
 int Client::accumulate_steps() const { return std::max(1, impl_->spec().accumulate_steps()); }
 int64_t Client::step() const { return impl_->step(); }
+int64_t Client::generation() const { return impl_->assignment().generation(); }
 const std::vector<TensorSpec>& Client::tensors() const { return impl_->tensors(); }
 absl::StatusOr<int> Client::TensorIndex(std::string_view name) const {
   return impl_->TensorIndex(name);
@@ -946,6 +978,9 @@ absl::Status Client::PushRowGradients(int table, const uint64_t* keys, const uin
 }
 absl::Status Client::BindTensor(int tensor, float* values, int64_t size) {
   return impl_->BindTensor(tensor, values, size);
+}
+absl::Status Client::BindTableRows(int table, const float* rows, int64_t count) {
+  return impl_->BindTableRows(table, rows, count);
 }
 absl::Status Client::Start() { return impl_->Start(); }
 absl::StatusOr<std::vector<int64_t>> Client::BatchIndices(int64_t step,

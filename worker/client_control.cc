@@ -69,20 +69,75 @@ absl::Status CheckJobIsExternal(const ConnectOptions& c, const TransportSecurity
   return absl::OkStatus();
 }
 
+namespace {
+
+// The row optimizer of a table a model brings: the job's optimizer's twin.
+absl::StatusOr<v1::TableOptimizer> RowTwinOf(const v1::OptimizerSpec& o, const std::string& table) {
+  const char* missing = o.momentum() != 0       ? "momentum"
+                        : o.weight_decay() != 0 ? "weight_decay"
+                        : (o.schedule().type() > v1::SCHEDULE_TYPE_CONSTANT ||
+                           o.schedule().warmup_steps() > 0)
+                            ? "a schedule"
+                            : nullptr;
+  if (missing != nullptr || o.type() == v1::OPTIMIZER_TYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tables: the model's table ", table, " takes the job's optimizer for its rows, and ",
+        missing != nullptr ? absl::StrCat("rows have no ", missing)
+                           : std::string("the job names none"),
+        ": declare the table in the job file's tables, with its optimizer"));
+  }
+  v1::TableOptimizer t;
+  t.set_learning_rate(o.learning_rate());
+  switch (o.type()) {
+    case v1::OPTIMIZER_TYPE_ADAGRAD:
+      t.set_type(v1::TABLE_OPTIMIZER_TYPE_ADAGRAD);
+      t.set_initial_accumulator(0);  // the dense Adagrad's (and torch's)
+      if (o.has_epsilon()) t.set_epsilon(o.epsilon());
+      break;
+    case v1::OPTIMIZER_TYPE_ADAM:
+      t.set_type(v1::TABLE_OPTIMIZER_TYPE_ADAM);
+      if (o.has_beta1()) t.set_beta1(o.beta1());
+      if (o.has_beta2()) t.set_beta2(o.beta2());
+      if (o.has_epsilon()) t.set_epsilon(o.epsilon());
+      break;
+    default:
+      t.set_type(v1::TABLE_OPTIMIZER_TYPE_SGD);
+  }
+  return t;
+}
+
+// The job's tables with those the model brings.
+absl::Status AddTables(const std::vector<TableDeclaration>& tables, v1::JobSpec& spec) {
+  for (const TableDeclaration& d : tables) {
+    v1::EmbeddingTableSpec* t = nullptr;
+    for (v1::EmbeddingTableSpec& declared : *spec.mutable_tables()) {
+      if (declared.name() == d.name) t = &declared;
+    }
+    if (t == nullptr) {
+      t = spec.add_tables();
+      t->set_name(d.name);
+      t->set_dim(d.dim);
+      PSTRAIN_ASSIGN_OR_RETURN(*t->mutable_optimizer(), RowTwinOf(spec.optimizer(), d.name));
+    } else if (t->dim() != d.dim) {
+      return absl::InvalidArgumentError(absl::StrCat("tables: ", d.name, " has dim ", t->dim(),
+                                                     " in the job file, ", d.dim,
+                                                     " in the model"));
+    }
+    t->set_initial_rows(d.initial_rows);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::string& job_yaml,
                                       const std::vector<TensorSpec>& tensors,
-                                      const std::string& request_id) {
+                                      const std::string& request_id,
+                                      const std::vector<TableDeclaration>& tables) {
   PSTRAIN_RETURN_IF_ERROR(CheckConnect(connect));
   PSTRAIN_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobSpecYaml(job_yaml));
   v1::ModelSpec& model = *spec.mutable_model();
-  if (model.type() != v1::MODEL_TYPE_UNSPECIFIED && model.type() != v1::MODEL_TYPE_EXTERNAL) {
-    return absl::InvalidArgumentError(
-        "model.type: a job submitted with its tensors has an external model");
-  }
-  if (model.tensors_size() != 0) {
-    return absl::InvalidArgumentError("model.tensors: given by the tensors argument");
-  }
-  model.set_type(v1::MODEL_TYPE_EXTERNAL);
+  PSTRAIN_RETURN_IF_ERROR(MakeModelExternal(model));
   for (const TensorSpec& t : tensors) {
     v1::ExternalTensor* e = model.add_tensors();
     e->set_name(t.name);
@@ -95,6 +150,7 @@ absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect, const std::
     }
     e->set_dtype(*dtype);
   }
+  PSTRAIN_RETURN_IF_ERROR(AddTables(tables, spec));
   // Checked here first: the error names the field either way.
   PSTRAIN_RETURN_IF_ERROR(NormalizeJobSpec(spec).status());
   PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<TransportSecurity> security, LoadSecurity(connect));

@@ -27,7 +27,7 @@ void ProgressReporter::Enqueue(const v1::ReportProgressRequest& r) {
       next.set_evaluated(true);
       next.set_evaluated_step(pending_->evaluated_step());
       next.set_test_accuracy(pending_->test_accuracy());
-      next.set_test_loss(pending_->test_loss());
+      if (pending_->has_test_loss()) next.set_test_loss(pending_->test_loss());
     }
   }
   pending_ = std::move(next);

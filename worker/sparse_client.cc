@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/status.h"
 
 namespace pstrain::worker {
 namespace {
@@ -226,6 +227,67 @@ absl::Status SparseClient::Push(int64_t step, const std::vector<TableKeys>& tabl
   }
   std::vector<std::optional<Frame>> replies;
   return ExchangeAll(ParameterMethod::kPush, requests, &replies);
+}
+
+absl::Status SparseClient::Init(const std::vector<InitialRows>& tables) {
+  constexpr int64_t kFrameFloats = (4 << 20) / 4;
+  const int servers = transport_->num_servers();
+  std::vector<InitialRows> ordered = tables;  // a frame's sections go by table
+  std::sort(ordered.begin(), ordered.end(),
+            [](const InitialRows& a, const InitialRows& b) { return a.table < b.table; });
+  // keys[s][i]: the keys of ordered[i] that server s holds, ascending.
+  std::vector<std::vector<std::vector<uint64_t>>> keys(
+      servers, std::vector<std::vector<uint64_t>>(ordered.size()));
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    for (int64_t k = 0; k < ordered[i].count; ++k) {
+      const uint64_t key = static_cast<uint64_t>(k);
+      keys[RowServer(ordered[i].table, key, static_cast<uint32_t>(servers))][i].push_back(key);
+    }
+  }
+  // Where each server's next frame begins: (table, key position).
+  std::vector<std::pair<size_t, size_t>> next(servers, {0, 0});
+  while (true) {
+    std::vector<grpc::ByteBuffer> requests(servers);
+    bool any = false;
+    for (int s = 0; s < servers; ++s) {
+      std::vector<SparseSection> sections;
+      int64_t floats = 0;
+      auto& [i, at] = next[s];
+      while (i < ordered.size() && floats < kFrameFloats) {
+        const std::vector<uint64_t>& held = keys[s][i];
+        const int dim = options_.dims[ordered[i].table];
+        const size_t n = std::min<size_t>(held.size() - at,
+                                          std::max<int64_t>(1, (kFrameFloats - floats) / dim));
+        if (n > 0) {
+          SparseSection& section = sections.emplace_back();
+          section.table = ordered[i].table;
+          section.keys.assign(held.begin() + at, held.begin() + at + n);
+          section.counts.assign(n, 1);
+          for (const uint64_t key : section.keys) {
+            const float* row = ordered[i].rows + static_cast<int64_t>(key) * dim;
+            section.grads.insert(section.grads.end(), row, row + dim);
+          }
+          floats += static_cast<int64_t>(n) * dim;
+          at += n;
+        }
+        if (at == held.size()) {
+          ++i;
+          at = 0;
+        }
+      }
+      if (sections.empty()) continue;
+      any = true;
+      int64_t n = 0;
+      const std::string payload = EncodeSparsePayload(sections, true, &n);
+      v1::ChunkHeader h = Header(v1::FRAME_KIND_SPARSE_INIT, 0);
+      h.set_num_keys(static_cast<uint32_t>(n));
+      h.set_num_elements(static_cast<uint32_t>(payload.size() / 4));
+      requests[s] = EncodeFrame(h, payload.data());
+    }
+    if (!any) return absl::OkStatus();
+    std::vector<std::optional<Frame>> replies;
+    PSTRAIN_RETURN_IF_ERROR(ExchangeAll(ParameterMethod::kPush, requests, &replies));
+  }
 }
 
 absl::Status SparseClient::EndStep(int64_t step, float gradient_max_abs) {

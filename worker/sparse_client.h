@@ -65,6 +65,18 @@ class SparseClient {
   // acknowledged.
   absl::Status Push(int64_t step, const std::vector<TableKeys>& tables);
 
+  // A table's initial rows (its initial_rows, worker 0's): row k of `rows`
+  // (dim floats each) is key k's.
+  struct InitialRows {
+    uint32_t table = 0;
+    const float* rows = nullptr;
+    int64_t count = 0;
+  };
+  // Sends the tables' initial rows to the servers that hold them
+  // (SPARSE_INIT frames of about 4 MiB at most, a round at a time); returns
+  // once every server has acknowledged all of its share.
+  absl::Status Init(const std::vector<InitialRows>& tables);
+
   // The step end of `step` to the servers without dense chunks.
   absl::Status EndStep(int64_t step, float gradient_max_abs);
 

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/cpu_affinity.h"
+#include "common/cpu_budget.h"
 #include "common/daemon_flags.h"
 #include "common/init.h"
 #include "common/metrics.h"
@@ -23,7 +24,9 @@
 
 ABSL_FLAG(std::string, devices, "cpu:1",
           "devices to train on: cpu:N (N CPU devices, threads) or cuda:0,cuda:1,... (GPUs)");
-ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads in this process");
+ABSL_FLAG(int, blas_threads, 0,
+          "OpenBLAS threads of each CPU device; 0: the CPUs this process may use (affinity, "
+          "cgroup CPU quota) divided among --processes_sharing_cpus and the devices");
 ABSL_FLAG(int, channels_per_server, pstrain::worker::GrpcTransportOptions().channels_per_server,
           "gRPC channels (TCP connections) to each parameter server, in [1, 16]");
 ABSL_FLAG(int, stream_window, pstrain::worker::GrpcTransportOptions().window,
@@ -82,8 +85,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (absl::GetFlag(FLAGS_blas_threads) < 1) {
-    std::cerr << "pstrain-worker: --blas_threads must be >= 1\n";
+  if (absl::GetFlag(FLAGS_blas_threads) < 0) {
+    std::cerr << "pstrain-worker: --blas_threads must be >= 1, or 0\n";
     return 2;
   }
   pstrain::worker::GrpcTransportOptions transport;
@@ -106,13 +109,24 @@ int main(int argc, char** argv) {
     std::cerr << "pstrain-worker: --fault_injection: " << faults.status().message() << "\n";
     return 2;
   }
-  pstrain::kernels::SetBlasThreads(absl::GetFlag(FLAGS_blas_threads));
   absl::StatusOr<pstrain::worker::DeviceList> devices =
       pstrain::worker::ParseDevices(absl::GetFlag(FLAGS_devices));
   if (!devices.ok()) {
     std::cerr << "pstrain-worker: --" << devices.status().message() << "\n";
     return 2;
   }
+  // The CPUs are shared by the process's CPU devices (one compute thread
+  // each); a GPU's host thread mostly waits.
+  const bool cpu_devices = devices->kind == pstrain::worker::DeviceList::Kind::kCpu;
+  const pstrain::ThreadChoice compute =
+      pstrain::ThreadsFor(pstrain::ProcessCpuBudget(), flags.processes_sharing_cpus,
+                          cpu_devices ? static_cast<int>(devices->indices.size()) : 1);
+  const int blas_threads =
+      absl::GetFlag(FLAGS_blas_threads) > 0 ? absl::GetFlag(FLAGS_blas_threads) : compute.threads;
+  pstrain::kernels::SetBlasThreads(blas_threads);
+  // Said with --check_flags too: what the process would run.
+  LOG(INFO) << "OpenBLAS threads: " << blas_threads << " ("
+            << (absl::GetFlag(FLAGS_blas_threads) > 0 ? "--blas_threads" : compute.why) << ")";
   // Before the GPUs are looked at: a manifest is checked where there are none.
   pstrain::ExitIfOnlyCheckingFlags();
   if (devices->kind == pstrain::worker::DeviceList::Kind::kCuda) {
@@ -168,6 +182,9 @@ int main(int argc, char** argv) {
     s.colocated_with = options.node_id;
     s.insecure = pstrain::InsecureFlag();
     s.store.checkpoint_root = flags.checkpoint_root;
+    // Its updates run between the worker's steps: the process's share.
+    s.store.apply_threads = std::min(
+        pstrain::ThreadsFor(pstrain::ProcessCpuBudget(), flags.processes_sharing_cpus).threads, 64);
     s.store.metrics = server_metrics.get();
     s.rpc = &metrics->rpc();
     // Its series are on the worker's /metrics, which Prometheus scrapes

@@ -6,8 +6,10 @@ under DistributedDataParallel:
   pstrain-clickgen --out /tmp/clicks --train_rows 1000000 --test_rows 100000
   pstrain-run --workers 2 --servers 2 --job examples/torch/dlrm.yaml \\
       -- python3 examples/torch/dlrm.py --data /tmp/clicks
-  for r in 0 1; do MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=$r \\
-      python3 examples/torch/dlrm.py --data /tmp/clicks --ddp --batch 512 --seed 1 & done; wait
+  export OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2  # as torchrun
+  for r in 0 1; do RANK=$r python3 examples/torch/dlrm.py --data /tmp/clicks --ddp \\
+      --batch 512 --seed 1 & done; wait
+  python3 examples/torch/dlrm.py --data /tmp/clicks --single --batch 1024 --seed 1
 
 The model: the integer features through a bottom MLP ending in `dim`
 (ReLU after every layer), each categorical field through its own table
@@ -21,10 +23,12 @@ servers run Adagrad on rows and dense tensors alike (the job file's). With
 `vocabulary` rows (the data's, from clicks.json) and runs torch's Adagrad
 after DDP's all-reduce (gloo): the same model, batches, initial row
 distribution and optimizers (--lr, --table-lr, the table's initial
-accumulator 0.1 and epsilon 1e-8). Both read the same samples in the same
-order (pstrain.ClickReader with the job's seed): each process loads its
-part of every step's batch before training (not timed). Worker 0 / rank 0
-scores the test file. Each process's last line is a JSON object with the
+accumulator 0.1 and epsilon 1e-8). With --single one process does what
+DDP's do, on the global batch, with as many torch threads as it has CPUs
+(what a user of one machine would run instead). All read the same samples
+in the same order (pstrain.ClickReader with the job's seed): each process
+loads its part of every step's batch before training (not timed). Worker
+0 / rank 0 scores the test file. Each process's last line is a JSON object with the
 training samples/s (of all processes, from its own time) and its peak RSS,
 worker 0's with the test AUC and log loss too.
 """
@@ -207,15 +211,19 @@ def train_pstrain(args, layout):
     return client.worker_index, client.num_workers, samples, seconds, auc, log_loss
 
 
-def train_ddp(args, layout):
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def train_torch(args, layout, distributed):
+    """The tables in this process: under DDP (one process of WORLD_SIZE,
+    gloo) or alone."""
+    rank, world = 0, 1
+    if distributed:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     vocabulary = Vocabulary(args.data, layout)
     tables = LocalTables(layout["fields"], layout["vocabulary"] + 1, args.dim)
     model = DLRM(layout["dense"], layout["fields"], args.dim, args.bottom, args.top, tables)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     dense_opt = torch.optim.Adagrad([p for n, p in model.named_parameters()
                                      if not n.startswith("tables.")], lr=args.lr, eps=1e-8)
     table_opt = torch.optim.Adagrad(tables.parameters(), lr=args.table_lr, eps=1e-8,
@@ -224,21 +232,24 @@ def train_ddp(args, layout):
     steps = min(args.train_samples or layout["train_rows"], layout["train_rows"]) // global_batch
     batches = load_batches(args.data, layout, args.seed, 0, steps, args.batch, rank * args.batch,
                            global_batch, vocabulary)
-    dist.barrier()
+    if distributed:
+        dist.barrier()
     start = time.monotonic()
     for y, dense, bags in batches:
         dense_opt.zero_grad()
         table_opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(ddp(dense, bags), y)
+        loss = F.binary_cross_entropy_with_logits(wrapped(dense, bags), y)
         loss.backward()
         dense_opt.step()
         table_opt.step()
-    dist.barrier()
+    if distributed:
+        dist.barrier()
     seconds = time.monotonic() - start
     auc = log_loss = None
     if rank == 0:
         auc, log_loss = evaluate(model, args.data, layout, vocabulary)
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
     return rank, world, steps * args.batch, seconds, auc, log_loss
 
 
@@ -246,23 +257,33 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="pstrain-clickgen's --out directory")
     parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel (gloo) instead")
+    parser.add_argument("--single", action="store_true",
+                        help="one process on every CPU it may use instead (--batch: the global)")
     parser.add_argument("--dim", type=int, default=16, help="the tables' (the job's, with pstrain)")
     parser.add_argument("--bottom", type=int, nargs="*", default=[64], help="hidden widths")
     parser.add_argument("--top", type=int, nargs="*", default=[64], help="hidden widths")
-    parser.add_argument("--batch", type=int, default=512, help="--ddp: batch per process")
+    parser.add_argument("--batch", type=int, default=512,
+                        help="--ddp: batch per process; --single: the batch")
     parser.add_argument("--seed", type=int, default=1,
-                        help="torch's seed (initial values); --ddp: the job's seed (sample order)")
-    parser.add_argument("--lr", type=float, default=0.02, help="--ddp: dense Adagrad's")
-    parser.add_argument("--table-lr", type=float, default=0.05, help="--ddp: the tables' Adagrad's")
+                        help="torch's seed (initial values); --ddp, --single: the job's seed "
+                             "(sample order)")
+    parser.add_argument("--lr", type=float, default=0.02, help="--ddp, --single: dense Adagrad's")
+    parser.add_argument("--table-lr", type=float, default=0.05, help="--ddp, --single: the tables' Adagrad's")
     parser.add_argument("--train-samples", type=int, default=0,
-                        help="--ddp: train on the first N (0: the whole file, one epoch)")
+                        help="--ddp, --single: train on the first N (0: the whole file, "
+                             "one epoch)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.single:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     with open(os.path.join(args.data, "clicks.json")) as f:
         layout = json.load(f)
-    train = train_ddp if args.ddp else train_pstrain
-    worker, world, samples, seconds, auc, log_loss = train(args, layout)
-    result = {"system": "ddp" if args.ddp else "pstrain", "worker": worker, "workers": world,
+    if args.ddp or args.single:
+        worker, world, samples, seconds, auc, log_loss = train_torch(args, layout, args.ddp)
+    else:
+        worker, world, samples, seconds, auc, log_loss = train_pstrain(args, layout)
+    system = "ddp" if args.ddp else "single" if args.single else "pstrain"
+    result = {"system": system, "worker": worker, "workers": world,
+              "threads": torch.get_num_threads(),
               "samples_per_second": round(samples * world / seconds, 1),
               "train_seconds": round(seconds, 2),
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}

@@ -5,8 +5,9 @@ files (no download). Two ways, to compare them:
 
   pstrain-run --workers 2 --servers 2 --job examples/torch/fashion_cnn.yaml \\
       -- python3 examples/torch/fashion_cnn.py
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=0 python3 examples/torch/fashion_cnn.py --ddp &
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 python3 examples/torch/fashion_cnn.py --ddp
+  export OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2  # as torchrun
+  RANK=0 python3 examples/torch/fashion_cnn.py --ddp & RANK=1 python3 examples/torch/fashion_cnn.py --ddp
+  python3 examples/torch/fashion_cnn.py --single --batch 64
 
 --model mlp50 trains a multilayer perceptron of 50.7 MB of parameters
 (784-4096-2304-10, 12.68 million floats) instead, where moving the
@@ -16,10 +17,13 @@ the same).
 
 With pstrain the servers run Adam (the job file's) and the workers push
 gradients; with --ddp each process runs torch's Adam after
-DistributedDataParallel's all-reduce (gloo). Both: batch 32 per process,
-the same epochs, the same batches (pstrain.sample_order with the job's
-seed), one torch thread per process. The last line is a JSON
-object with the test accuracy and the training samples/s.
+DistributedDataParallel's all-reduce (gloo); with --single one process
+trains on the global batch with as many torch threads as it has CPUs
+(what a user of one machine would run instead). All three: the same
+epochs, the same samples in the same order (pstrain.sample_order with the
+job's seed), the threads each launch gives (pstrain-run sizes them,
+torchrun sets OMP_NUM_THREADS=1). The last line is a JSON object with the
+test accuracy and the training samples/s.
 """
 import argparse
 import gzip
@@ -93,18 +97,21 @@ def train_pstrain(net, train, test):
     return opt.client.worker_index, opt.client.num_workers, samples, seconds, accuracy
 
 
-def train_ddp(net, train, test, epochs, batch, seed):
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = torch.nn.parallel.DistributedDataParallel(net)
+def train_torch(net, train, test, epochs, batch, seed, distributed):
+    """torch's Adam, under DDP (one process of WORLD_SIZE, gloo) or alone."""
+    rank, world, model = 0, 1, net
+    if distributed:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        model = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = train
     per_epoch = len(x) // (batch * world)
     start, samples = time.monotonic(), 0
     for epoch in range(epochs):
-        # The batches pstrain's sharding gives (the job's seed): both sides
-        # train on the same samples in the same order.
+        # The batches pstrain's sharding gives (the job's seed): every way
+        # trains on the same samples in the same order.
         import pstrain
         order = torch.from_numpy(pstrain.sample_order(seed, epoch, len(x)))
         for step in range(per_epoch):
@@ -116,31 +123,38 @@ def train_ddp(net, train, test, epochs, batch, seed):
             samples += len(idx)
     seconds = time.monotonic() - start
     accuracy, _ = evaluate(net, *test)
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
     return rank, world, samples, seconds, accuracy
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel (gloo) instead")
-    parser.add_argument("--epochs", type=int, default=3, help="--ddp: epochs (pstrain: the job's)")
-    parser.add_argument("--batch", type=int, default=32, help="--ddp: batch per process")
+    parser.add_argument("--single", action="store_true",
+                        help="one process on every CPU it may use instead")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="--ddp, --single: epochs (pstrain: the job's)")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="--ddp: batch per process; --single: the batch (the global one)")
     parser.add_argument("--model", choices=("cnn", "mlp50"), default="cnn")
     parser.add_argument("--train-samples", type=int, default=60000,
                         help="the first N training images (pstrain: as the job's train_samples)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.single:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)  # every worker starts from the same model (pstrain: worker 0's)
     net = Net() if args.model == "cnn" else mlp50()
     train, test = load("train"), load("t10k")
     train = (train[0][:args.train_samples], train[1][:args.train_samples])
-    if args.ddp:
-        rank, world, samples, seconds, accuracy = train_ddp(net, train, test, args.epochs,
-                                                            args.batch, seed=1)
+    if args.ddp or args.single:
+        rank, world, samples, seconds, accuracy = train_torch(net, train, test, args.epochs,
+                                                              args.batch, 1, args.ddp)
     else:
         rank, world, samples, seconds, accuracy = train_pstrain(net, train, test)
+    system = "ddp" if args.ddp else "single" if args.single else "pstrain"
     if rank == 0:
-        print(json.dumps({"system": "ddp" if args.ddp else "pstrain", "workers": world,
+        print(json.dumps({"system": system, "workers": world, "threads": torch.get_num_threads(),
                           "test_accuracy": round(accuracy, 4),
                           "samples_per_second": round(samples * world / seconds, 1),
                           "train_seconds": round(seconds, 2)}), flush=True)

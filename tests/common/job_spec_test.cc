@@ -239,6 +239,12 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
       {"- {name: a, dim: 4, initializer: {type: zeros, scale: 1}}",
        "tables[0].initializer.scale"},
       {"- {name: a, dim: 4, max_memory_bytes: -1}", "tables[0].max_memory_bytes"},
+      {"- {name: a, dim: 4, initial_rows: -1}", "tables[0].initial_rows"},
+      {"- {name: a, dim: 4, initial_rows: 300000000}", "tables[0].initial_rows"},
+      {"- {name: a, dim: 4, initial_rows: 10, eviction: {ttl_steps: 5}}",
+       "tables[0].initial_rows: a table that starts from given rows keeps them"},
+      {"- {name: a, dim: 4, initial_rows: 10, max_memory_bytes: 100000}",
+       "tables[0].initial_rows"},
   };
   for (const auto& [table, field] : bad) {
     absl::StatusOr<v1::JobSpec> s =

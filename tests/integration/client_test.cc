@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/dataset.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -17,6 +18,15 @@
 
 namespace pstrain::testing {
 namespace {
+
+// Pool workers of one OpenBLAS thread, whatever the machine's CPUs: the
+// in-process clients compare bitwise with them (OpenBLAS's products round
+// by its threads).
+cli::LocalCluster::Options OneBlasThreadEach(int workers) {
+  cli::LocalCluster::Options options;
+  for (int w = 0; w < workers; ++w) options.worker_flags[w] = {"--blas_threads=1"};
+  return options;
+}
 
 class ClientTest : public ClusterFixture {
  protected:
@@ -113,7 +123,7 @@ absl::Status RunWorker(const ConnectOptions& connect, const std::string& job_id,
 }
 
 TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2));
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, OneBlasThreadEach(2)));
   v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 32, 2, 30);
   const std::vector<float> built_in = FinalParams(Submit(spec));
 
@@ -124,8 +134,8 @@ TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
   EXPECT_EQ(pending.state(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(pending.reason(), "waiting for 2 free workers (0 free)");
 
-  // One BLAS thread, as pstrain's workers run (--blas_threads): the same
-  // products to the bit.
+  // One BLAS thread, as the pool's workers run: the same products to the
+  // bit.
   kernels::SetBlasThreads(1);
   absl::StatusOr<std::shared_ptr<const Dataset>> train =
       DatasetCache().FashionMnist(kFashionDir, true);
@@ -161,7 +171,7 @@ TEST_F(ClientTest, AnExternalModelTrainsBitwiseWhatTheBuiltInOneDoes) {
 // job goes on from its last checkpoint, the other client goes back with it
 // on its own, and the result is bitwise the undisturbed one.
 TEST_F(ClientTest, AWorkerThatComesBackUnderItsIdChangesNothing) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2));
+  ASSERT_NO_FATAL_FAILURE(StartCluster(2, 2, OneBlasThreadEach(2)));
   v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_ADAM, 1e-3f, 2, 32, 2, 60);
   spec.mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints");
   spec.mutable_checkpoint()->set_every_steps(20);
@@ -242,6 +252,56 @@ TEST_F(ClientTest, BadRequestsAreClearErrors) {
   EXPECT_FLOAT_EQ(w[0], 0.5f - 0.1f);
   EXPECT_FLOAT_EQ(b[0], 0.0f);
   EXPECT_EQ(client.Finish().code(), absl::StatusCode::kFailedPrecondition);  // 4 steps to go
+}
+
+// A table the model brings (a PyTorch nn.Embedding with sparse=True): its
+// row optimizer the job's twin, or the job file's table of its name; its
+// initial rows bound and sent by worker 0 (python tests train with them).
+TEST_F(ClientTest, TablesTheModelBringsAndTheirInitialRows) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, 0));
+  const v1::JobSpec spec = MlpSpec(v1::OPTIMIZER_TYPE_SGD, 0.1f, 1, 32, 1, 5);
+  const std::string yaml = ExternalJobYaml(spec);
+  absl::StatusOr<std::string> bad =
+      SubmitJob(Connect(), absl::StrReplaceAll(yaml, {{"learning_rate:", "momentum: 0.9, learning_rate:"}}),
+                {{"w", {3}}}, "", {{.name = "emb", .dim = 4, .initial_rows = 10}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "table emb takes the job's optimizer for "
+                                                        "its rows, and rows have no momentum"))
+      << bad.status();
+  bad = SubmitJob(Connect(), yaml + "tables: [{name: emb, dim: 8}]\n", {{"w", {3}}}, "",
+                  {{.name = "emb", .dim = 4, .initial_rows = 10}});
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "emb has dim 8 in the job file, 4 in "
+                                                        "the model"))
+      << bad.status();
+  absl::StatusOr<std::string> id = SubmitJob(Connect(), yaml, {{"w", {3}}}, "",
+                                             {{.name = "emb", .dim = 4, .initial_rows = 10}});
+  PSTRAIN_ASSERT_OK(id);
+  const v1::Job job = Get(*id);
+  ASSERT_EQ(job.spec().tables_size(), 1);
+  EXPECT_EQ(job.spec().tables(0).optimizer().type(), v1::TABLE_OPTIMIZER_TYPE_SGD);
+  EXPECT_FLOAT_EQ(job.spec().tables(0).optimizer().learning_rate(), 0.1f);
+  EXPECT_EQ(job.spec().tables(0).initial_rows(), 10);
+
+  absl::StatusOr<std::unique_ptr<Client>> joined =
+      Client::Join({.connect = Connect(), .job_id = *id});
+  PSTRAIN_ASSERT_OK(joined);
+  Client& client = **joined;
+  ASSERT_EQ(client.tables().size(), 1u);
+  EXPECT_EQ(client.tables()[0].initial_rows, 10);
+  std::vector<float> w(3, 0.0f), rows(40);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i);
+  PSTRAIN_ASSERT_OK(client.BindTensor(0, w.data(), 3));
+  EXPECT_EQ(client.Start().code(), absl::StatusCode::kFailedPrecondition);  // rows not bound
+  EXPECT_EQ(client.BindTableRows(0, rows.data(), 9).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.BindTableRows(1, rows.data(), 10).code(), absl::StatusCode::kInvalidArgument);
+  PSTRAIN_ASSERT_OK(client.BindTableRows(0, rows.data(), 10));
+  PSTRAIN_ASSERT_OK(client.Start());
+  const std::vector<uint64_t> keys = {9, 2};
+  std::vector<float> pulled(8);
+  PSTRAIN_ASSERT_OK(client.PullRows({{.table = 0, .keys = keys.data(), .n = 2,
+                                      .rows = pulled.data()}}));
+  EXPECT_EQ(pulled, (std::vector<float>{36, 37, 38, 39, 8, 9, 10, 11}));
+  PSTRAIN_EXPECT_OK(client.Fail("done"));
 }
 
 TEST_F(ClientTest, TheExampleProgramTrainsItsOwnModel) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -144,6 +145,11 @@ TEST(LocalTest, KilledProcessesAreRestartedAndTheResultDoesNotChange) {
   ASSERT_EQ(clean.exit_code(), 0) << clean.err;
   const auto expected = ResultFields(clean.out);
   ASSERT_EQ(expected.at("recoveries"), "0");
+  // The last checkpoint (every 100 steps, pstrain-local's default), written
+  // after the job's last step: the result waits for it.
+  int64_t steps = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(expected.at("steps"), &steps));
+  EXPECT_EQ(expected.at("last_checkpoint_step"), absl::StrCat(steps / 100 * 100));
 
   KilledRun run;
   ASSERT_NO_FATAL_FAILURE(

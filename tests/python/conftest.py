@@ -77,9 +77,26 @@ def cluster():
             c.stop()
 
 
-def pstrain_run(args, script_args, timeout=300):
-    """Runs tests/python/train_worker.py through pstrain-run; returns the
-    completed process (stdout: the progress and the JSON result line)."""
+def pstrain_run(args, script_args, timeout=300, env=None, script="train_worker.py"):
+    """Runs `script` (of tests/python) through pstrain-run, in `env` (this
+    process's environment if None); returns the completed process (stdout:
+    the progress and the JSON result line)."""
     argv = [os.path.join(BIN_DIR, "pstrain-run")] + args + [
-        "--", sys.executable, os.path.join(HERE, "train_worker.py")] + script_args
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        "--", sys.executable, os.path.join(HERE, script)] + script_args
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def processes_of_run(run_dir):
+    """The pids of the processes whose environment names `run_dir` as
+    PSTRAIN_RUN_DIR: what pstrain-run started there, and what those
+    started in turn (DataLoader workers, their forkserver)."""
+    wanted = ("PSTRAIN_RUN_DIR=" + run_dir).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if wanted in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass  # ended, or not ours to read
+    return found

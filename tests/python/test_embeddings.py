@@ -20,11 +20,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples", "torch")
 
 
-def run_job(out_dir, *script_args, workers=2):
+def run_job(out_dir, *script_args, workers=2, launcher_args=()):
     """The job's result line and each worker's npz."""
     os.makedirs(out_dir, exist_ok=True)
     argv = [os.path.join(BIN_DIR, "pstrain-run"), "--workers", str(workers), "--servers", "2",
-            "--run_dir", out_dir + "/run", "--", sys.executable,
+            "--run_dir", out_dir + "/run"] + list(launcher_args) + ["--", sys.executable,
             os.path.join(HERE, "embedding_worker.py"), out_dir] + list(script_args)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -37,11 +37,17 @@ class LocalRows(torch.nn.Module):
     """The tables in this process, as the servers keep them: zeros until a
     key's first update, SGD on the rows a step touched."""
 
-    def __init__(self, mode):
+    def __init__(self, mode, initial=None):
         super().__init__()
         self.mode = mode
         self.rows = [{}, {}]
+        self.initial = initial  # the rows of keys 0..KEYS-1 before training; else zeros
         self.looked_up = []
+
+    def row(self, t, k):
+        if k in self.rows[t]:
+            return self.rows[t][k]
+        return self.initial[t][k] if self.initial is not None else torch.zeros(ew.DIM)
 
     def forward(self, bags):
         if torch.is_tensor(bags):  # one key a sample and table
@@ -51,7 +57,7 @@ class LocalRows(torch.nn.Module):
             if offsets is None:
                 offsets = torch.arange(keys.numel())
             distinct, inverse = torch.unique(keys, return_inverse=True)
-            rows = torch.stack([self.rows[t].get(int(k), torch.zeros(ew.DIM)) for k in distinct]
+            rows = torch.stack([self.row(t, int(k)) for k in distinct]
                                + [torch.zeros(ew.DIM)])[:distinct.numel()].requires_grad_()
             self.looked_up.append((t, distinct, rows))
             out.append(torch.nn.functional.embedding_bag(inverse, rows, offsets, mode=self.mode))
@@ -63,26 +69,34 @@ class LocalRows(torch.nn.Module):
                 self.rows[t][k] = row - ew.LR * grad
 
 
-def one_process(batches, mode, stacked=False):
-    """The model trained by one torch process on each step's global batch."""
+def one_process(batches, mode, stacked=False, raw=False):
+    """The model trained by one torch process on each step's global batch;
+    raw: keys 0..KEYS-1 whose rows start from ew.initial_rows()."""
     x, y, a, b = ew.data()
-    tables = LocalRows(mode)
+    tables = LocalRows(mode, ew.initial_rows() if raw else None)
     net = ew.Net(tables)
     opt = torch.optim.SGD(net.parameters(), lr=ew.LR)
     for idx in batches:
         opt.zero_grad()
         torch.nn.functional.binary_cross_entropy_with_logits(
-            net(x[idx], ew.bags_of(a, b, idx, stacked)), y[idx]).backward()
+            net(x[idx], ew.bags_of(a, b, idx, stacked, raw)), y[idx]).backward()
         opt.step()
         tables.sgd()
     out = {name: p.detach().numpy() for name, p in net.named_parameters()}
     for t, name in enumerate(("rows_a", "rows_b")):
-        out[name] = np.stack([tables.rows[t].get(int(ew.key(k)), torch.zeros(ew.DIM)).numpy()
+        out[name] = np.stack([tables.row(t, k if raw else int(ew.key(k))).detach().numpy()
                               for k in range(ew.KEYS)])
     return out
 
 
 MODEL = ("dense.weight", "dense.bias", "weights", "rows_a", "rows_b")
+
+
+def within_the_sync_bounds(actual, expected):
+    for name in MODEL:
+        d = actual[name].astype(np.float64) - expected[name]
+        assert np.linalg.norm(d) <= 1e-5 * np.linalg.norm(expected[name]), name
+        assert np.abs(d).max() <= 1e-4, name
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "stacked", "separate"])
@@ -99,11 +113,51 @@ def test_sync_two_workers_with_tables_equal_one_process_with_the_global_batch(mo
         reference = one_process(batches, {"stacked": "sum", "separate": "mean"}.get(mode, mode),
                                 stacked=mode == "stacked")
         assert np.abs(reference["rows_b"]).max() > 0.001  # the rows were trained
+        within_the_sync_bounds(workers[0], reference)
         for name in MODEL:
-            d = workers[0][name].astype(np.float64) - reference[name]
-            assert np.linalg.norm(d) <= 1e-5 * np.linalg.norm(reference[name]), name
-            assert np.abs(d).max() <= 1e-4, name
             assert np.array_equal(workers[0][name], workers[1][name]), name
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_torchs_sparse_embeddings_train_as_tables_bitwise_as_pst_modules(mode):
+    # nn.EmbeddingBag(sparse=True) given to DistributedOptimizer: a table of
+    # each module's name, its weight the initial rows; the same model with
+    # pst.EmbeddingBag and those rows gives the same bits, one torch
+    # process on the global batch the same within the sync bounds, and the
+    # export puts the rows back into plain nn.EmbeddingBags.
+    with tempfile.TemporaryDirectory() as out:
+        export = out + "/export"
+        _, ours = run_job(out + "/torch", "--torch-sparse", "--mode", mode,
+                          launcher_args=["--export", export])
+        _, written = run_job(out + "/pst", "--pst-initial", "--mode", mode)
+        for name in MODEL:
+            assert np.array_equal(ours[0][name], written[0][name]), name
+            assert np.array_equal(ours[0][name], ours[1][name]), name
+        batches = [np.concatenate([w["indices"][i] for w in ours]) for i in range(24)]
+        reference = one_process(batches, mode, raw=True)
+        assert not np.array_equal(reference["rows_b"], ew.initial_rows()[1].numpy())
+        within_the_sync_bounds(ours[0], reference)
+        fresh = ew.Net(ew.TorchSparse(mode))
+        assert pst.load(export, fresh) is fresh
+        assert np.array_equal(fresh.tables.a.weight.detach().numpy(), ours[0]["rows_a"])
+        assert np.array_equal(fresh.tables.b.weight.detach().numpy(), ours[0]["rows_b"])
+        assert np.array_equal(fresh.dense.weight.detach().numpy(), ours[0]["dense.weight"])
+
+
+@pytest.mark.parametrize("module, says", [
+    (torch.nn.EmbeddingBag(10, 4, max_norm=1.0, sparse=True), "max_norm"),
+    (torch.nn.EmbeddingBag(10, 4, mode="max", sparse=True), 'mode "max"'),
+    (torch.nn.Embedding(10, 4, padding_idx=0, sparse=True), "padding_idx"),
+    (torch.nn.Embedding(10, 4, scale_grad_by_freq=True, sparse=True), "scale_grad_by_freq"),
+])
+def test_a_sparse_module_the_servers_cannot_train_is_refused_naming_it(module, says):
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    net.add_module("emb", module)
+    with pytest.raises(pstrain.SetupError) as e:
+        pst.DistributedOptimizer(net, job_yaml="optimizer: {type: sgd, learning_rate: 0.1}\n",
+                                 coordinator="127.0.0.1:1")  # refused before any call
+    assert str(e.value).startswith("pstrain: emb (nn.%s, sparse=True)" % type(module).__name__)
+    assert says in str(e.value) and "sparse=False" in str(e.value), str(e.value)
 
 
 def test_a_killed_worker_with_tables_is_restarted_and_changes_nothing():
@@ -178,13 +232,27 @@ def test_the_dlrm_example_trains_under_pstrain_run_and_under_ddp():
         with open(os.path.join(out, "job.yaml"), "w") as f:
             f.write(job)
         script = [sys.executable, os.path.join(EXAMPLES, "dlrm.py"), "--data", data]
+        export = os.path.join(out, "export")
         done = subprocess.run([os.path.join(BIN_DIR, "pstrain-run"), "--workers", "2",
                                "--servers", "2", "--job", os.path.join(out, "job.yaml"),
-                               "--run_dir", os.path.join(out, "run"), "--"] + script,
+                               "--run_dir", os.path.join(out, "run"), "--export", export,
+                               "--"] + script,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         with open(os.path.join(out, "run", "worker-0.log")) as f:
             ours = json.loads([line for line in f if line.startswith("{")][-1])
+        # The export, its tables included, evaluates offline to the job's AUC.
+        sys.path.insert(0, EXAMPLES)
+        try:
+            import dlrm
+        finally:
+            sys.path.remove(EXAMPLES)
+        layout = dict(oracle)
+        offline = dlrm.DLRM(layout["dense"], layout["fields"], 16, [64], [64],
+                            pst.EmbeddingBags(["c%d" % f for f in range(1, 7)], mode="sum"))
+        assert pst.load(export, offline) is offline
+        auc, _ = dlrm.evaluate(offline, data, layout, None)
+        assert abs(auc - ours["test_auc"]) <= 1e-6, (auc, ours["test_auc"])
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                    WORLD_SIZE="2")
         ddp = [subprocess.Popen(script + ["--ddp", "--batch", "512", "--seed", "1"],

@@ -12,7 +12,7 @@ import torch
 
 import pstrain
 import pstrain.torch as pst
-from conftest import BIN_DIR, pstrain_run
+from conftest import BIN_DIR, processes_of_run, pstrain_run
 import train_worker
 
 
@@ -197,6 +197,8 @@ def test_dataloader_workers_give_the_bits_of_no_workers_with_and_without_a_kill(
         assert_same_model(killed[0], plain_job[0])
         assert np.array_equal(loader[0]["indices"], plain_job[0]["indices"])
         assert np.array_equal(killed[0]["indices"], plain_job[0]["indices"])
+        # The killed script's loader processes and forkserver ended with it.
+        assert processes_of_run(out + "/loader_killed/run") == []
 
 
 def test_two_nodes_of_two_processes_equal_four_workers_and_a_killed_process_changes_nothing():

@@ -93,7 +93,6 @@ def main():
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--inf-at", type=int, default=-1)
     args = parser.parse_args()
-    torch.set_num_threads(1)
     x, y = data()
     net = model(args.model)
     opt = pst.DistributedOptimizer(net, job_yaml=job_yaml(args), overlap_values=args.overlap_values,

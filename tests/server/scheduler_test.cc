@@ -114,5 +114,47 @@ TEST(SchedulerTest, AWorkerNeedsItsModelActivationsAndData) {
             4 * (3 * params + 2 * 64 * (784 + 256 + 128 + 10)) + 70000 * (784 + 4));
 }
 
+TEST(SchedulerTest, ACheckpointDirectoryIsTakenInsideTheServersRoot) {
+  v1::Node server = Node("server-0");
+  EXPECT_TRUE(TakesCheckpointDir(server, "/anywhere")) << "no root: anywhere";
+  server.set_checkpoint_root("/var/lib/pstrain/checkpoints/");
+  EXPECT_TRUE(TakesCheckpointDir(server, "/var/lib/pstrain/checkpoints"));
+  EXPECT_TRUE(TakesCheckpointDir(server, "/var/lib/pstrain/checkpoints/job/a"));
+  EXPECT_TRUE(TakesCheckpointDir(server, "/var/lib/pstrain/x/../checkpoints/job"));
+  EXPECT_FALSE(TakesCheckpointDir(server, "/var/lib/pstrain/checkpoints-2"));
+  EXPECT_FALSE(TakesCheckpointDir(server, "/var/lib/pstrain/checkpoints/../elsewhere"));
+  EXPECT_FALSE(TakesCheckpointDir(server, "/tmp/ckpt"));
+  server.set_checkpoint_root("/");
+  EXPECT_TRUE(TakesCheckpointDir(server, "/tmp/ckpt"));
+}
+
+TEST(SchedulerTest, ASubmitNamingADirectoryNoServerTakesIsRefused) {
+  FakeClock clock;
+  NodeRegistry registry({}, &clock, [] { return 1u; });
+  v1::JobSpec spec = Spec(1, 1);
+  spec.mutable_checkpoint()->set_dir("/tmp/ckpt");
+  // No server yet: nothing to check against.
+  PSTRAIN_EXPECT_OK(CheckCheckpointDirTaken(spec, registry));
+  for (const auto& [id, root] : {std::pair{"server-0", "/srv/a"}, std::pair{"server-1", "/srv/b"}}) {
+    v1::RegisterRequest r;
+    r.set_role(v1::NODE_ROLE_SERVER);
+    r.set_node_id(id);
+    r.set_address("127.0.0.1:1");
+    r.set_incarnation(7);
+    r.set_checkpoint_root(root);
+    PSTRAIN_ASSERT_OK(registry.Register(r).status());
+  }
+  const absl::Status refused = CheckCheckpointDirTaken(spec, registry);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "checkpoint.dir: /tmp/ckpt lies outside every "
+                                                   "server's --checkpoint_root (server-0: /srv/a, "
+                                                   "server-1: /srv/b)"))
+      << refused;
+  spec.mutable_checkpoint()->set_dir("/srv/b/job-1");
+  PSTRAIN_EXPECT_OK(CheckCheckpointDirTaken(spec, registry));
+  spec.mutable_checkpoint()->clear_dir();
+  PSTRAIN_EXPECT_OK(CheckCheckpointDirTaken(spec, registry));
+}
+
 }  // namespace
 }  // namespace pstrain::server

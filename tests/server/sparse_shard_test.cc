@@ -35,9 +35,11 @@ tables:
   - {name: items, dim: 3, optimizer: {type: adagrad, learning_rate: 0.1}}
 )";
 
-v1::ServerAssignment Assignment(const std::string& mode) {
-  absl::StatusOr<v1::JobSpec> spec =
-      NormalizeJobSpec(*ParseJobSpecYaml(std::string(kJob) + "mode: " + mode + "\n"));
+v1::ServerAssignment Assignment(const std::string& mode, int64_t items_initial_rows = 0) {
+  absl::StatusOr<v1::JobSpec> parsed = ParseJobSpecYaml(std::string(kJob) + "mode: " + mode + "\n");
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  parsed->mutable_tables(1)->set_initial_rows(items_initial_rows);
+  absl::StatusOr<v1::JobSpec> spec = NormalizeJobSpec(*parsed);
   EXPECT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<v1::PartitionPlan> plan =
       ComputePartitionPlan(JobTensors(*spec), spec->chunk_bytes(), spec->num_servers());
@@ -66,8 +68,8 @@ v1::ChunkHeader Header(v1::FrameKind kind, uint32_t worker, int64_t step) {
 Frame SparseFrame(v1::FrameKind kind, uint32_t worker, int64_t step,
                   const std::vector<SparseSection>& sections, int64_t version = 0) {
   int64_t keys = 0;
-  const std::string payload =
-      EncodeSparsePayload(sections, kind == v1::FRAME_KIND_SPARSE_PUSH, &keys);
+  const std::string payload = EncodeSparsePayload(
+      sections, kind == v1::FRAME_KIND_SPARSE_PUSH || kind == v1::FRAME_KIND_SPARSE_INIT, &keys);
   v1::ChunkHeader h = Header(kind, worker, step);
   h.set_num_keys(static_cast<uint32_t>(keys));
   h.set_num_elements(static_cast<uint32_t>(payload.size() / 4));
@@ -119,8 +121,8 @@ absl::Status EndStep(ShardStore& store, uint32_t worker, int64_t step, float max
 
 class SparseShardTest : public ::testing::Test {
  protected:
-  void Start(const std::string& mode) {
-    const v1::ServerAssignment a = Assignment(mode);
+  void Start(const std::string& mode, int64_t items_initial_rows = 0) {
+    const v1::ServerAssignment a = Assignment(mode, items_initial_rows);
     PSTRAIN_ASSERT_OK(store_.AddJob(a));
     // The dense model's initial values (an external model's come from worker 0).
     for (const v1::ChunkInfo& c : a.plan().chunks()) {
@@ -177,6 +179,40 @@ TEST_F(SparseShardTest, SyncAppliesEveryWorkersPushAtTheStepsEndInWorkerOrder) {
       SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 0, 1, {Section(0, {7}, 100.0f, 2)})));
   EXPECT_EQ(Pull(1, 2, 2, {Section(0, {7, 8}, 0, 2)})->rows, after->rows);
   EXPECT_EQ(store_.OpenWaits(), 0);
+}
+
+TEST_F(SparseShardTest, ATableOfInitialRowsWaitsForWorker0sRowsAndKeepsTheFirst) {
+  Start("sync", /*items_initial_rows=*/4);
+  EXPECT_EQ(InitialRowsHeld(Assignment("sync", 4).spec(), 0, 1), 4);
+  const auto init = [&](uint32_t worker, std::vector<SparseSection> sections) {
+    return store_.SparseInit(SparseFrame(v1::FRAME_KIND_SPARSE_INIT, worker, 0, sections));
+  };
+  // Until the rows are in, the job's sparse frames are UNAVAILABLE.
+  absl::Status waiting =
+      store_.SparsePush(SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 0, 0, {Section(1, {1}, 1, 3)}));
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(waiting.message(), "0 chunks and 4 table rows")) << waiting;
+  // Refused, with nothing changed: another worker, a key outside the
+  // rows, a table without them, a value that is not finite.
+  for (const auto& [worker, section, says] :
+       {std::tuple{1u, Section(1, {0}, 1, 3), "only worker 0"},
+        std::tuple{0u, Section(1, {4}, 1, 3), "outside [0, 4)"},
+        std::tuple{0u, Section(0, {0}, 1, 2), "has no initial_rows"},
+        std::tuple{0u, Section(1, {0}, std::numeric_limits<float>::infinity(), 3),
+                   "not all finite"}}) {
+    const absl::Status s = init(worker, {section});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), says)) << s;
+  }
+  PSTRAIN_ASSERT_OK(init(0, {Section(1, {0, 1, 2}, 7.0f, 3)}));
+  EXPECT_EQ(store_.SparsePush(SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, 0, 0, {}))
+                .code(),
+            absl::StatusCode::kUnavailable);  // key 3 to come
+  // A repeat keeps the first rows.
+  PSTRAIN_ASSERT_OK(init(0, {Section(1, {2, 3}, 9.0f, 3)}));
+  const auto rows = Pull(0, 0, 0, {Section(1, {0, 2, 3}, 0, 3)});
+  ASSERT_EQ(rows->answered, 1);
+  EXPECT_EQ(rows->rows, (std::vector<float>{7, 7, 7, 7, 7, 7, 9, 9, 9}));
 }
 
 TEST_F(SparseShardTest, AStepWhoseStepEndsBoundANaNIsSkipped) {

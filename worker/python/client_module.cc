@@ -101,6 +101,18 @@ std::vector<pstrain::TensorSpec> TensorSpecsOf(const py::list& tensors) {
   return specs;
 }
 
+// A model's tensors as Python sees them: (name, shape, buffer, dtype,
+// float32 values) each.
+py::list TensorTuples(const std::vector<pstrain::ModelTensor>& tensors) {
+  py::list out;
+  for (const pstrain::ModelTensor& t : tensors) {
+    out.append(py::make_tuple(
+        t.spec.name, t.spec.shape, t.spec.buffer, t.spec.dtype,
+        py::array_t<float>(static_cast<py::ssize_t>(t.values.size()), t.values.data())));
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_client, m) {
@@ -112,19 +124,26 @@ PYBIND11_MODULE(_client, m) {
       "submit_job",
       [](const std::string& coordinator, const std::string& job_yaml, const py::list& tensors,
          const std::string& request_id, const std::string& cert_file, const std::string& key_file,
-         const std::string& ca_file, const std::string& token, double timeout_s) {
+         const std::string& ca_file, const std::string& token, double timeout_s,
+         const std::vector<std::tuple<std::string, int, int64_t>>& tables) {
         const std::vector<pstrain::TensorSpec> specs = TensorSpecsOf(tensors);
+        std::vector<pstrain::TableDeclaration> declared;
+        for (const auto& [name, dim, initial_rows] : tables) {
+          declared.push_back({.name = name, .dim = dim, .initial_rows = initial_rows});
+        }
         return Value(Unlocked([&] {
           return pstrain::SubmitJob(
               Connect(coordinator, cert_file, key_file, ca_file, token, timeout_s), job_yaml,
-              specs, request_id);
+              specs, request_id, declared);
         }));
       },
       py::arg("coordinator"), py::arg("job_yaml"), py::arg("tensors"),
       py::arg("request_id") = "", py::arg("cert_file") = "", py::arg("key_file") = "",
       py::arg("ca_file") = "", py::arg("token") = "", py::arg("timeout_s") = 30.0,
+      py::arg("tables") = std::vector<std::tuple<std::string, int, int64_t>>(),
       "Submits a job whose model is external, of `tensors`: (name, shape) of a parameter, "
-      "(name, shape, True, dtype) of a buffer; returns its id.");
+      "(name, shape, True, dtype) of a buffer; `tables`: (name, dim, initial_rows) of each "
+      "table the model brings (TableDeclaration); returns its id.");
 
   m.def(
       "sample_order",
@@ -137,19 +156,27 @@ PYBIND11_MODULE(_client, m) {
       "The order pstrain's sharding takes an epoch of n samples in (batch_indices cuts it).");
   m.def(
       "read_model",
-      [](const std::string& path) {
-        std::vector<pstrain::ModelTensor> tensors = Value(pstrain::ReadModel(path));
-        py::list out;
-        for (const pstrain::ModelTensor& t : tensors) {
-          out.append(py::make_tuple(
-              t.spec.name, t.spec.shape, t.spec.buffer, t.spec.dtype,
-              py::array_t<float>(static_cast<py::ssize_t>(t.values.size()), t.values.data())));
-        }
-        return out;
-      },
+      [](const std::string& path) { return TensorTuples(Value(pstrain::ReadModel(path))); },
       py::arg("path"),
       "The tensors of a model file: (name, shape, buffer, dtype, float32 values) each, a "
       "buffer's bytes first in its values.");
+  m.def(
+      "read_export",
+      [](const std::string& path) {
+        pstrain::ModelExport exported = Value(pstrain::ReadExport(path));
+        py::list tables;
+        for (const pstrain::ExportedTable& t : exported.tables) {
+          const auto rows = static_cast<py::ssize_t>(t.keys.size());
+          tables.append(py::make_tuple(
+              t.name, t.dim, py::array_t<uint64_t>(rows, t.keys.data()),
+              py::array_t<float>({rows, static_cast<py::ssize_t>(t.dim)}, t.rows.data())));
+        }
+        return py::make_tuple(TensorTuples(exported.tensors), tables);
+      },
+      py::arg("path"),
+      "A model file, or an export directory of a job with tables: (tensors, tables), the "
+      "tensors as read_model gives them, the tables (name, dim, uint64 keys ascending, "
+      "float32 rows [keys, dim]) in the job's order (none for a model file).");
   m.def(
       "set_log_level", [](const std::string& level) { Check(pstrain::SetLogLevel(level)); },
       py::arg("level"),
@@ -227,6 +254,7 @@ PYBIND11_MODULE(_client, m) {
       .def_property_readonly("accumulate_steps", &pstrain::Client::accumulate_steps)
       .def_property_readonly("loss_scale", &pstrain::Client::loss_scale)
       .def_property_readonly("step", &pstrain::Client::step)
+      .def_property_readonly("generation", &pstrain::Client::generation)
       .def_property_readonly("tensors",
                              [](const pstrain::Client& c) {
                                std::vector<std::pair<std::string, std::vector<int64_t>>> out;
@@ -244,6 +272,14 @@ PYBIND11_MODULE(_client, m) {
                                return out;
                              },
                              "(name, dim) of each of the job's embedding tables.")
+      .def_property_readonly(
+          "initial_rows",
+          [](const pstrain::Client& c) {
+            std::vector<int64_t> out;
+            for (const pstrain::TableInfo& t : c.tables()) out.push_back(t.initial_rows);
+            return out;
+          },
+          "Each table's initial_rows (0: none), in the tables' order.")
       .def("table_index",
            [](const pstrain::Client& c, const std::string& name) {
              return Value(c.TableIndex(name));
@@ -303,6 +339,15 @@ PYBIND11_MODULE(_client, m) {
           },
           py::arg("tensor"), py::arg("address"), py::arg("size"),
           "bind for memory given by address (a torch tensor's data_ptr()) and float count.")
+      .def(
+          "bind_table_rows",
+          [](pstrain::Client& c, int table, uintptr_t address, int64_t rows) {
+            Check(c.BindTableRows(table, reinterpret_cast<const float*>(address), rows));
+          },
+          py::arg("table"), py::arg("address"), py::arg("rows"),
+          "A table's initial rows (its initial_rows): `rows` rows of dim floats at address (a "
+          "contiguous float32 tensor's data_ptr()), row k key k's; they must stay alive and "
+          "unchanged while the client lives.")
       .def("start", [](pstrain::Client& c) { Check(Unlocked([&] { return c.Start(); })); })
       .def(
           "batch_indices",
@@ -357,7 +402,11 @@ PYBIND11_MODULE(_client, m) {
              const std::map<std::string, double>& metrics) {
             Check(c.ReportMetrics(metrics));
             std::optional<pstrain::Evaluation> eval;
-            if (accuracy.has_value()) eval = pstrain::Evaluation{*accuracy, loss.value_or(0)};
+            if (accuracy.has_value()) eval = pstrain::Evaluation{*accuracy, loss};
+            // A loss without an accuracy is one of the script's metrics.
+            if (!accuracy.has_value() && loss.has_value()) {
+              Check(c.ReportMetrics({{"test_loss", *loss}}));
+            }
             Check(Unlocked([&] { return c.Finish(eval); }));
           },
           py::arg("test_accuracy") = py::none(), py::arg("test_loss") = py::none(),

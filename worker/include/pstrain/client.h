@@ -87,10 +87,27 @@ struct ConnectOptions {
 // `request_id` (1-128 printable characters; empty: none) makes a submit
 // idempotent: every submit with it gets the job the first one made (the
 // processes of one launch can all submit, and all get one job).
-PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(const ConnectOptions& connect,
-                                                         const std::string& job_yaml,
-                                                         const std::vector<TensorSpec>& tensors,
-                                                         const std::string& request_id = "");
+// `tables`: tables the model brings (TableDeclaration), beside the job
+// file's own.
+struct TableDeclaration;
+PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(
+    const ConnectOptions& connect, const std::string& job_yaml,
+    const std::vector<TensorSpec>& tensors, const std::string& request_id = "",
+    const std::vector<TableDeclaration>& tables = {});
+
+// A table a model brings (pstrain.torch: an nn.Embedding or
+// nn.EmbeddingBag with sparse=True, named after the module): the job
+// file's table of that name if it declares one (its dim must be `dim`),
+// else a table of `dim` whose row optimizer is the job's optimizer's twin
+// (sgd, adagrad or adam with its learning rate, epsilon and betas; a job
+// optimizer with momentum, weight decay or a schedule has none, and
+// SubmitJob asks for the table in the job file). Its initial_rows are
+// `initial_rows`.
+struct TableDeclaration {
+  std::string name;
+  int dim = 0;
+  int64_t initial_rows = 0;
+};
 
 // Payload bytes the data plane has copied in this process so far: 0 while
 // every push was sent from the gradient's own memory and every value was
@@ -120,6 +137,24 @@ struct ModelTensor {
 // INVALID_ARGUMENT for a file that is not a whole model file, NOT_FOUND
 // and the like for one that cannot be read.
 PSTRAIN_CLIENT_API absl::StatusOr<std::vector<ModelTensor>> ReadModel(const std::string& path);
+
+// An embedding table of an export: every row the job ended with, by key.
+struct ExportedTable {
+  std::string name;
+  int dim = 0;
+  std::vector<uint64_t> keys;  // ascending
+  std::vector<float> rows;     // dim floats a key, in key order
+};
+// What a job left: the dense tensors (ReadModel's) and, for a job with
+// embedding tables, each table in the job's order.
+struct ModelExport {
+  std::vector<ModelTensor> tensors;
+  std::vector<ExportedTable> tables;
+};
+// A model file, or the directory that psctl export or --export wrote for a
+// job with tables (its model file and tables/NAME.rows). Errors name the
+// file at fault: INVALID_ARGUMENT, DATA_LOSS, NOT_FOUND.
+PSTRAIN_CLIENT_API absl::StatusOr<ModelExport> ReadExport(const std::string& path);
 
 // Click logs in Criteo's layout (docs/click-data.md), read in the order
 // every worker of a click job agrees on: the files' windows of
@@ -173,6 +208,9 @@ class PSTRAIN_CLIENT_API ClickReader {
 struct TableInfo {
   std::string name;
   int dim = 0;  // floats a row
+  // Keys [0, initial_rows) start from rows worker 0 gives (BindTableRows);
+  // 0: the table's initializer draws a key's row when it is admitted.
+  int64_t initial_rows = 0;
 };
 
 // A pull of one table's rows: n distinct keys, and where their rows go
@@ -187,7 +225,7 @@ struct RowPull {
 // A test-set evaluation of the final model, which worker 0 reports.
 struct Evaluation {
   double accuracy = 0;
-  double loss = 0;
+  std::optional<double> loss;  // none: the program measures an accuracy alone
 };
 
 class PSTRAIN_CLIENT_API Client {
@@ -250,6 +288,9 @@ class PSTRAIN_CLIENT_API Client {
   double loss_scale() const;
   // The step to compute next.
   int64_t step() const;
+  // The job's generation this worker computes in: a recovery starts a new
+  // one (and sends step() back to its checkpoint's step).
+  int64_t generation() const;
   const std::vector<TensorSpec>& tensors() const;
   // NOT_FOUND for a name the model does not have.
   absl::StatusOr<int> TensorIndex(std::string_view name) const;
@@ -265,10 +306,19 @@ class PSTRAIN_CLIENT_API Client {
   // again. INVALID_ARGUMENT for an unknown tensor or a wrong size.
   absl::Status BindTensor(int tensor, float* values, int64_t size);
 
+  // A table with initial_rows (TableInfo): row k of `rows` (dim floats
+  // each) is key k's initial row. Worker 0 sends them at Start, and again
+  // when a recovery finds no checkpoint, so they must stay valid and
+  // unchanged while the client lives; other workers may bind them too (not
+  // sent). INVALID_ARGUMENT for an unknown table, or `count` other than its
+  // initial_rows.
+  absl::Status BindTableRows(int table, const float* rows, int64_t count);
+
   // Once every tensor is bound: worker 0 sends the bound values as the
   // initial values (the servers keep the first they get); then every
   // worker receives the values of step() into the bound tensors.
-  // FAILED_PRECONDITION if a tensor is not bound.
+  // FAILED_PRECONDITION if a tensor is not bound, or (worker 0) a table
+  // with initial_rows has no rows bound.
   absl::Status Start();
 
   // This worker's samples of `step`: indices into a training set of

@@ -7,6 +7,7 @@ import os
 import torch
 
 import pstrain
+from pstrain import SetupError
 
 
 class _NodeClient:
@@ -17,8 +18,8 @@ class _NodeClient:
     _JOB = ("job_id", "node_id", "seed", "total_steps", "steps_per_epoch", "accumulate_steps",
             "mode", "tensors", "buffers")
     # Of each step, from LOCAL_RANK 0 (a recovery, a lost worker change them).
-    _STEP = ("step", "worker_index", "batch_offset", "node_batch", "global_batch", "num_workers",
-             "node_gradient_scale", "loss_scale")
+    _STEP = ("step", "generation", "worker_index", "batch_offset", "node_batch", "global_batch",
+             "num_workers", "node_gradient_scale", "loss_scale")
 
     def __init__(self, local_rank, local_size, job, worker=None):
         self.local_rank, self.local_size = local_rank, local_size
@@ -33,7 +34,7 @@ class _NodeClient:
     def state(self):
         """LOCAL_RANK 0: the step's values, from the worker."""
         w = self._worker
-        self._state = dict(step=w.step, worker_index=w.worker_index,
+        self._state = dict(step=w.step, generation=w.generation, worker_index=w.worker_index,
                            batch_offset=w.batch_offset, node_batch=w.batch_size,
                            global_batch=w.global_batch, num_workers=w.num_workers,
                            node_gradient_scale=w.gradient_scale, loss_scale=w.loss_scale)
@@ -105,7 +106,7 @@ class _Node:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if dist.is_initialized():
-            raise ValueError("pstrain: torch.distributed is initialized already; with several "
+            raise SetupError("pstrain: torch.distributed is initialized already; with several "
                              "processes per node pstrain.torch makes its group")
         dist.init_process_group("gloo", init_method=group, rank=self.local_rank,
                                 world_size=self.local_size, timeout=datetime.timedelta(hours=1))
@@ -162,7 +163,7 @@ class _Node:
 
     def _checked(self, client):
         if client.node_batch < self.local_size:  # each process needs samples
-            raise ValueError("pstrain: a node's batch of %d samples cannot be split among its %d "
+            raise SetupError("pstrain: a node's batch of %d samples cannot be split among its %d "
                              "processes" % (client.node_batch, self.local_size))
         return client
 

@@ -83,9 +83,11 @@ import os
 import torch
 
 import pstrain
+from pstrain import SetupError
 from pstrain._torch_data import ShardSampler, ShardedLoader
 from pstrain._torch_node import _Node
-from pstrain._torch_tables import Embedding, EmbeddingBag, EmbeddingBags, _bind_tables
+from pstrain._torch_tables import (Embedding, EmbeddingBag, EmbeddingBags, _bind_tables,
+                                  _load_table_weights, sparse_embeddings)
 
 __all__ = ["DistributedOptimizer", "Embedding", "EmbeddingBag", "EmbeddingBags", "ShardSampler",
            "ShardedLoader", "load"]
@@ -105,7 +107,7 @@ class _Buffer:
     def __init__(self, index, name, tensor):
         if tensor.device.type != "cpu" or not tensor.is_contiguous() or \
                 tensor.dtype not in _DTYPE_NAMES:
-            raise ValueError("pstrain: buffer %s must be a contiguous CPU tensor of %s (got %s "
+            raise SetupError("pstrain: buffer %s must be a contiguous CPU tensor of %s (got %s "
                              "on %s)" % (name, ", ".join(_DTYPE_NAMES.values()), tensor.dtype,
                                          tensor.device))
         self.index, self.name, self.tensor = index, name, tensor
@@ -150,22 +152,26 @@ class DistributedOptimizer:
     def __init__(self, model, client=None, job_yaml=None, overlap_values=False, seed_rng=False,
                  **init_options):
         group = os.environ.get("PSTRAIN_LOCAL_GROUP") if client is None else None
-        tables = [m for m in model.modules() if isinstance(m, EmbeddingBags)] \
-            if isinstance(model, torch.nn.Module) else []
+        module = isinstance(model, torch.nn.Module)
+        # torch's own sparse embeddings train as tables (a pst module each).
+        self._sparse_modules = sparse_embeddings(model) if module else []
+        tables = [m for m in model.modules() if isinstance(m, EmbeddingBags)] if module else []
+        tables += [m.rows for _, m in self._sparse_modules]
         if group and tables:
-            raise ValueError("pstrain: embedding tables are not offered with several processes "
+            raise SetupError("pstrain: embedding tables are not offered with several processes "
                              "per node")
         if group and overlap_values:
-            raise ValueError("pstrain: overlap_values is not offered with several processes per "
+            raise SetupError("pstrain: overlap_values is not offered with several processes per "
                              "node (the node's values come in one broadcast)")
         if overlap_values and not isinstance(model, torch.nn.Module):
-            raise ValueError("pstrain: overlap_values needs the model as a torch.nn.Module "
+            raise SetupError("pstrain: overlap_values needs the model as a torch.nn.Module "
                              "(its modules' forward pre-hooks await the values)")
         named = model.named_parameters() if hasattr(model, "named_parameters") else model
-        named = list(named)
+        as_tables = {id(m.module.weight) for _, m in self._sparse_modules}
+        named = [(name, p) for name, p in named if id(p) not in as_tables]
         for name, p in named:
             if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-                raise ValueError("pstrain: parameter %s must be a contiguous float32 CPU tensor "
+                raise SetupError("pstrain: parameter %s must be a contiguous float32 CPU tensor "
                                  "(got %s on %s)" % (name, p.dtype, p.device))
         # A frozen parameter is kept as a buffer is: never trained.
         self._params = [(name, p) for name, p in named if p.requires_grad]
@@ -190,7 +196,9 @@ class DistributedOptimizer:
             self._check_tensors(tensors)
             self._seed(self.client.step)
             return
-        self.client = client or pstrain.init(tensors, job_yaml=job_yaml, **init_options)
+        declared = [d for m in tables for d in m.declared_tables()]
+        self.client = client or pstrain.init(tensors, job_yaml=job_yaml, tables=declared,
+                                             **init_options)
         self._check_tensors(tensors)
         self._micro_batches = self.client.accumulate_steps  # the job's: the same every step
         _bind_tables(tables, self.client)
@@ -225,7 +233,7 @@ class DistributedOptimizer:
     def _check_tensors(self, tensors):
         if [name for name, _ in self.client.tensors] != [t[0] for t in tensors] or \
                 [i for i, _ in self.client.buffers] != [b.index for b in self._buffers]:
-            raise ValueError("pstrain: the job's tensors %s are not the model's parameters and "
+            raise SetupError("pstrain: the job's tensors %s are not the model's parameters and "
                              "buffers %s" % (self.client.tensors, tensors))
 
     @property
@@ -346,12 +354,23 @@ def _floats(metrics):
             for name, value in metrics.items()}
 
 
-def load(path):
-    """A model file (psctl export, pstrain-run --export) as a state dict:
-    model.load_state_dict(pstrain.torch.load(path)) puts the trained
-    parameters and buffers into a fresh model."""
+def load(path, model=None):
+    """A model file (psctl export, pstrain-run --export), or the directory
+    they write for a job with embedding tables, as a state dict of its
+    dense tensors: model.load_state_dict(pstrain.torch.load(path)) puts the
+    trained parameters and buffers into a fresh model.
+
+    With `model`, everything goes into it and it is returned: the dense
+    tensors (load_state_dict), and each table's rows into the module that
+    reads the table — a pst.EmbeddingBags (EmbeddingBag, Embedding) then
+    looks its keys up in the exported rows, in this process and without a
+    job (a key without a row reads as zeros, as on the servers); an
+    nn.Embedding or nn.EmbeddingBag trained as a table (sparse=True) gets
+    them as its weight's rows. A model that evaluates so gives the job's
+    own figures."""
+    tensors, tables = pstrain.read_export(path)
     state = {}
-    for name, shape, buffer, dtype, values in pstrain.read_model(path):
+    for name, shape, buffer, dtype, values in tensors:
         words = torch.from_numpy(values)
         if buffer:
             dtype = _DTYPES[dtype]
@@ -362,4 +381,18 @@ def load(path):
             state[name] = words.view(torch.uint8)[:nbytes].clone().view(dtype).reshape(shape)
         else:
             state[name] = words.reshape(shape)
-    return state
+    if model is None:
+        return state
+    exported = {name: (dim, keys, rows) for name, dim, keys, rows in tables}
+    as_weights = _load_table_weights(model, exported)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if name not in as_weights]
+    if missing or unexpected:
+        raise SetupError("pstrain: %s does not fit the model: %s" % (path, "; ".join(
+            part for part in ("missing " + ", ".join(missing) if missing else "",
+                              "not in the model " + ", ".join(unexpected) if unexpected else "")
+            if part)))
+    for module in model.modules():
+        if isinstance(module, EmbeddingBags):
+            module._bind_export(exported)
+    return model
