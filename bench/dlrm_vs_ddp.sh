@@ -7,9 +7,13 @@
 #   torch:   examples/torch/dlrm.py under pstrain-run (2 workers, 2 servers,
 #            the tables pst.EmbeddingBags)
 #   ddp:     the same script with --ddp (2 processes, gloo, each holding every
-#            table as nn.EmbeddingBag(sparse=True) of 1,000,001 rows)
-# The same model (bottom [64], dim 16, dot interaction, top [64]), batches
-# and learning rates; one torch and BLAS thread per process. The three run
+#            table as nn.EmbeddingBag(sparse=True) of 1,000,001 rows),
+#            OMP_NUM_THREADS=1 as torchrun sets it (and OPENBLAS_NUM_THREADS=1)
+#   single:  the same script with --single: one process, batch 1024, a torch
+#            thread per CPU (what a user of one machine runs instead)
+# The same model (bottom [64], dim 16, dot interaction, top [64]), samples
+# and learning rates; pstrain's started as the docs say (no thread
+# variable: pstrain-local and pstrain-run size the threads). The four run
 # in turn, PAIRS times; the table has each run (samples/s over the training
 # loop, test AUC, the largest worker peak RSS, the servers' largest) and
 # the medians.
@@ -21,7 +25,7 @@ pairs=${PAIRS:-3}
 rows=${ROWS:-1000000}
 vocabulary=${VOCABULARY:-1000000}
 export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 data=$out/clicks
@@ -103,23 +107,28 @@ for pair in $(seq "$pairs"); do
   watch_start
   ranks=()
   for rank in 0 1; do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank WORLD_SIZE=2 \
-      /usr/bin/python3 examples/torch/dlrm.py --data "$data" --ddp --batch 512 --seed 1 \
-      > "$out/ddp-$rank.out" 2>&1 &
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank \
+      WORLD_SIZE=2 /usr/bin/python3 examples/torch/dlrm.py --data "$data" --ddp --batch 512 \
+      --seed 1 > "$out/ddp-$rank.out" 2>&1 &
     ranks+=($!)
   done
   wait "${ranks[@]}"
   watch_stop ddp "$out/ddp-0.out"
+
+  watch_start
+  /usr/bin/python3 examples/torch/dlrm.py --data "$data" --single --batch 1024 --seed 1 \
+    > "$out/single.out" 2>&1
+  watch_stop single "$out/single.out"
 done
 
 /usr/bin/python3 - "$out/results.jsonl" "$rows" "$vocabulary" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-systems = ("builtin", "torch", "ddp")
+systems = ("builtin", "torch", "ddp", "single")
 print("| run | system | samples/s | test AUC | worker peak RSS (MiB) | server peak RSS (MiB) |")
 print("|---|---|---|---|---|---|")
 for i, r in enumerate(runs):
-    print("| %d | %s | %.0f | %.4f | %d | %s |" % (i // 3 + 1, r["system"], r["samples_per_second"],
+    print("| %d | %s | %.0f | %.4f | %d | %s |" % (i // 4 + 1, r["system"], r["samples_per_second"],
           r["test_auc"], r["worker_mib"], r["server_mib"] or "-"))
 med = {s: {k: statistics.median(r[k] for r in runs if r["system"] == s)
            for k in ("samples_per_second", "test_auc", "worker_mib", "server_mib")}
@@ -130,7 +139,9 @@ for s in systems:
           m["worker_mib"], int(m["server_mib"]) or "-"))
 print()
 for s in ("builtin", "torch"):
-    print("%s rows, %s ids per field: %s / DDP samples/s %.2f, AUC difference %+.4f" % (
-        sys.argv[2], sys.argv[3], s, med[s]["samples_per_second"] / med["ddp"]["samples_per_second"],
-        med[s]["test_auc"] - med["ddp"]["test_auc"]))
+    for other, name in (("ddp", "DDP"), ("single", "one process")):
+        print("%s rows, %s ids per field: %s / %s samples/s %.2f, AUC difference %+.4f" % (
+            sys.argv[2], sys.argv[3], s, name,
+            med[s]["samples_per_second"] / med[other]["samples_per_second"],
+            med[s]["test_auc"] - med[other]["test_auc"]))
 PY
