@@ -295,6 +295,7 @@ int Main(const std::vector<char*>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] [flags]");
+  pstrain::HelpListsOwnFlags();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::GLOG_WARNING;  // not the servers' start and stop lines

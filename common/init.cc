@@ -35,16 +35,20 @@ void ExitIfOnlyCheckingFlags() {
   std::exit(0);
 }
 
-void InitMain(int argc, char** argv, absl::string_view usage) {
-  absl::SetProgramUsageMessage(usage);
-  // --help lists every flag of pstrain's own (by default Abseil lists
-  // those of a file named after the program, which none of ours is).
+void HelpListsOwnFlags() {
+  // By default Abseil lists those of a file named after the program, which
+  // none of ours is.
   absl::FlagsUsageConfig help;
   help.contains_help_flags = [](absl::string_view file) {
     return !absl::StrContains(file, "absl/");
   };
   help.contains_helpshort_flags = help.contains_help_flags;
   absl::SetFlagsUsageConfig(help);
+}
+
+void InitMain(int argc, char** argv, absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  HelpListsOwnFlags();
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

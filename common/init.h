@@ -13,6 +13,10 @@ namespace pstrain {
 // output to stderr, and sets the usage line shown by --help.
 void InitMain(int argc, char** argv, absl::string_view usage);
 
+// --help lists every flag the program links of pstrain's own (Abseil's
+// are --helpfull's). InitMain calls this.
+void HelpListsOwnFlags();
+
 // Debian's Abseil is built with its debug checks, which record every mutex
 // acquisition in a lock-order graph (a few percent of a training step's
 // CPU). Release builds (NDEBUG) turn that off; the lock order is checked at

@@ -185,5 +185,23 @@ TEST(CheckFlagsTest, EveryDaemonTriesItsCommandLineWithoutStarting) {
   }
 }
 
+// --help lists each program's own flags (Abseil's default lists none of
+// ours: it looks for a file named after the program).
+TEST(HelpTest, EveryProgramListsItsFlags) {
+  for (const auto& [program, flag] :
+       {std::pair{"pstrain-run", "--workers"}, std::pair{"pstrain-local", "--keep_run_dir"},
+        std::pair{"pstrain-clickgen", "--train_rows"}, std::pair{"pstrain-server", "--apply_threads"},
+        std::pair{"pstrain-worker", "--processes_sharing_cpus"},
+        std::pair{"pstrain-coordinator", "--default_checkpoint_dir"},
+        std::pair{"pstrain-bench", "--tiny"}}) {
+    const ProcessResult r = RunProcess({BinDir() + "/" + program, "--help"});
+    EXPECT_TRUE(absl::StrContains(r.out + r.err, std::string(flag) + " (")) << program << ":\n"
+                                                                            << r.out << r.err;
+  }
+  // Only the flags a program honours: pstrain-run has no --cpus.
+  const ProcessResult run = RunProcess({BinDir() + "/pstrain-run", "--help"});
+  EXPECT_FALSE(absl::StrContains(run.out + run.err, "--cpus (")) << run.out;
+}
+
 }  // namespace
 }  // namespace pstrain::testing
