@@ -79,22 +79,6 @@ struct ConnectOptions {
   absl::Duration timeout = absl::Seconds(30);
 };
 
-// Submits a job whose model is external: `job_yaml` is a job file's text
-// (its model section, if any, must say `type: external` and list no
-// tensors) and `tensors` the model's tensors, in order. Returns the job id.
-// INVALID_ARGUMENT naming the field for a bad spec; the coordinator's error
-// otherwise.
-// `request_id` (1-128 printable characters; empty: none) makes a submit
-// idempotent: every submit with it gets the job the first one made (the
-// processes of one launch can all submit, and all get one job).
-// `tables`: tables the model brings (TableDeclaration), beside the job
-// file's own.
-struct TableDeclaration;
-PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(
-    const ConnectOptions& connect, const std::string& job_yaml,
-    const std::vector<TensorSpec>& tensors, const std::string& request_id = "",
-    const std::vector<TableDeclaration>& tables = {});
-
 // A table a model brings (pstrain.torch: an nn.Embedding or
 // nn.EmbeddingBag with sparse=True, named after the module): the job
 // file's table of that name if it declares one (its dim must be `dim`),
@@ -108,6 +92,20 @@ struct TableDeclaration {
   int dim = 0;
   int64_t initial_rows = 0;
 };
+
+// Submits a job whose model is external: `job_yaml` is a job file's text
+// (its model section, if any, must say `type: external` and list no
+// tensors) and `tensors` the model's tensors, in order; `tables` the
+// tables the model brings, beside the job file's own. Returns the job id.
+// INVALID_ARGUMENT naming the field for a bad spec; the coordinator's error
+// otherwise.
+// `request_id` (1-128 printable characters; empty: none) makes a submit
+// idempotent: every submit with it gets the job the first one made (the
+// processes of one launch can all submit, and all get one job).
+PSTRAIN_CLIENT_API absl::StatusOr<std::string> SubmitJob(
+    const ConnectOptions& connect, const std::string& job_yaml,
+    const std::vector<TensorSpec>& tensors, const std::string& request_id = "",
+    const std::vector<TableDeclaration>& tables = {});
 
 // Payload bytes the data plane has copied in this process so far: 0 while
 // every push was sent from the gradient's own memory and every value was
