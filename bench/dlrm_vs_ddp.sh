@@ -48,30 +48,8 @@ data=$out/clicks
   done
 } > "$out/builtin.yaml"
 
-# Peak RSS (VmHWM) of every worker and server process while a run lasts,
-# polled every 0.2 s: "workers servers" in MiB, the largest of each (0:
-# none ran).
-cat > "$out/peak_rss.py" <<'PY'
-import os, signal, sys, time
-peak = {"worker": 0, "server": 0}
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-while not stop:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ")
-            kind = ("server" if b"pstrain-server" in cmd else
-                    "worker" if b"pstrain-worker" in cmd or b"dlrm.py" in cmd else None)
-            if kind:
-                for line in open("/proc/%s/status" % pid):
-                    if line.startswith("VmHWM:"):
-                        peak[kind] = max(peak[kind], int(line.split()[1]) // 1024)
-        except OSError:
-            pass
-    time.sleep(0.2)
-open(sys.argv[1], "w").write("%d %d\n" % (peak["worker"], peak["server"]))
-PY
-watch_start() { /usr/bin/python3 "$out/peak_rss.py" "$out/rss" & watcher=$!; }
+# Peak RSS of the workers (dlrm.py's processes too) and servers.
+watch_start() { /usr/bin/python3 bench/peak_rss.py "$out/rss" dlrm.py & watcher=$!; }
 # Stops the watcher and records SYSTEM's run: the last JSON line of FILE
 # that has a test AUC, with the peaks.
 watch_stop() {
