@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
@@ -18,6 +19,12 @@ constexpr uint32_t kMaxDrawsPerStep = 4096;
 // The index's bytes per row at its emptiest, just after it doubled: a hash
 // map of 16-byte slots (12 and padding) and a control byte, 7/16 full.
 constexpr int64_t kIndexBytesPerRow = 40;
+
+// LFU keeps an order by touches beside the one by last touch every table
+// keeps (TTL's, LRU's, and the rows touched since a step).
+bool KeepsTouchesOrder(const SparseTableConfig& c) {
+  return c.eviction == SparseTableConfig::Eviction::kLfu;
+}
 
 absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("table ", c.name, ": ", what));
@@ -70,13 +77,23 @@ int StateFloatsPerRow(const SparseTableConfig& c) {
 }
 
 int64_t BytesPerRow(const SparseTableConfig& c) {
-  // Values and state, the row's bookkeeping (key, last step, touches,
-  // updates: 32 bytes) and its share of the index.
-  return (int64_t{c.dim} + StateFloatsPerRow(c)) * 4 + 32 + kIndexBytesPerRow;
+  // Values and state, the row's bookkeeping (RowMeta), its share of the
+  // index and its links in the orders kept.
+  const int orders = KeepsTouchesOrder(c) ? 2 : 1;
+  return (int64_t{c.dim} + StateFloatsPerRow(c)) * 4 + int64_t{sizeof(RowMeta)} +
+         kIndexBytesPerRow + orders * RowOrder::kBytesPerSlot;
 }
 
 SparseTable::SparseTable(const SparseTableConfig& config)
-    : config_(config), state_floats_(StateFloatsPerRow(config)) {}
+    : config_(config),
+      state_floats_(StateFloatsPerRow(config)),
+      by_last_touch_(RowOrder::By::kLastTouch, meta_) {
+  if (KeepsTouchesOrder(config)) by_touches_.emplace(RowOrder::By::kTouchesThenLastTouch, meta_);
+}
+
+RowOrder& SparseTable::eviction_order() {
+  return by_touches_.has_value() ? *by_touches_ : by_last_touch_;
+}
 
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const SparseTableConfig& config) {
   if (absl::Status s = CheckSparseTableConfig(config); !s.ok()) return s;
@@ -131,6 +148,8 @@ uint32_t SparseTable::NewSlot() {
       rows = std::clamp<size_t>(rows, meta_.size() + 1, std::max<int64_t>(room, 1));
     }
     meta_.reserve(rows);
+    by_last_touch_.Reserve(rows);
+    if (by_touches_.has_value()) by_touches_->Reserve(rows);
     values_.reserve(rows * config_.dim);
     state_.reserve(rows * state_floats_);
   }
@@ -168,7 +187,7 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   } else if (config_.optimizer == SparseTableConfig::Optimizer::kFtrl) {
     std::fill(s + dim, s + 2 * dim, config_.initial_accumulator);  // n; z stays 0
   }
-  meta_[slot] = Meta{.key = key, .epoch = snapshot_epoch_};
+  meta_[slot] = RowMeta{.key = key, .epoch = snapshot_epoch_};
 }
 
 bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
@@ -177,6 +196,7 @@ bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
   InitRow(key, slot);
   std::copy(values.begin(), values.end(), values_.data() + int64_t{slot} * config_.dim);
   index_.emplace(key, slot);
+  Order(slot);
   return true;
 }
 
@@ -185,7 +205,7 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g) {
   const float lr = config_.learning_rate;
   float* w = values_.data() + int64_t{slot} * dim;
   float* s = state_.data() + int64_t{slot} * state_floats_;
-  Meta& meta = meta_[slot];
+  RowMeta& meta = meta_[slot];
   ++meta.updates;
   switch (config_.optimizer) {
     case SparseTableConfig::Optimizer::kSgd:
@@ -263,10 +283,21 @@ bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) 
   return false;
 }
 
+void SparseTable::Order(uint32_t slot) {
+  by_last_touch_.Insert(slot);
+  if (by_touches_.has_value()) by_touches_->Insert(slot);
+}
+
+void SparseTable::Unorder(uint32_t slot) {
+  by_last_touch_.Erase(slot);
+  if (by_touches_.has_value()) by_touches_->Erase(slot);
+}
+
 void SparseTable::Remove(uint64_t key) {
   if (config_.record_evictions) evicted_.push_back(key);
   const auto it = index_.find(key);
   PreserveForSnapshot(it->second);
+  Unorder(it->second);
   free_slots_.push_back(it->second);
   index_.erase(it);
 }
@@ -281,6 +312,13 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   std::vector<float> sums;
   std::vector<uint32_t> counts;
   std::vector<uint32_t> named_by;
+  size_t pushed_keys = 0;
+  for (const SparsePush& push : pushes) pushed_keys += push.keys.size();
+  merged.reserve(pushed_keys);
+  keys.reserve(pushed_keys);
+  sums.reserve(pushed_keys * dim);
+  counts.reserve(pushed_keys);
+  named_by.reserve(pushed_keys);
   for (uint32_t p = 0; p < pushes.size(); ++p) {
     const SparsePush& push = pushes[p];
     if (push.counts.size() != push.keys.size() || push.grads.size() != push.keys.size() * dim) {
@@ -312,20 +350,27 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     }
   }
 
-  // The step boundary's decisions, made before anything changes.
-  std::vector<uint64_t> admitted;
+  // The step boundary's decisions, made before anything changes: each
+  // key's row (kEnd: none) and the keys admitted (by their place in keys).
+  std::vector<uint32_t> slot_of(keys.size(), RowOrder::kEnd);
+  std::vector<uint32_t> admitted;
+  int64_t rows_touched = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!index_.contains(keys[i]) && Admits(keys[i], Sightings(keys[i]), counts[i])) {
-      admitted.push_back(keys[i]);
+    if (const auto it = index_.find(keys[i]); it != index_.end()) {
+      slot_of[i] = it->second;
+      ++rows_touched;
+    } else if (Admits(keys[i], Sightings(keys[i]), counts[i])) {
+      admitted.push_back(static_cast<uint32_t>(i));
     }
   }
-  std::sort(admitted.begin(), admitted.end());
+  // Rows untouched for ttl_steps: the oldest of the last-touch order, but
+  // for those this step touches.
   std::vector<uint64_t> expired;
   if (config_.ttl_steps > 0) {
-    for (const auto& [key, slot] : index_) {
-      if (step - meta_[slot].last_step >= config_.ttl_steps && !merged.contains(key)) {
-        expired.push_back(key);
-      }
+    for (uint32_t slot = by_last_touch_.First();
+         slot != RowOrder::kEnd && step - meta_[slot].last_step >= config_.ttl_steps;
+         slot = by_last_touch_.Next(slot)) {
+      if (!merged.contains(meta_[slot].key)) expired.push_back(meta_[slot].key);
     }
   }
   int64_t over_cap = 0;
@@ -335,8 +380,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     const int64_t after =
         rows() - static_cast<int64_t>(expired.size()) + static_cast<int64_t>(admitted.size());
     over_cap = std::max<int64_t>(0, after - room);
-    int64_t evictable = rows() - static_cast<int64_t>(expired.size());
-    for (const uint64_t key : keys) evictable -= index_.contains(key) ? 1 : 0;
+    const int64_t evictable = rows() - static_cast<int64_t>(expired.size()) - rows_touched;
     if (over_cap > evictable) {
       return absl::ResourceExhaustedError(
           absl::StrCat("table ", config_.name, ": step ", step, " needs ", after - evictable,
@@ -347,56 +391,56 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   }
 
   SparseStepStats stats;
+  // The rows this step touches leave the orders until its end, when they
+  // come back (by key) as its most recent.
+  std::vector<std::pair<uint64_t, uint32_t>> touched;  // (key, slot)
+  touched.reserve(keys.size());
   auto update = [&](uint32_t slot, size_t i) {
     UpdateRow(slot, sums.data() + i * dim);
-    Meta& meta = meta_[slot];
+    RowMeta& meta = meta_[slot];
     meta.last_step = step;
     if (meta.touches < std::numeric_limits<uint32_t>::max()) ++meta.touches;
     ++stats.rows_updated;
+    touched.emplace_back(keys[i], slot);
   };
   for (size_t i = 0; i < keys.size(); ++i) {
-    const auto it = index_.find(keys[i]);
-    if (it == index_.end()) {
+    const uint32_t slot = slot_of[i];
+    if (slot == RowOrder::kEnd) {
       AddSightings(keys[i], counts[i]);
       continue;
     }
-    PreserveForSnapshot(it->second);
-    update(it->second, i);
+    PreserveForSnapshot(slot);
+    Unorder(slot);
+    update(slot, i);
   }
   std::sort(expired.begin(), expired.end());
   for (const uint64_t key : expired) Remove(key);
   stats.evicted += static_cast<int64_t>(expired.size());
-  if (over_cap > 0) Evict(over_cap, merged, stats);
+  if (over_cap > 0) Evict(over_cap, stats);
   // A new row: its initial values, then the admitting step's update.
-  for (const uint64_t key : admitted) {
+  for (const uint32_t i : admitted) {
     const uint32_t slot = NewSlot();
-    InitRow(key, slot);
-    index_.emplace(key, slot);
-    update(slot, merged.at(key));
+    InitRow(keys[i], slot);
+    index_.emplace(keys[i], slot);
+    update(slot, i);
   }
+  std::sort(touched.begin(), touched.end());
+  for (const auto& [key, slot] : touched) Order(slot);
   stats.admitted = static_cast<int64_t>(admitted.size());
   stats.gradients_dropped = static_cast<int64_t>(keys.size()) - stats.rows_updated;
   return stats;
 }
 
-void SparseTable::Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t, uint32_t>& keep,
-                        SparseStepStats& stats) {
-  std::vector<const Meta*> candidates;
-  for (const auto& [key, slot] : index_) {
-    if (!keep.contains(key)) candidates.push_back(&meta_[slot]);
-  }
-  const bool lfu = config_.eviction == SparseTableConfig::Eviction::kLfu;
-  auto first_out = [lfu](const Meta* a, const Meta* b) {
-    if (lfu && a->touches != b->touches) return a->touches < b->touches;
-    if (a->last_step != b->last_step) return a->last_step < b->last_step;
-    return a->key < b->key;
-  };
-  std::nth_element(candidates.begin(), candidates.begin() + (rows_to_free - 1), candidates.end(),
-                   first_out);
+void SparseTable::Evict(int64_t rows_to_free, SparseStepStats& stats) {
   std::vector<uint64_t> out;
-  for (int64_t i = 0; i < rows_to_free; ++i) out.push_back(candidates[i]->key);
+  const RowOrder& order = eviction_order();
+  for (uint32_t slot = order.First();
+       slot != RowOrder::kEnd && static_cast<int64_t>(out.size()) < rows_to_free;
+       slot = order.Next(slot)) {
+    out.push_back(meta_[slot].key);
+  }
   for (const uint64_t key : out) Remove(key);
-  stats.evicted += rows_to_free;
+  stats.evicted += static_cast<int64_t>(out.size());
 }
 
 std::vector<uint64_t> SparseTable::TakeEvicted() {
@@ -439,7 +483,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
   snapshot_.reset();  // its reader gets ABORTED: the rows it was reading are gone
   index_ = std::move(index);
   filter_ = filter;
-  meta_.assign(rows.size(), Meta{});
+  meta_.assign(rows.size(), RowMeta{});
   values_.assign(rows.size() * dim, 0.0f);
   state_.assign(rows.size() * state_floats_, 0.0f);
   free_slots_.clear();
@@ -448,18 +492,35 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
     const Row& row = rows[i];
     std::copy(row.values.begin(), row.values.end(), values_.begin() + i * dim);
     std::copy(row.state.begin(), row.state.end(), state_.begin() + i * state_floats_);
-    meta_[i] = Meta{.key = row.key,
+    meta_[i] = RowMeta{.key = row.key,
                     .last_step = row.last_step,
                     .updates = row.updates,
                     .touches = static_cast<uint32_t>(std::clamp<int64_t>(
                         row.touches, 0, std::numeric_limits<uint32_t>::max())),
                     .epoch = snapshot_epoch_};
   }
+  std::vector<uint32_t> slots(rows.size());
+  std::iota(slots.begin(), slots.end(), 0);
+  by_last_touch_.Rebuild(slots);
+  if (by_touches_.has_value()) by_touches_->Rebuild(slots);
   return absl::OkStatus();
 }
 
+void SparseTable::ForEachTouchedSince(int64_t since,
+                                      const std::function<void(uint32_t)>& visit) const {
+  if (since == std::numeric_limits<int64_t>::min()) {
+    for (const auto& [key, slot] : index_) visit(slot);
+    return;
+  }
+  // The last-touch order's newest rows, from its end.
+  for (uint32_t slot = by_last_touch_.Last(); slot != RowOrder::kEnd && meta_[slot].last_step >= since;
+       slot = by_last_touch_.Prev(slot)) {
+    visit(slot);
+  }
+}
+
 SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
-  const Meta& meta = meta_[slot];
+  const RowMeta& meta = meta_[slot];
   return Row{
       .key = meta.key,
       .values = {values_.begin() + int64_t{slot} * config_.dim,
@@ -482,10 +543,7 @@ std::optional<SparseTable::Snapshot> SparseTable::BeginSnapshot(int64_t since) {
   snapshot_.emplace(std::move(open));
   Snapshot out;
   out.token = std::move(token);
-  out.keys.reserve(index_.size());
-  for (const auto& [key, slot] : index_) {
-    if (meta_[slot].last_step >= since) out.keys.push_back(key);
-  }
+  ForEachTouchedSince(since, [&](uint32_t slot) { out.keys.push_back(meta_[slot].key); });
   return out;
 }
 
@@ -495,7 +553,7 @@ void SparseTable::PreserveForSnapshot(uint32_t slot) {
     snapshot_.reset();
     return;
   }
-  const Meta& meta = meta_[slot];
+  const RowMeta& meta = meta_[slot];
   if (meta.epoch >= snapshot_->epoch || meta.last_step < snapshot_->since) return;
   if (snapshot_->read_up_to.has_value() && meta.key <= *snapshot_->read_up_to) return;
   snapshot_->saved.try_emplace(meta.key, RowAt(slot));  // the first change's
@@ -530,9 +588,7 @@ absl::Status SparseTable::ReadSnapshot(const std::shared_ptr<const void>& token,
 
 std::vector<SparseTable::Row> SparseTable::Rows(int64_t since) const {
   std::vector<Row> rows;
-  for (const auto& [key, slot] : index_) {
-    if (meta_[slot].last_step >= since) rows.push_back(RowAt(slot));
-  }
+  ForEachTouchedSince(since, [&](uint32_t slot) { rows.push_back(RowAt(slot)); });
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.key < b.key; });
   return rows;
 }

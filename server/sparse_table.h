@@ -22,6 +22,7 @@
 #define PSTRAIN_SERVER_SPARSE_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -31,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/row_order.h"
 
 namespace pstrain::server {
 
@@ -83,8 +85,8 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& config);
 // Floats of optimizer state per row.
 int StateFloatsPerRow(const SparseTableConfig& config);
 
-// Bytes one row takes: values, state, its key and bookkeeping, and its
-// share of the index.
+// Bytes one row takes: values, state, its key and bookkeeping, its share of
+// the index, and its links in the orders TTL and the cap keep.
 int64_t BytesPerRow(const SparseTableConfig& config);
 
 // One worker's push to a table: its batch's distinct keys, how often each
@@ -190,10 +192,17 @@ class SparseTable {
   uint32_t Sightings(uint64_t key) const;
   void AddSightings(uint64_t key, uint32_t n);
   bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
-  // Evicts the rows `order` puts first (not in `keep`) until `rows` fit.
-  void Evict(int64_t rows_to_free, const absl::flat_hash_map<uint64_t, uint32_t>& keep,
-             SparseStepStats& stats);
+  // Evicts the first `rows_to_free` rows of the eviction order.
+  void Evict(int64_t rows_to_free, SparseStepStats& stats);
   void Remove(uint64_t key);
+  // The row in `slot` into / out of the orders kept (before its meta
+  // changes, out; after, in).
+  void Order(uint32_t slot);
+  void Unorder(uint32_t slot);
+  RowOrder& eviction_order();
+  // Visits the slots of the rows with last_step >= since: in time
+  // proportional to them (every row for the lowest `since`).
+  void ForEachTouchedSince(int64_t since, const std::function<void(uint32_t)>& visit) const;
   // Before a step changes or frees the row in `slot`: its copy, if the open
   // snapshot holds the row and has not read it yet.
   void PreserveForSnapshot(uint32_t slot);
@@ -204,14 +213,11 @@ class SparseTable {
   absl::flat_hash_map<uint64_t, uint32_t> index_;  // key -> slot
   std::vector<float> values_;                      // dim floats a slot
   std::vector<float> state_;                       // state_floats_ floats a slot
-  struct Meta {
-    uint64_t key = 0;
-    int64_t last_step = 0;
-    int64_t updates = 0;   // Adam's bias correction counts the row's own updates
-    uint32_t touches = 0;  // saturating
-    uint32_t epoch = 0;    // snapshot_epoch_ when the row was made
-  };
-  std::vector<Meta> meta_;
+  std::vector<RowMeta> meta_;  // by slot
+  // The orders rows leave in: by last touch (TTL's, LRU's at the cap, and
+  // the rows touched since a step), by touches (LFU's at the cap).
+  RowOrder by_last_touch_;
+  std::optional<RowOrder> by_touches_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint64_t> evicted_;  // since TakeEvicted
   std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
