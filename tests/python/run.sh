@@ -20,4 +20,5 @@ export PYTHONPATH="$build/python:$here${PYTHONPATH:+:$PYTHONPATH}"
 export PSTRAIN_BIN_DIR="$build/bin"
 # One BLAS and one torch thread per process, as pstrain's own workers run.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-exec "$python" -m pytest -q -p no:cacheprovider "$here"
+# The ten slowest tests are listed at the end (where CI time goes).
+exec "$python" -m pytest -q --durations=10 -p no:cacheprovider "$here"
