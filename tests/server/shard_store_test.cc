@@ -261,7 +261,7 @@ TEST(ShardStoreTest, ABuffersChunkKeepsWorker0sPushBitForBit) {
 
   // Words of every kind: a NaN, an infinity, a denormal, a negative zero.
   std::vector<float> worker0_words(4), worker1_words(4, 1.0f);
-  for (const auto [i, bits] : {std::pair{0, 0xffffffffu}, {1, 0x7f800000u}, {2, 0x00000001u},
+  for (const auto& [i, bits] : {std::pair{0, 0xffffffffu}, {1, 0x7f800000u}, {2, 0x00000001u},
                                {3, 0x80000000u}}) {
     std::memcpy(&worker0_words[i], &bits, 4);
   }
