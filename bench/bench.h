@@ -59,6 +59,18 @@ int RunSparseBench(const SparseBenchOptions& options);
 // `dim`, a dense part of a few floats.
 v1::JobSpec SparseJobOf(int workers, int servers, int dim);
 
+// tables (bench/table_bench.cc): a table's step at its cap, at server
+// sizes of `rows` rows: its time, that of its row updates alone, and the
+// difference (admission, eviction and TTL).
+struct TableBenchOptions {
+  std::vector<int64_t> rows = {1'000'000, 10'000'000, 50'000'000};
+  int keys = 4096;  // a step's distinct keys: a click job's per table and server
+  std::string policy = "lru";
+  int warmup_steps = 20;
+  int steps = 200;
+};
+int RunTableBench(const TableBenchOptions& options);
+
 struct ApplyBenchOptions {
   int mib = 64;
   std::vector<int> workers = {1, 4};

@@ -1,6 +1,6 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|sparse|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny]
-//   [flags]
+//   pstrain-bench transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all
+//                 [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
 
@@ -41,6 +41,12 @@ ABSL_FLAG(std::string, sparse_keys, "1024,4096,16384,65536",
           "sparse: distinct keys per worker and step, comma-separated");
 ABSL_FLAG(std::string, sparse_shapes, "1x1,2x2", "sparse: WORKERSxSERVERS, comma-separated");
 ABSL_FLAG(int, sparse_dim, 16, "sparse: the table's dim");
+ABSL_FLAG(std::string, table_rows, "1000000,10000000,50000000",
+          "tables: a table's rows at its cap, comma-separated");
+ABSL_FLAG(int, table_keys, pstrain::bench::TableBenchOptions().keys,
+          "tables: distinct keys a step");
+ABSL_FLAG(std::string, table_policy, "lru", "tables: eviction policy, lru or lfu");
+ABSL_FLAG(int, table_steps, pstrain::bench::TableBenchOptions().steps, "tables: timed steps");
 ABSL_FLAG(int, apply_mib, 64, "apply: model size, MiB");
 ABSL_FLAG(std::string, apply_workers, "1,4", "apply: worker counts (gradients summed)");
 ABSL_FLAG(int, apply_steps, 5, "apply: timed steps");
@@ -64,8 +70,8 @@ namespace {
 
 int Usage() {
   std::cerr << "usage: pstrain-bench "
-               "transport|sparse|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] "
-               "[flags]\n";
+               "transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all "
+               "[--tiny] [flags]\n";
   return 2;
 }
 
@@ -101,7 +107,8 @@ int Main(const std::vector<char*>& args) {
     o.table_dim = absl::GetFlag(FLAGS_serve_table_dim);
     return RunTransportServers(o);
   }
-  if (command != "transport" && command != "sparse" && command != "apply" && command != "train" &&
+  if (command != "transport" && command != "sparse" && command != "tables" && command != "apply" &&
+      command != "train" &&
       command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
       command != "ssp" && command != "all") {
     return Usage();
@@ -172,6 +179,35 @@ int Main(const std::vector<char*>& args) {
       o.duration = absl::Milliseconds(300);
     }
     status |= RunSparseBench(o);
+  }
+  if (command == "tables" || command == "all") {
+    TableBenchOptions o;
+    o.rows.clear();
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_table_rows), ',')) {
+      int64_t rows = 0;
+      if (!absl::SimpleAtoi(part, &rows) || rows < 1 || rows > (int64_t{1} << 32)) {
+        std::cerr << "pstrain-bench: --table_rows: not a row count in [1, 2^32]: '" << part
+                  << "'\n";
+        return 2;
+      }
+      o.rows.push_back(rows);
+    }
+    o.keys = absl::GetFlag(FLAGS_table_keys);
+    o.policy = absl::GetFlag(FLAGS_table_policy);
+    o.steps = absl::GetFlag(FLAGS_table_steps);
+    if (o.keys < 1 || o.keys > (1 << 20) || o.steps < 1 ||
+        (o.policy != "lru" && o.policy != "lfu")) {
+      std::cerr << "pstrain-bench: --table_keys in [1, 2^20], --table_steps positive, "
+                   "--table_policy lru or lfu\n";
+      return 2;
+    }
+    if (tiny) {
+      o.rows = {20000};
+      o.keys = 1024;
+      o.warmup_steps = 2;
+      o.steps = 10;
+    }
+    status |= RunTableBench(o);
   }
   if (command == "apply" || command == "all") {
     ApplyBenchOptions o;
@@ -294,7 +330,8 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "pstrain-bench transport|apply|train|conv|ssp|checkpoint|tls|recovery|all [--tiny] [flags]");
+      "pstrain-bench transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all "
+      "[--tiny] [flags]");
   pstrain::HelpListsOwnFlags();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
