@@ -43,6 +43,11 @@ TEST_F(SoakTest, FaultyNetworkAndThreeKillsChangeNothing) {
   RecordProperty("seed", std::to_string(seed));
   options.restart_exited_children = true;
   options.state_dir = dir_.path() + "/state-faulty";
+  // A directory of its own: the new coordinator numbers the job job-000001
+  // again, and the clean run's files under that name (steps to 2000) would
+  // count as the newest in the servers' pruning, which could remove this
+  // run's step 100 before its first recovery loads it.
+  spec.mutable_checkpoint()->set_dir(dir_.path() + "/checkpoints-faulty");
   for (int w = 0; w < 4; ++w) {
     options.worker_flags[w] = {absl::StrCat(
         "--fault_injection=drop_request=0.005,duplicate_request=0.02,drop_reply=0.005,"
