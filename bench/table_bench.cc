@@ -31,6 +31,7 @@ using server::SparseTableConfig;
 
 constexpr uint64_t kIds = 100'000'000;
 constexpr int kFillKeysPerStep = 1 << 16;
+constexpr int kDim = 16;
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -62,7 +63,7 @@ StepTimes TimedStep(SparseTable& table, int64_t step, const std::vector<uint64_t
                     const std::vector<float>& grads) {
   const std::vector<uint32_t> counts(keys.size(), 1);
   const server::SparsePush push{keys, counts,
-                                absl::MakeConstSpan(grads).first(keys.size() * 16)};
+                                absl::MakeConstSpan(grads).first(keys.size() * kDim)};
   const absl::Time start = absl::Now();
   absl::StatusOr<server::SparseStepStats> stats = table.ApplyStep(step, {&push, 1});
   StepTimes out{.seconds = SecondsSince(start)};
@@ -78,7 +79,7 @@ StepTimes TimedStep(SparseTable& table, int64_t step, const std::vector<uint64_t
 
 int RunTableBench(const TableBenchOptions& options) {
   const bool lfu = options.policy == "lfu";
-  std::vector<float> grads(std::max(kFillKeysPerStep, options.keys) * 16);
+  std::vector<float> grads(std::max(kFillKeysPerStep, options.keys) * kDim);
   for (size_t i = 0; i < grads.size(); ++i) {
     grads[i] = static_cast<float>(UnitDouble(Mix64(i)) - 0.5) * 1e-3f;
   }
@@ -94,7 +95,7 @@ int RunTableBench(const TableBenchOptions& options) {
   for (const int64_t rows : options.rows) {
     SparseTableConfig c;
     c.name = "bench";
-    c.dim = 16;
+    c.dim = kDim;
     c.seed = 1;
     c.optimizer = SparseTableConfig::Optimizer::kAdagrad;
     c.eviction = lfu ? SparseTableConfig::Eviction::kLfu : SparseTableConfig::Eviction::kLru;
