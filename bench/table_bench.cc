@@ -66,7 +66,7 @@ StepTimes TimedStep(SparseTable& table, int64_t step, const std::vector<uint64_t
                                 absl::MakeConstSpan(grads).first(keys.size() * kDim)};
   const absl::Time start = absl::Now();
   absl::StatusOr<server::SparseStepStats> stats = table.ApplyStep(step, {&push, 1});
-  StepTimes out{.seconds = SecondsSince(start)};
+  StepTimes out{.seconds = SecondsSince(start), .stats = {}};
   if (!stats.ok()) {
     std::cerr << "pstrain-bench tables: " << stats.status().message() << "\n";
     std::exit(1);
@@ -108,7 +108,8 @@ int RunTableBench(const TableBenchOptions& options) {
       std::cerr << "pstrain-bench tables: " << made.status().message() << "\n";
       return 1;
     }
-    Sized s{.table = *std::move(made)};
+    Sized s;
+    s.table = *std::move(made);
     // The fill: rows keys that no timed step draws (its keys are mixes of
     // ranks 1..kIds; these of numbers past them).
     const absl::Time fill_start = absl::Now();

@@ -21,6 +21,7 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/types/span.h"
+#include "server/huge_pages.h"
 
 namespace pstrain::server {
 
@@ -32,6 +33,7 @@ struct RowMeta {
   uint32_t touches = 0;  // steps that touched it, saturating
   uint32_t epoch = 0;    // the table's snapshot epoch when the row was made
 };
+using RowMetas = std::vector<RowMeta, HugePageAllocator<RowMeta>>;
 
 class RowOrder {
  public:
@@ -40,7 +42,7 @@ class RowOrder {
   enum class By { kLastTouch, kTouchesThenLastTouch };
 
   // `meta` is the table's, by slot; it outlives the order.
-  RowOrder(By by, const std::vector<RowMeta>& meta) : by_(by), meta_(meta) {}
+  RowOrder(By by, const RowMetas& meta) : by_(by), meta_(meta) {}
 
   // Room for `slots` slots (a capped table's arrays never grow past it).
   void Reserve(size_t slots) { links_.reserve(slots); }
@@ -73,8 +75,8 @@ class RowOrder {
   uint32_t ClassOf(uint32_t slot) const;
 
   const By by_;
-  const std::vector<RowMeta>& meta_;
-  std::vector<Link> links_;  // by slot
+  const RowMetas& meta_;
+  std::vector<Link, HugePageAllocator<Link>> links_;  // by slot
   // kLastTouch: one list (class 0); LFU: a list for each count of touches.
   absl::btree_map<uint32_t, List> lists_;
 };

@@ -19,6 +19,10 @@ constexpr uint32_t kMaxDrawsPerStep = 4096;
 // The index's bytes per row at its emptiest, just after it doubled: a hash
 // map of 16-byte slots (12 and padding) and a control byte, 7/16 full.
 constexpr int64_t kIndexBytesPerRow = 40;
+// How many keys ahead a loop over a step's keys asks for the memory it will
+// reach (their index entries, rows and bookkeeping): rows are reached at
+// random, each a cache miss, and a miss asked for early overlaps the others.
+constexpr size_t kPrefetchAhead = 16;
 
 // LFU keeps an order by touches beside the one by last touch every table
 // keeps (TTL's, LRU's, and the rows touched since a step).
@@ -293,6 +297,19 @@ void SparseTable::Unorder(uint32_t slot) {
   if (by_touches_.has_value()) by_touches_->Erase(slot);
 }
 
+void SparseTable::RemoveAll(absl::Span<const uint64_t> keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) index_.prefetch(keys[i + kPrefetchAhead]);
+    Remove(keys[i]);
+  }
+}
+
+void SparseTable::PrefetchRow(uint32_t slot) const {
+  __builtin_prefetch(values_.data() + int64_t{slot} * config_.dim, 1);
+  __builtin_prefetch(state_.data() + int64_t{slot} * state_floats_, 1);
+  __builtin_prefetch(meta_.data() + slot, 1);
+}
+
 void SparseTable::Remove(uint64_t key) {
   if (config_.record_evictions) evicted_.push_back(key);
   const auto it = index_.find(key);
@@ -356,6 +373,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   std::vector<uint32_t> admitted;
   int64_t rows_touched = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (i + kPrefetchAhead < keys.size()) index_.prefetch(keys[i + kPrefetchAhead]);
     if (const auto it = index_.find(keys[i]); it != index_.end()) {
       slot_of[i] = it->second;
       ++rows_touched;
@@ -414,11 +432,18 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     update(slot, i);
   }
   std::sort(expired.begin(), expired.end());
-  for (const uint64_t key : expired) Remove(key);
+  RemoveAll(expired);
   stats.evicted += static_cast<int64_t>(expired.size());
   if (over_cap > 0) Evict(over_cap, stats);
   // A new row: its initial values, then the admitting step's update.
-  for (const uint32_t i : admitted) {
+  for (size_t n = 0; n < admitted.size(); ++n) {
+    if (n + kPrefetchAhead < admitted.size()) {
+      index_.prefetch(keys[admitted[n + kPrefetchAhead]]);
+      if (kPrefetchAhead < free_slots_.size()) {
+        PrefetchRow(free_slots_[free_slots_.size() - 1 - kPrefetchAhead]);
+      }
+    }
+    const uint32_t i = admitted[n];
     const uint32_t slot = NewSlot();
     InitRow(keys[i], slot);
     index_.emplace(keys[i], slot);
@@ -439,7 +464,7 @@ void SparseTable::Evict(int64_t rows_to_free, SparseStepStats& stats) {
        slot = order.Next(slot)) {
     out.push_back(meta_[slot].key);
   }
-  for (const uint64_t key : out) Remove(key);
+  RemoveAll(out);
   stats.evicted += static_cast<int64_t>(out.size());
 }
 
@@ -458,7 +483,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
                                                    filter.size(), " counters, expected ",
                                                    filter_.size()));
   }
-  absl::flat_hash_map<uint64_t, uint32_t> index;
+  KeyIndex index;
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
     if (static_cast<int>(row.values.size()) != dim ||

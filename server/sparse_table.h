@@ -195,6 +195,9 @@ class SparseTable {
   // Evicts the first `rows_to_free` rows of the eviction order.
   void Evict(int64_t rows_to_free, SparseStepStats& stats);
   void Remove(uint64_t key);
+  void RemoveAll(absl::Span<const uint64_t> keys);
+  // Asks for the row in `slot` (values, state and meta) ahead of writing it.
+  void PrefetchRow(uint32_t slot) const;
   // The row in `slot` into / out of the orders kept (before its meta
   // changes, out; after, in).
   void Order(uint32_t slot);
@@ -210,10 +213,13 @@ class SparseTable {
 
   const SparseTableConfig config_;
   const int state_floats_;
-  absl::flat_hash_map<uint64_t, uint32_t> index_;  // key -> slot
-  std::vector<float> values_;                      // dim floats a slot
-  std::vector<float> state_;                       // state_floats_ floats a slot
-  std::vector<RowMeta> meta_;  // by slot
+  using KeyIndex = absl::flat_hash_map<uint64_t, uint32_t, absl::Hash<uint64_t>,
+                                       std::equal_to<uint64_t>,
+                                       HugePageAllocator<std::pair<const uint64_t, uint32_t>>>;
+  KeyIndex index_;                                  // key -> slot
+  std::vector<float, HugePageAllocator<float>> values_;  // dim floats a slot
+  std::vector<float, HugePageAllocator<float>> state_;   // state_floats_ floats a slot
+  RowMetas meta_;                                        // by slot
   // The orders rows leave in: by last touch (TTL's, LRU's at the cap, and
   // the rows touched since a step), by touches (LFU's at the cap).
   RowOrder by_last_touch_;

@@ -527,7 +527,7 @@ TEST(SparseTableTest, ACheckpointsRowsAndFilterLoadIntoATableThatGoesOnTheSame) 
     EXPECT_TRUE(a->TakeEvicted().empty());
   }
   auto table = Make(SmallConfig());
-  SparseTable::Row row{.key = 1, .values = {1, 2, 3}};
+  SparseTable::Row row{.key = 1, .values = {1, 2, 3}, .state = {}};
   EXPECT_EQ(table->Load({row}, {}).code(), absl::StatusCode::kInvalidArgument);
   row.values.push_back(4);
   EXPECT_EQ(table->Load({row, row}, {}).code(), absl::StatusCode::kInvalidArgument);
