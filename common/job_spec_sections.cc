@@ -109,8 +109,17 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
     return FieldError(a + ".filter_counters", "only with min_count > 1 or probability < 1");
   }
   if (filtered && admission.filter_counters() == 0) admission.set_filter_counters(1 << 20);
-  if (admission.filter_counters() < 0 || admission.filter_counters() > (int64_t{1} << 32)) {
-    return FieldError(a + ".filter_counters", "must be in [1, 2^32]");
+  if (admission.filter_counters() < 0 || admission.filter_counters() == 1 ||
+      admission.filter_counters() > (int64_t{1} << 32)) {
+    return FieldError(a + ".filter_counters", "must be in [2, 2^32]");
+  }
+  if (admission.has_max_false_admission() && !filtered) {
+    return FieldError(a + ".max_false_admission", "only with min_count > 1 or probability < 1");
+  }
+  if (filtered && !admission.has_max_false_admission()) admission.set_max_false_admission(0.01);
+  if (admission.has_max_false_admission() &&
+      !(admission.max_false_admission() > 0 && admission.max_false_admission() <= 0.5)) {
+    return FieldError(a + ".max_false_admission", "must be in (0, 0.5]");
   }
   v1::TableEviction& eviction = *t.mutable_eviction();
   if (eviction.ttl_steps() < 0 || eviction.ttl_steps() > (int64_t{1} << 40)) {

@@ -76,7 +76,7 @@ absl::Status WriteTable(const TableCheckpoint& table, ChecksummedWriter& out) {
     for (const SparseTable::Row& row : table.rows) PSTRAIN_RETURN_IF_ERROR(put_row(row));
   }
   for (uint64_t key : table.deleted) PutU64(b, key);
-  for (uint16_t counter : table.filter) {
+  for (uint16_t counter : table.filter.counters) {
     b.push_back(static_cast<char>(counter & 0xff));
     b.push_back(static_cast<char>(counter >> 8));
   }
@@ -172,7 +172,10 @@ absl::StatusOr<int64_t> WriteCheckpoint(FileSystem* fs, const std::string& dir,
     h->set_dim(table.dim);
     h->set_state_floats(table.state_floats);
     h->set_rows(table.row_count());
-    h->set_filter_counters(static_cast<int64_t>(table.filter.size()));
+    h->set_filter_counters(static_cast<int64_t>(table.filter.counters.size()));
+    h->set_filter_ages(true);
+    h->set_filter_current(table.filter.current);
+    h->set_filter_current_sightings(table.filter.current_sightings);
     h->set_version(table.version);
     h->set_deleted(static_cast<int64_t>(table.deleted.size()));
   }
@@ -299,8 +302,21 @@ absl::StatusOr<ServerCheckpoint> ReadCheckpoint(FileSystem* fs, const std::strin
       key = GetU64(bytes, at);
       at += 8;
     }
-    table.filter.resize(h.filter_counters());
-    for (uint16_t& counter : table.filter) {
+    if (!h.filter_ages()) {
+      if (h.filter_counters() > 0) {
+        LOG(WARNING) << "checkpoint " << path << ": table " << h.index()
+                     << "'s admission filter is of the kind that did not age: it starts empty";
+      }
+      at += 2 * h.filter_counters();
+      continue;
+    }
+    if (h.filter_current() > 1 || h.filter_current_sightings() < 0) {
+      return damaged(absl::StrCat("table ", h.index(), "'s filter state"));
+    }
+    table.filter.current = h.filter_current();
+    table.filter.current_sightings = h.filter_current_sightings();
+    table.filter.counters.resize(h.filter_counters());
+    for (uint16_t& counter : table.filter.counters) {
       counter = static_cast<uint16_t>(static_cast<uint8_t>(bytes[at]) |
                                       static_cast<uint8_t>(bytes[at + 1]) << 8);
       at += 2;

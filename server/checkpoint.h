@@ -58,7 +58,7 @@ struct TableCheckpoint {
   int64_t version = 0;
   std::vector<SparseTable::Row> rows;  // by key
   std::vector<uint64_t> deleted;       // incremental: keys evicted since the base, by key
-  std::vector<uint16_t> filter;
+  AdmissionFilter filter;
   // Instead of `rows`, rows read from the table as the file is written (a
   // snapshot, copied on write: no copy of a table that may be most of the
   // server's memory): `count` rows, which `read` hands to `each` in key

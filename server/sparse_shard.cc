@@ -174,6 +174,9 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t) {
   c.min_count = std::max<int64_t>(1, ts.admission().min_count());
   c.probability = ts.admission().has_probability() ? ts.admission().probability() : 1.0;
   if (ts.admission().filter_counters() > 0) c.filter_counters = ts.admission().filter_counters();
+  if (ts.admission().has_max_false_admission()) {
+    c.max_false_admission = ts.admission().max_false_admission();
+  }
   c.ttl_steps = ts.eviction().ttl_steps();
   c.eviction = ts.eviction().policy() == v1::TABLE_EVICTION_POLICY_LFU ? Config::Eviction::kLfu
                                                                        : Config::Eviction::kLru;

@@ -59,12 +59,28 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& c) {
   if (!(c.probability > 0 && c.probability <= 1)) {
     return Bad(c, absl::StrCat("probability ", c.probability, " is outside (0, 1]"));
   }
-  if (c.filter_counters < 1 || c.filter_counters > (int64_t{1} << 32)) {
-    return Bad(c, "filter_counters is outside [1, 2^32]");
+  if (c.filter_counters < 2 || c.filter_counters > (int64_t{1} << 32)) {
+    return Bad(c, "filter_counters is outside [2, 2^32]");
+  }
+  if (!(c.max_false_admission > 0 && c.max_false_admission <= 0.5)) {
+    return Bad(c, absl::StrCat("max_false_admission ", c.max_false_admission,
+                               " is outside (0, 0.5]"));
   }
   if (c.ttl_steps < 0) return Bad(c, "ttl_steps must be >= 0");
   if (c.max_memory_bytes < 0) return Bad(c, "max_memory_bytes must be >= 0");
   return absl::OkStatus();
+}
+
+int64_t AdmissionWindow(const SparseTableConfig& c) {
+  if (c.min_count <= 1 && c.probability >= 1) return 0;
+  // A key seen once reads as seen twice when another sighting shares its
+  // counter in each of the 4 rows: with n sightings over w counters a row,
+  // a chance of (1 - e^(-n/w))^4 at most. The two generations hold at most
+  // 2 windows' sightings (a step's keys past the window go to the next
+  // generation), so n = 2 x the window keeps it to the bound.
+  const double width = static_cast<double>(c.filter_counters / 2);
+  const double per_counter = -std::log1p(-std::pow(c.max_false_admission, 1.0 / kFilterRows));
+  return std::max<int64_t>(1, static_cast<int64_t>(width * per_counter / 2));
 }
 
 int StateFloatsPerRow(const SparseTableConfig& c) {
@@ -102,22 +118,21 @@ RowOrder& SparseTable::eviction_order() {
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const SparseTableConfig& config) {
   if (absl::Status s = CheckSparseTableConfig(config); !s.ok()) return s;
   auto table = std::unique_ptr<SparseTable>(new SparseTable(config));
-  if (config.min_count > 1 || config.probability < 1) {
-    table->filter_width_ = config.filter_counters;
-  }
-  if (config.max_memory_bytes > 0 &&
-      table->filter_width_ * kFilterRows * 2 > config.max_memory_bytes) {
+  table->filter_window_ = AdmissionWindow(config);
+  if (table->filter_window_ > 0) table->filter_width_ = config.filter_counters / 2;
+  const int64_t filter_counters = table->filter_width_ * kFilterRows * 2;
+  if (config.max_memory_bytes > 0 && filter_counters * 2 > config.max_memory_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", config.name, ": its counting filter (", config.filter_counters,
-                     " counters, ", table->filter_width_ * kFilterRows * 2,
-                     " bytes) exceeds max_memory_bytes ", config.max_memory_bytes));
+                     " counters, ", filter_counters * 2, " bytes) exceeds max_memory_bytes ",
+                     config.max_memory_bytes));
   }
-  table->filter_.assign(table->filter_width_ * kFilterRows, 0);
+  table->filter_.counters.assign(filter_counters, 0);
   return table;
 }
 
 int64_t SparseTable::bytes() const {
-  return static_cast<int64_t>(filter_.size()) * 2 +
+  return static_cast<int64_t>(filter_.counters.size()) * 2 +
          static_cast<int64_t>(meta_.size()) * BytesPerRow(config_);
 }
 
@@ -147,7 +162,7 @@ uint32_t SparseTable::NewSlot() {
     size_t rows = std::max<size_t>(1024, meta_.size() + meta_.size() / 2);
     if (config_.max_memory_bytes > 0) {
       const int64_t room =
-          (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) /
+          (config_.max_memory_bytes - static_cast<int64_t>(filter_.counters.size()) * 2) /
           BytesPerRow(config_);
       rows = std::clamp<size_t>(rows, meta_.size() + 1, std::max<int64_t>(room, 1));
     }
@@ -253,23 +268,35 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g) {
   }
 }
 
+uint32_t SparseTable::FilterPair(uint64_t key, int r) const {
+  const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
+  return static_cast<uint32_t>(r * filter_width_ + BelowN(h, filter_width_));
+}
+
 uint32_t SparseTable::Sightings(uint64_t key) const {
   if (filter_width_ == 0) return 0;
   uint32_t least = kMaxSightings;
   for (int r = 0; r < kFilterRows; ++r) {
-    const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
-    least = std::min<uint32_t>(least, filter_[r * filter_width_ + BelowN(h, filter_width_)]);
+    const uint16_t* pair = filter_.counters.data() + 2 * int64_t{FilterPair(key, r)};
+    least = std::min<uint32_t>(least, uint32_t{pair[0]} + pair[1]);
   }
   return least;
 }
 
 void SparseTable::AddSightings(uint64_t key, uint32_t n) {
   if (filter_width_ == 0) return;
+  if (filter_.current_sightings >= filter_window_) {
+    // The current generation becomes the previous one; the previous one's
+    // counts are forgotten, and it the current one.
+    filter_.current ^= 1;
+    for (size_t c = filter_.current; c < filter_.counters.size(); c += 2) filter_.counters[c] = 0;
+    filter_.current_sightings = 0;
+  }
   for (int r = 0; r < kFilterRows; ++r) {
-    const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
-    uint16_t& counter = filter_[r * filter_width_ + BelowN(h, filter_width_)];
+    uint16_t& counter = filter_.counters[2 * int64_t{FilterPair(key, r)} + filter_.current];
     counter = static_cast<uint16_t>(std::min<uint32_t>(kMaxSightings, counter + n));
   }
+  filter_.current_sightings += n;
 }
 
 bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const {
@@ -393,7 +420,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   }
   int64_t over_cap = 0;
   if (config_.max_memory_bytes > 0) {
-    const int64_t room = (config_.max_memory_bytes - static_cast<int64_t>(filter_.size()) * 2) /
+    const int64_t room = (config_.max_memory_bytes - static_cast<int64_t>(filter_.counters.size()) * 2) /
                          BytesPerRow(config_);
     const int64_t after =
         rows() - static_cast<int64_t>(expired.size()) + static_cast<int64_t>(admitted.size());
@@ -476,12 +503,17 @@ std::vector<uint64_t> SparseTable::TakeEvicted() {
   return keys;
 }
 
-absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<uint16_t>& filter) {
+absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilter& filter) {
   const int dim = config_.dim;
-  if (filter.size() != filter_.size()) {
+  if (!filter.counters.empty() && filter.counters.size() != filter_.counters.size()) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": a filter of ",
-                                                   filter.size(), " counters, expected ",
-                                                   filter_.size()));
+                                                   filter.counters.size(), " counters, expected ",
+                                                   filter_.counters.size()));
+  }
+  if (filter.current > 1 || filter.current_sightings < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", config_.name, ": a filter's generation ", filter.current,
+                     " holding ", filter.current_sightings, " sightings"));
   }
   KeyIndex index;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -498,7 +530,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
     }
   }
   if (config_.max_memory_bytes > 0 &&
-      static_cast<int64_t>(filter.size()) * 2 +
+      static_cast<int64_t>(filter_.counters.size()) * 2 +
               static_cast<int64_t>(rows.size()) * BytesPerRow(config_) >
           config_.max_memory_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows.size(),
@@ -507,7 +539,11 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const std::vector<u
   }
   snapshot_.reset();  // its reader gets ABORTED: the rows it was reading are gone
   index_ = std::move(index);
-  filter_ = filter;
+  if (filter.counters.empty()) {
+    filter_ = AdmissionFilter{.counters = std::vector<uint16_t>(filter_.counters.size(), 0)};
+  } else {
+    filter_ = filter;
+  }
   meta_.assign(rows.size(), RowMeta{});
   values_.assign(rows.size() * dim, 0.0f);
   state_.assign(rows.size() * state_floats_, 0.0f);

@@ -8,9 +8,12 @@
 // rows on every run, and a recovery from a checkpoint goes on exactly:
 //   - a row's initial values are drawn from (seed, table, key);
 //   - a key becomes a row (admission) once it has been seen min_count
-//     times, counted by a counting filter of bounded memory, or by a draw
-//     from (seed, table, key, sighting) below a probability; until then it
-//     reads as zeros and its gradients are dropped (and counted);
+//     times within the filter's window, counted by a counting filter of
+//     bounded memory that forgets (two generations: sightings go to the
+//     current one, which becomes the previous once it holds a window's
+//     sightings), or by a draw from (seed, table, key, sighting) below a
+//     probability; until then it reads as zeros and its gradients are
+//     dropped (and counted);
 //   - a row is evicted once it has not been touched for ttl_steps steps,
 //     or, when admissions would take the table past its memory cap, the
 //     least recently (LRU) or least frequently (LFU) used rows go first,
@@ -63,9 +66,15 @@ struct SparseTableConfig {
   // and, below 1, each sighting admits it with this probability.
   int64_t min_count = 1;
   double probability = 1.0;
-  // Counters of the counting filter (4 rows of 16-bit saturating counts
-  // each): its memory is 8 bytes a counter, within the table's cap.
+  // Counters of the counting filter a row (4 rows of 16-bit saturating
+  // counts), half of them each generation's: its memory is 8 bytes a
+  // counter, within the table's cap.
   int64_t filter_counters = int64_t{1} << 20;
+  // The chance that a key seen fewer than min_count times is admitted by
+  // the filter's collisions: it sets the window (AdmissionWindow) so that
+  // the two generations together never hold more sightings than the
+  // counters keep to this bound.
+  double max_false_admission = 0.01;
 
   // Eviction: rows untouched for ttl_steps steps (0: never); the order in
   // which rows go when the cap is reached.
@@ -84,6 +93,23 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& config);
 
 // Floats of optimizer state per row.
 int StateFloatsPerRow(const SparseTableConfig& config);
+
+// The sightings a generation of the admission filter takes before it
+// becomes the previous one: a key seen min_count times within the last
+// AdmissionWindow sightings is admitted; sightings older than twice it are
+// forgotten. 0 for a table without a filter.
+int64_t AdmissionWindow(const SparseTableConfig& config);
+
+// The admission filter as a checkpoint holds it.
+struct AdmissionFilter {
+  // Two generations of 4 rows of filter_counters / 2 counters,
+  // interleaved (a counter's two generations side by side); none for a
+  // table without a filter.
+  std::vector<uint16_t> counters;
+  uint32_t current = 0;         // the generation sightings go to: 0 or 1
+  int64_t current_sightings = 0;  // what it holds
+  bool operator==(const AdmissionFilter&) const = default;
+};
 
 // Bytes one row takes: values, state, its key and bookkeeping, its share of
 // the index, and its links in the orders TTL and the cap keep.
@@ -172,15 +198,16 @@ class SparseTable {
   // checkpoint's deletions (with record_evictions; else none).
   std::vector<uint64_t> TakeEvicted();
 
-  // The counting filter's counters (4 rows of filter_counters, or none):
-  // a checkpoint holds them, so that admission goes on exactly.
-  const std::vector<uint16_t>& filter() const { return filter_; }
+  // The counting filter: a checkpoint holds it, so that admission goes on
+  // exactly.
+  const AdmissionFilter& filter() const { return filter_; }
 
-  // Replaces the table's contents with a checkpoint's rows and filter.
-  // INVALID_ARGUMENT naming the table for a row of the wrong size, a
-  // repeated key or a filter of the wrong size; RESOURCE_EXHAUSTED past the
-  // cap. The table is unchanged after an error.
-  absl::Status Load(const std::vector<Row>& rows, const std::vector<uint16_t>& filter);
+  // Replaces the table's contents with a checkpoint's rows and filter (a
+  // filter without counters: an empty one). INVALID_ARGUMENT naming the
+  // table for a row of the wrong size, a repeated key or a filter of the
+  // wrong size or state; RESOURCE_EXHAUSTED past the cap. The table is
+  // unchanged after an error.
+  absl::Status Load(const std::vector<Row>& rows, const AdmissionFilter& filter);
 
  private:
   explicit SparseTable(const SparseTableConfig& config);
@@ -188,9 +215,13 @@ class SparseTable {
   uint32_t NewSlot();
   void InitRow(uint64_t key, uint32_t slot);
   void UpdateRow(uint32_t slot, const float* grad);
-  // Counting filter: the estimated sightings of a key, and adding to them.
+  // Counting filter: the estimated sightings of a key in both generations,
+  // and adding to the current one (which first becomes the previous one if
+  // it holds a window's sightings).
   uint32_t Sightings(uint64_t key) const;
   void AddSightings(uint64_t key, uint32_t n);
+  // The filter's counter pair (both generations) of `key` in row r.
+  uint32_t FilterPair(uint64_t key, int r) const;
   bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
   // Evicts the first `rows_to_free` rows of the eviction order.
   void Evict(int64_t rows_to_free, SparseStepStats& stats);
@@ -226,8 +257,9 @@ class SparseTable {
   std::optional<RowOrder> by_touches_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint64_t> evicted_;  // since TakeEvicted
-  std::vector<uint16_t> filter_;  // 4 rows of filter_width_ counters
+  AdmissionFilter filter_;  // 4 rows of filter_width_ counter pairs
   int64_t filter_width_ = 0;
+  int64_t filter_window_ = 0;  // AdmissionWindow
   // The open snapshot: rows made at epochs below `epoch` with last_step >=
   // `since`, those above key `read_up_to` (all before its first read) not
   // read yet; `saved` holds the copies of those that changed since.

@@ -221,6 +221,8 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
   const v1::EmbeddingTableSpec& ads = spec->tables(1);
   EXPECT_FLOAT_EQ(ads.optimizer().beta(), 1.0f);
   EXPECT_EQ(ads.admission().filter_counters(), 1 << 20);
+  EXPECT_EQ(ads.admission().max_false_admission(), 0.01);
+  EXPECT_FALSE(users.admission().has_max_false_admission());
   EXPECT_EQ(ads.eviction().policy(), v1::TABLE_EVICTION_POLICY_LFU);
 
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -235,6 +237,12 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
       {"- {name: a, dim: 4, admission: {min_count: 70000}}", "tables[0].admission.min_count"},
       {"- {name: a, dim: 4, admission: {filter_counters: 8}}",
        "tables[0].admission.filter_counters"},
+      {"- {name: a, dim: 4, admission: {min_count: 2, filter_counters: 1}}",
+       "tables[0].admission.filter_counters"},
+      {"- {name: a, dim: 4, admission: {max_false_admission: 0.1}}",
+       "tables[0].admission.max_false_admission"},
+      {"- {name: a, dim: 4, admission: {min_count: 2, max_false_admission: 0.6}}",
+       "tables[0].admission.max_false_admission"},
       {"- {name: a, dim: 4, eviction: {ttl_steps: -1}}", "tables[0].eviction.ttl_steps"},
       {"- {name: a, dim: 4, initializer: {type: zeros, scale: 1}}",
        "tables[0].initializer.scale"},

@@ -146,7 +146,7 @@ void FileSeeds(const std::string& dir) {
           .updates = 2});
     }
     table.deleted = {5, 40};
-    table.filter = std::vector<uint16_t>(8, 1);
+    table.filter.counters = std::vector<uint16_t>(8, 1);
   }
   CHECK(server::WriteCheckpoint(fs, tmp, c).ok());
   Write(dir, "checkpoint", "step-4-tables",

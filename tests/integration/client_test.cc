@@ -282,8 +282,10 @@ TEST_F(ClientTest, TablesTheModelBringsAndTheirInitialRows) {
   EXPECT_FLOAT_EQ(job.spec().tables(0).optimizer().learning_rate(), 0.1f);
   EXPECT_EQ(job.spec().tables(0).initial_rows(), 10);
 
-  absl::StatusOr<std::unique_ptr<Client>> joined =
-      Client::Join({.connect = Connect(), .job_id = *id});
+  Client::Options options;
+  options.connect = Connect();
+  options.job_id = *id;
+  absl::StatusOr<std::unique_ptr<Client>> joined = Client::Join(options);
   PSTRAIN_ASSERT_OK(joined);
   Client& client = **joined;
   ASSERT_EQ(client.tables().size(), 1u);

@@ -177,7 +177,7 @@ ServerCheckpoint WithTable(int64_t step, int64_t base, std::vector<uint64_t> key
                                       .updates = 1});
   }
   t.deleted = std::move(deleted);
-  t.filter = {static_cast<uint16_t>(step), 7};
+  t.filter = {.counters = {static_cast<uint16_t>(step), 7}, .current = 1, .current_sightings = step};
   return c;
 }
 
@@ -201,7 +201,8 @@ TEST(CheckpointTest, AnIncrementalChainReadsBackAsTheWholeTables) {
   PSTRAIN_ASSERT_OK(at30.status());
   using Rows = std::vector<std::pair<uint64_t, float>>;
   EXPECT_EQ(RowsOf(*at30), (Rows{{1, 11}, {2, 22}, {3, 33}, {6, 36}}));
-  EXPECT_EQ(at30->tables[0].filter, (std::vector<uint16_t>{30, 7}));  // the newest file's
+  EXPECT_EQ(at30->tables[0].filter,  // the newest file's
+            (AdmissionFilter{.counters = {30, 7}, .current = 1, .current_sightings = 30}));
   EXPECT_EQ(at30->chunks[0].version, 30);
   EXPECT_EQ(at30->base_step, 0);
   EXPECT_TRUE(at30->tables[0].deleted.empty());

@@ -204,6 +204,113 @@ TEST(SparseTableTest, AKeyBecomesARowOnceSeenMinCountTimes) {
   EXPECT_EQ(table->rows(), 2);
 }
 
+// A table with min_count 2 and a filter of 2^12 counters a row (2,048 a
+// generation): its window is what keeps a once-seen key's false admission
+// to 1%.
+Config AgingFilterConfig() {
+  Config c = SmallConfig();
+  c.min_count = 2;
+  c.filter_counters = 1 << 12;
+  c.max_false_admission = 0.01;
+  return c;
+}
+
+// Keys from `next` on, `n` of them; `next` moves past them.
+std::vector<uint64_t> NewKeys(uint64_t& next, int n) {
+  std::vector<uint64_t> keys(n);
+  std::iota(keys.begin(), keys.end(), next);
+  next += n;
+  return keys;
+}
+
+TEST(SparseTableTest, TheAdmissionFilterForgetsSoThatOnceSeenKeysStayWithinTheBound) {
+  const Config c = AgingFilterConfig();
+  const int64_t window = AdmissionWindow(c);
+  // (1 - e^(-2 window / 2048))^4 <= 0.01: about 0.19 x 2048 sightings.
+  EXPECT_GE(window, 350);
+  EXPECT_LE(window, 400);
+  auto table = Make(c);
+  // Ten times the filter's counters of keys seen once (a filter that never
+  // forgot would be saturated after a fraction of them and admit nearly
+  // every one): a key admitted is a false admission.
+  uint64_t next = 1;
+  int64_t admitted = 0, admitted_last_tenth = 0;
+  const int steps = 10 * c.filter_counters / 256;
+  for (int64_t step = 0; step < steps; ++step) {
+    absl::StatusOr<SparseStepStats> stats = Step(*table, step, {Push(NewKeys(next, 256), 1.0f)});
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    admitted += stats->admitted;
+    if (step >= steps * 9 / 10) admitted_last_tenth += stats->admitted;
+  }
+  const double keys = static_cast<double>(next - 1);
+  EXPECT_LE(admitted / keys, c.max_false_admission);
+  EXPECT_LE(admitted_last_tenth / (keys / 10), c.max_false_admission);  // it does not grow
+  EXPECT_EQ(table->rows(), admitted);
+}
+
+TEST(SparseTableTest, KeysSeenMinCountTimesWithinTheWindowAreAdmittedAndOlderSightingsForgotten) {
+  const Config c = AgingFilterConfig();
+  const int64_t window = AdmissionWindow(c);
+  auto table = Make(c);
+  auto reloaded = Make(c);  // the same from a checkpoint's rows and filter, at step 50
+  uint64_t next = 1;
+  std::vector<uint64_t> recent;  // seen once, two steps ago: within the window
+  std::vector<uint64_t> old;     // seen once, more than two windows ago
+  std::set<uint64_t> seen_twice_within, seen_twice_apart;
+  int64_t step = 0;
+  auto step_both = [&](const std::vector<uint64_t>& keys) {
+    ASSERT_TRUE(Step(*table, step, {Push(keys, 1.0f)}).ok());
+    ASSERT_TRUE(Step(*reloaded, step, {Push(keys, 1.0f)}).ok());
+    ++step;
+  };
+  for (int round = 0; round < 100; ++round) {
+    // 20 new keys, seen again in the step after next; noise seen once.
+    std::vector<uint64_t> keys = NewKeys(next, 100);
+    const std::vector<uint64_t> first = NewKeys(next, 20);
+    keys.insert(keys.end(), first.begin(), first.end());
+    if (round >= 2) {
+      keys.insert(keys.end(), recent.begin(), recent.end());
+      seen_twice_within.insert(recent.begin(), recent.end());
+      recent.erase(recent.begin(), recent.begin() + 20);
+    }
+    recent.insert(recent.end(), first.begin(), first.end());
+    // Every tenth round, 20 keys seen a first time, and again once more
+    // than two windows' sightings have gone by (the rounds add 140 each).
+    if (round % 10 == 0) {
+      const std::vector<uint64_t> apart = NewKeys(next, 20);
+      keys.insert(keys.end(), apart.begin(), apart.end());
+      old.insert(old.end(), apart.begin(), apart.end());
+    }
+    const int rounds_apart = static_cast<int>(2 * window / 140 + 2);
+    if (round % 10 == rounds_apart % 10 && round >= rounds_apart && old.size() >= 20) {
+      keys.insert(keys.end(), old.begin(), old.begin() + 20);
+      seen_twice_apart.insert(old.begin(), old.begin() + 20);
+      old.erase(old.begin(), old.begin() + 20);
+    }
+    if (step == 50) {
+      PSTRAIN_ASSERT_OK(reloaded->Load(table->Rows(), table->filter()));
+      EXPECT_EQ(reloaded->filter(), table->filter());
+    }
+    step_both(keys);
+  }
+  std::set<uint64_t> rows;
+  for (const SparseTable::Row& row : table->Rows()) rows.insert(row.key);
+  auto admitted_share = [&](const std::set<uint64_t>& keys) {
+    int64_t n = 0;
+    for (uint64_t key : keys) n += rows.contains(key);
+    return static_cast<double>(n) / static_cast<double>(keys.size());
+  };
+  ASSERT_GE(seen_twice_within.size(), 1900u);
+  EXPECT_GE(admitted_share(seen_twice_within), 0.99);
+  ASSERT_GE(seen_twice_apart.size(), 60u);
+  EXPECT_LE(admitted_share(seen_twice_apart), 0.05);
+  // The reloaded table went on exactly.
+  EXPECT_EQ(reloaded->filter(), table->filter());
+  EXPECT_EQ(reloaded->Rows().size(), table->Rows().size());
+  std::vector<uint64_t> keys(rows.begin(), rows.end());
+  EXPECT_EQ(Read(*reloaded, keys), Read(*table, keys));
+}
+
 TEST(SparseTableTest, AdmissionByProbabilityIsADrawOfSeedTableKeyAndSighting) {
   Config c = SmallConfig();
   c.probability = 0.25;
@@ -531,7 +638,7 @@ TEST(SparseTableTest, ACheckpointsRowsAndFilterLoadIntoATableThatGoesOnTheSame) 
   EXPECT_EQ(table->Load({row}, {}).code(), absl::StatusCode::kInvalidArgument);
   row.values.push_back(4);
   EXPECT_EQ(table->Load({row, row}, {}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(table->Load({row}, {1, 2}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table->Load({row}, {.counters = {1, 2}}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(table->rows(), 0);
   EXPECT_TRUE(table->Load({row}, {}).ok());
   EXPECT_EQ(Read(*table, {1}), (std::vector<float>{1, 2, 3, 4}));

@@ -175,7 +175,7 @@ TEST(ClickTrainingTest, ARecoveryFromACheckpointWithTablesEndsBitwiseAsTheRunWit
   PSTRAIN_ASSERT_OK(saved);
   ASSERT_EQ(saved->tables.size(), 2u);
   EXPECT_GT(saved->tables[0].rows.size(), 5u);
-  EXPECT_EQ(saved->tables[1].filter.size(), 4u * 256);  // min_count 3: 256 counters
+  EXPECT_EQ(saved->tables[1].filter.counters.size(), 4u * 256);  // min_count 3: 256 counters
   EXPECT_EQ(saved->tables[1].version, 20);
 }
 
