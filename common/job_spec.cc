@@ -105,37 +105,21 @@ absl::Status CheckSchedule(v1::OptimizerSpec& opt, int64_t total_steps) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status MakeModelExternal(v1::ModelSpec& model) {
-  if (model.type() != v1::MODEL_TYPE_UNSPECIFIED && model.type() != v1::MODEL_TYPE_EXTERNAL) {
-    return FieldError("model.type",
-                      "the program gives the model's tensors: it is external (pstrain-local runs "
-                      "the built-in models)");
+absl::Status InRange(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) {
+    return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
   }
-  if (model.tensors_size() != 0) {
-    return FieldError("model.tensors", "the program gives them (its parameters)");
-  }
-  model.set_type(v1::MODEL_TYPE_EXTERNAL);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
-  auto range = [](const std::string& field, int64_t v, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi) {
-      return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
-    }
-    return absl::OkStatus();
-  };
-  if (spec.name().size() > 200) return FieldError("name", "longer than 200 characters");
-
-  // Model.
+// The model: its type and the shape fields that type has.
+absl::Status NormalizeModel(v1::JobSpec& spec) {
   v1::ModelSpec& model = *spec.mutable_model();
   auto check_hidden = [&]() -> absl::Status {
     if (model.hidden_size() > 16) return FieldError("model.hidden", "at most 16 layers");
     for (int i = 0; i < model.hidden_size(); ++i) {
       PSTRAIN_RETURN_IF_ERROR(
-          range(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
+          InRange(absl::StrCat("model.hidden[", i, "]"), model.hidden(i), 1, 16384));
     }
     return absl::OkStatus();
   };
@@ -160,7 +144,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       }
       for (int i = 0; i < model.conv_size(); ++i) {
         PSTRAIN_RETURN_IF_ERROR(
-            range(absl::StrCat("model.conv[", i, "]"), model.conv(i), 1, 512));
+            InRange(absl::StrCat("model.conv[", i, "]"), model.conv(i), 1, 512));
       }
       PSTRAIN_RETURN_IF_ERROR(check_hidden());
       break;
@@ -195,8 +179,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                                                         " does not match the data's ",
                                                         kFashionClasses, " classes"));
   }
+  return absl::OkStatus();
+}
 
-  // Embedding tables.
+// The embedding tables, each with its defaults, and who may read them.
+absl::Status NormalizeTables(v1::JobSpec& spec) {
+  const v1::ModelSpec& model = spec.model();
+  const bool click = model.type() == v1::MODEL_TYPE_CLICK;
   if (spec.tables_size() > kMaxTables) {
     return FieldError("tables", absl::StrCat(spec.tables_size(), " tables; at most ", kMaxTables));
   }
@@ -217,8 +206,13 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       return FieldError(at + ".initial_rows", "an external model's: its worker 0 gives them");
     }
   }
+  return absl::OkStatus();
+}
 
-  // Data.
+// The data: which dataset, where, and what a click model reads.
+absl::Status NormalizeData(v1::JobSpec& spec) {
+  const v1::ModelSpec& model = spec.model();
+  const bool click = model.type() == v1::MODEL_TYPE_CLICK;
   v1::DataSpec& data = *spec.mutable_data();
   const bool external = model.type() == v1::MODEL_TYPE_EXTERNAL;
   if (external) {
@@ -226,8 +220,8 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       return FieldError(data.dir().empty() ? "data.dataset" : "data.dir",
                         "an external model's client reads its own data");
     }
-    PSTRAIN_RETURN_IF_ERROR(range("data.train_samples", data.train_samples(), 0,
-                                  int64_t{1} << 40));
+    PSTRAIN_RETURN_IF_ERROR(
+        InRange("data.train_samples", data.train_samples(), 0, int64_t{1} << 40));
   } else if (data.train_samples() != 0) {
     return FieldError("data.train_samples", "only an external model's data is counted so");
   }
@@ -254,8 +248,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("data.dir", absl::StrCat("a path of ", data.dir().size(),
                                                " bytes; at most ", kMaxPathBytes));
   }
+  return absl::OkStatus();
+}
 
-  // Optimizer.
+// The dense optimizer and its hyperparameters.
+absl::Status NormalizeOptimizer(v1::JobSpec& spec) {
   v1::OptimizerSpec& opt = *spec.mutable_optimizer();
   if (opt.type() == v1::OPTIMIZER_TYPE_UNSPECIFIED) {
     return FieldError("optimizer.type", "required (sgd, adam or adagrad)");
@@ -298,8 +295,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       return FieldError("optimizer.epsilon", "must be finite and > 0");
     }
   }
+  return absl::OkStatus();
+}
 
-  // Training loop and cluster.
+// The update mode, the precision computed in and the wire's.
+absl::Status NormalizeModeAndPrecision(v1::JobSpec& spec) {
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::MODE_SYNC);
   if (!v1::Mode_IsValid(spec.mode())) {
     return FieldError("mode", absl::StrCat("unknown value ", spec.mode()));
@@ -308,7 +308,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     if (!spec.has_staleness()) {
       return FieldError("staleness", "mode ssp needs a staleness bound (0: as sync)");
     }
-    PSTRAIN_RETURN_IF_ERROR(range("staleness", spec.staleness(), 0, int64_t{1} << 40));
+    PSTRAIN_RETURN_IF_ERROR(InRange("staleness", spec.staleness(), 0, int64_t{1} << 40));
   } else if (spec.has_staleness()) {
     return FieldError("staleness", absl::StrCat("only mode ssp has a staleness bound (",
                                                 EnumName(spec.mode()), ": ",
@@ -329,7 +329,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                         absl::StrCat(scale.initial(), " is not a power of two in [1, 2^24]"));
     }
     if (scale.growth_steps() == 0) scale.set_growth_steps(2000);
-    PSTRAIN_RETURN_IF_ERROR(range("loss_scale.growth_steps", scale.growth_steps(), 1, 1000000));
+    PSTRAIN_RETURN_IF_ERROR(InRange("loss_scale.growth_steps", scale.growth_steps(), 1, 1000000));
   } else if (spec.has_loss_scale()) {
     return FieldError("loss_scale", "only precision fp16 scales the loss");
   }
@@ -338,7 +338,15 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
       spec.wire_dtype() != v1::DTYPE_FP16) {
     return FieldError("wire_dtype", "must be fp32, bf16 or fp16");
   }
-  PSTRAIN_RETURN_IF_ERROR(range("num_workers", spec.num_workers(), 1, 1024));
+  return absl::OkStatus();
+}
+
+// The cluster and the batch: workers, servers, what each model's workers allow.
+absl::Status NormalizeCluster(v1::JobSpec& spec) {
+  const bool click = spec.model().type() == v1::MODEL_TYPE_CLICK;
+  const bool external = spec.model().type() == v1::MODEL_TYPE_EXTERNAL;
+  const v1::DataSpec& data = spec.data();
+  PSTRAIN_RETURN_IF_ERROR(InRange("num_workers", spec.num_workers(), 1, 1024));
   if (spec.colocated_servers()) {
     if (spec.num_servers() == 0) spec.set_num_servers(spec.num_workers());
     if (spec.num_servers() != spec.num_workers()) {
@@ -357,10 +365,10 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                         "an external model's workers (the client library) hold no server");
     }
   }
-  PSTRAIN_RETURN_IF_ERROR(range("num_servers", spec.num_servers(), 1, 256));
-  PSTRAIN_RETURN_IF_ERROR(range("batch_size", spec.batch_size(), 1, 65536));
+  PSTRAIN_RETURN_IF_ERROR(InRange("num_servers", spec.num_servers(), 1, 256));
+  PSTRAIN_RETURN_IF_ERROR(InRange("batch_size", spec.batch_size(), 1, 65536));
   if (spec.accumulate_steps() == 0) spec.set_accumulate_steps(1);
-  PSTRAIN_RETURN_IF_ERROR(range("accumulate_steps", spec.accumulate_steps(), 1, 1024));
+  PSTRAIN_RETURN_IF_ERROR(InRange("accumulate_steps", spec.accumulate_steps(), 1, 1024));
   if (click) {
     // The click model's worker: one CPU device, fp32, no micro-batches.
     if (spec.accumulate_steps() != 1) {
@@ -400,18 +408,25 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                       absl::StrCat("num_workers * accumulate_steps * batch_size = ", global_batch,
                                    " exceeds the ", TrainSamplesOf(spec), " training samples"));
   }
+  return absl::OkStatus();
+}
+
+// How long it trains, its schedule, evaluations and early stopping.
+absl::Status NormalizeLength(v1::JobSpec& spec) {
+  v1::OptimizerSpec& opt = *spec.mutable_optimizer();
   if (spec.max_skipped_steps() == 0) spec.set_max_skipped_steps(10);
-  PSTRAIN_RETURN_IF_ERROR(range("max_skipped_steps", spec.max_skipped_steps(), 1, 1000000));
-  PSTRAIN_RETURN_IF_ERROR(range("epochs", spec.epochs(), 0, 100000));
-  PSTRAIN_RETURN_IF_ERROR(range("steps", spec.steps(), 0, int64_t{1} << 40));
+  PSTRAIN_RETURN_IF_ERROR(InRange("max_skipped_steps", spec.max_skipped_steps(), 1, 1000000));
+  PSTRAIN_RETURN_IF_ERROR(InRange("epochs", spec.epochs(), 0, 100000));
+  PSTRAIN_RETURN_IF_ERROR(InRange("steps", spec.steps(), 0, int64_t{1} << 40));
   if (spec.epochs() == 0 && spec.steps() == 0) {
     return FieldError("epochs", "set epochs or steps to a positive number");
   }
   PSTRAIN_RETURN_IF_ERROR(CheckSchedule(opt, TotalSteps(spec)));
   // Evaluation during training and early stopping.
-  PSTRAIN_RETURN_IF_ERROR(range("eval_every_steps", spec.eval_every_steps(), 0, TotalSteps(spec)));
+  PSTRAIN_RETURN_IF_ERROR(
+      InRange("eval_every_steps", spec.eval_every_steps(), 0, TotalSteps(spec)));
   const v1::EarlyStopping& stopping = spec.early_stopping();
-  PSTRAIN_RETURN_IF_ERROR(range("early_stopping.patience", stopping.patience(), 0, 1000000));
+  PSTRAIN_RETURN_IF_ERROR(InRange("early_stopping.patience", stopping.patience(), 0, 1000000));
   if (!(stopping.min_delta() >= 0 && stopping.min_delta() <= 1)) {
     return FieldError("early_stopping.min_delta", "must be in [0, 1] (an accuracy)");
   }
@@ -424,7 +439,11 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("early_stopping.patience",
                       "needs eval_every_steps: early stopping judges the evaluations");
   }
-  // Checkpoints and recovery.
+  return absl::OkStatus();
+}
+
+// Checkpoints: none without a dir; with one, their defaults.
+absl::Status NormalizeCheckpoint(v1::JobSpec& spec) {
   v1::CheckpointSpec& checkpoint = *spec.mutable_checkpoint();
   if (checkpoint.dir().empty()) {
     if (checkpoint.every_steps() != 0 || checkpoint.keep() != 0 || checkpoint.full_every() != 0) {
@@ -445,10 +464,15 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     if (checkpoint.keep() == 0) checkpoint.set_keep(kDefaultCheckpointsKept);
     if (checkpoint.full_every() == 0) checkpoint.set_full_every(kDefaultFullCheckpointEvery);
     PSTRAIN_RETURN_IF_ERROR(
-        range("checkpoint.every_steps", checkpoint.every_steps(), 1, int64_t{1} << 40));
-    PSTRAIN_RETURN_IF_ERROR(range("checkpoint.keep", checkpoint.keep(), 1, 1000));
-    PSTRAIN_RETURN_IF_ERROR(range("checkpoint.full_every", checkpoint.full_every(), 1, 1000));
+        InRange("checkpoint.every_steps", checkpoint.every_steps(), 1, int64_t{1} << 40));
+    PSTRAIN_RETURN_IF_ERROR(InRange("checkpoint.keep", checkpoint.keep(), 1, 1000));
+    PSTRAIN_RETURN_IF_ERROR(InRange("checkpoint.full_every", checkpoint.full_every(), 1, 1000));
   }
+  return absl::OkStatus();
+}
+
+// Recovery from a lost process.
+absl::Status NormalizeRecovery(v1::JobSpec& spec) {
   v1::RecoverySpec& recovery = *spec.mutable_recovery();
   if (!recovery.has_replace_after_seconds()) {
     recovery.set_replace_after_seconds(kDefaultReplaceAfterSeconds);
@@ -457,9 +481,9 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     recovery.set_wait_timeout_seconds(kDefaultWaitTimeoutSeconds);
   }
   PSTRAIN_RETURN_IF_ERROR(
-      range("recovery.replace_after_seconds", recovery.replace_after_seconds(), 0, 86400));
+      InRange("recovery.replace_after_seconds", recovery.replace_after_seconds(), 0, 86400));
   PSTRAIN_RETURN_IF_ERROR(
-      range("recovery.wait_timeout_seconds", recovery.wait_timeout_seconds(), 1, 864000));
+      InRange("recovery.wait_timeout_seconds", recovery.wait_timeout_seconds(), 1, 864000));
   if (recovery.on_worker_loss() == v1::WORKER_LOSS_POLICY_UNSPECIFIED) {
     recovery.set_on_worker_loss(v1::WORKER_LOSS_POLICY_WAIT);
   }
@@ -467,9 +491,15 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("recovery.on_worker_loss",
                       absl::StrCat("unknown value ", recovery.on_worker_loss()));
   }
+  return absl::OkStatus();
+}
 
+// Chunks and sizes that would exhaust memory or the plan.
+absl::Status CheckSizes(v1::JobSpec& spec) {
+  const bool click = spec.model().type() == v1::MODEL_TYPE_CLICK;
+  const bool external = spec.model().type() == v1::MODEL_TYPE_EXTERNAL;
   if (!spec.has_chunk_bytes()) spec.set_chunk_bytes(kDefaultChunkBytes);
-  PSTRAIN_RETURN_IF_ERROR(range("chunk_bytes", spec.chunk_bytes(), 4, kMaxChunkBytes));
+  PSTRAIN_RETURN_IF_ERROR(InRange("chunk_bytes", spec.chunk_bytes(), 4, kMaxChunkBytes));
   if (spec.chunk_bytes() % 4 != 0) {
     return FieldError("chunk_bytes", "must be a multiple of 4 (whole floats)");
   }
@@ -490,7 +520,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
     return FieldError("chunk_bytes", absl::StrCat("cuts the model into ", chunks,
                                                   " chunks; at most ", kMaxChunks));
   }
-  if (external) return spec;
+  if (external) return absl::OkStatus();
   if (click) {
     const kernels::ClickModelShape shape = ClickModelShapeOf(spec);
     int64_t widest = std::max<int64_t>(kernels::InteractionWidth(shape),
@@ -503,7 +533,7 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                                                    " floats per activation; at most ",
                                                    kMaxActivationFloats));
     }
-    return spec;
+    return absl::OkStatus();
   }
   const kernels::ModelShape shape = ModelShapeOf(spec);
   int64_t widest = std::max<int64_t>(shape.input_dim, kernels::DenseInputDim(shape));
@@ -519,6 +549,36 @@ absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
                                                  " floats per activation; at most ",
                                                  kMaxActivationFloats));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MakeModelExternal(v1::ModelSpec& model) {
+  if (model.type() != v1::MODEL_TYPE_UNSPECIFIED && model.type() != v1::MODEL_TYPE_EXTERNAL) {
+    return FieldError("model.type",
+                      "the program gives the model's tensors: it is external (pstrain-local runs "
+                      "the built-in models)");
+  }
+  if (model.tensors_size() != 0) {
+    return FieldError("model.tensors", "the program gives them (its parameters)");
+  }
+  model.set_type(v1::MODEL_TYPE_EXTERNAL);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> NormalizeJobSpec(v1::JobSpec spec) {
+  if (spec.name().size() > 200) return FieldError("name", "longer than 200 characters");
+  PSTRAIN_RETURN_IF_ERROR(NormalizeModel(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeTables(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeData(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeOptimizer(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeModeAndPrecision(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeCluster(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeLength(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeCheckpoint(spec));
+  PSTRAIN_RETURN_IF_ERROR(NormalizeRecovery(spec));
+  PSTRAIN_RETURN_IF_ERROR(CheckSizes(spec));
   return spec;
 }
 
