@@ -11,8 +11,6 @@
 namespace pstrain::server {
 namespace {
 
-constexpr int kFilterRows = 4;
-constexpr uint32_t kMaxSightings = 0xffff;
 // A key's sightings past this many in one step draw no further admission
 // chances (beyond it a probability below 1 has long admitted the key).
 constexpr uint32_t kMaxDrawsPerStep = 4096;
@@ -29,6 +27,8 @@ constexpr size_t kPrefetchAhead = 16;
 bool KeepsTouchesOrder(const SparseTableConfig& c) {
   return c.eviction == SparseTableConfig::Eviction::kLfu;
 }
+
+bool HasFilter(const SparseTableConfig& c) { return c.min_count > 1 || c.probability < 1; }
 
 absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("table ", c.name, ": ", what));
@@ -72,15 +72,7 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& c) {
 }
 
 int64_t AdmissionWindow(const SparseTableConfig& c) {
-  if (c.min_count <= 1 && c.probability >= 1) return 0;
-  // A key seen once reads as seen twice when another sighting shares its
-  // counter in each of the 4 rows: with n sightings over w counters a row,
-  // a chance of (1 - e^(-n/w))^4 at most. The two generations hold at most
-  // 2 windows' sightings (a step's keys past the window go to the next
-  // generation), so n = 2 x the window keeps it to the bound.
-  const double width = static_cast<double>(c.filter_counters / 2);
-  const double per_counter = -std::log1p(-std::pow(c.max_false_admission, 1.0 / kFilterRows));
-  return std::max<int64_t>(1, static_cast<int64_t>(width * per_counter / 2));
+  return HasFilter(c) ? AdmissionWindow(c.filter_counters, c.max_false_admission) : 0;
 }
 
 int StateFloatsPerRow(const SparseTableConfig& c) {
@@ -107,7 +99,9 @@ int64_t BytesPerRow(const SparseTableConfig& c) {
 SparseTable::SparseTable(const SparseTableConfig& config)
     : config_(config),
       state_floats_(StateFloatsPerRow(config)),
-      by_last_touch_(RowOrder::By::kLastTouch, meta_) {
+      by_last_touch_(RowOrder::By::kLastTouch, meta_),
+      filter_(HasFilter(config) ? config.filter_counters : 0, config.max_false_admission,
+              config.seed + config.index * 8) {
   if (KeepsTouchesOrder(config)) by_touches_.emplace(RowOrder::By::kTouchesThenLastTouch, meta_);
 }
 
@@ -118,21 +112,17 @@ RowOrder& SparseTable::eviction_order() {
 absl::StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(const SparseTableConfig& config) {
   if (absl::Status s = CheckSparseTableConfig(config); !s.ok()) return s;
   auto table = std::unique_ptr<SparseTable>(new SparseTable(config));
-  table->filter_window_ = AdmissionWindow(config);
-  if (table->filter_window_ > 0) table->filter_width_ = config.filter_counters / 2;
-  const int64_t filter_counters = table->filter_width_ * kFilterRows * 2;
-  if (config.max_memory_bytes > 0 && filter_counters * 2 > config.max_memory_bytes) {
+  if (config.max_memory_bytes > 0 && table->filter_.bytes() > config.max_memory_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("table ", config.name, ": its counting filter (", config.filter_counters,
-                     " counters, ", filter_counters * 2, " bytes) exceeds max_memory_bytes ",
+                     " counters, ", table->filter_.bytes(), " bytes) exceeds max_memory_bytes ",
                      config.max_memory_bytes));
   }
-  table->filter_.counters.assign(filter_counters, 0);
   return table;
 }
 
 int64_t SparseTable::bytes() const {
-  return static_cast<int64_t>(filter_.counters.size()) * 2 +
+  return filter_.bytes() +
          static_cast<int64_t>(meta_.size()) * BytesPerRow(config_);
 }
 
@@ -149,6 +139,10 @@ void SparseTable::Read(absl::Span<const uint64_t> keys, float* out) const {
   }
 }
 
+int64_t SparseTable::RowsUnderCap() const {
+  return (config_.max_memory_bytes - filter_.bytes()) / BytesPerRow(config_);
+}
+
 uint32_t SparseTable::NewSlot() {
   if (!free_slots_.empty()) {
     const uint32_t slot = free_slots_.back();
@@ -161,10 +155,7 @@ uint32_t SparseTable::NewSlot() {
     // arrays' spare capacity is memory too.
     size_t rows = std::max<size_t>(1024, meta_.size() + meta_.size() / 2);
     if (config_.max_memory_bytes > 0) {
-      const int64_t room =
-          (config_.max_memory_bytes - static_cast<int64_t>(filter_.counters.size()) * 2) /
-          BytesPerRow(config_);
-      rows = std::clamp<size_t>(rows, meta_.size() + 1, std::max<int64_t>(room, 1));
+      rows = std::clamp<size_t>(rows, meta_.size() + 1, std::max<int64_t>(RowsUnderCap(), 1));
     }
     meta_.reserve(rows);
     by_last_touch_.Reserve(rows);
@@ -266,37 +257,6 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g) {
       break;
     }
   }
-}
-
-uint32_t SparseTable::FilterPair(uint64_t key, int r) const {
-  const uint64_t h = Mix64(key ^ Mix64(config_.seed + config_.index * 8 + r));
-  return static_cast<uint32_t>(r * filter_width_ + BelowN(h, filter_width_));
-}
-
-uint32_t SparseTable::Sightings(uint64_t key) const {
-  if (filter_width_ == 0) return 0;
-  uint32_t least = kMaxSightings;
-  for (int r = 0; r < kFilterRows; ++r) {
-    const uint16_t* pair = filter_.counters.data() + 2 * int64_t{FilterPair(key, r)};
-    least = std::min<uint32_t>(least, uint32_t{pair[0]} + pair[1]);
-  }
-  return least;
-}
-
-void SparseTable::AddSightings(uint64_t key, uint32_t n) {
-  if (filter_width_ == 0) return;
-  if (filter_.current_sightings >= filter_window_) {
-    // The current generation becomes the previous one; the previous one's
-    // counts are forgotten, and it the current one.
-    filter_.current ^= 1;
-    for (size_t c = filter_.current; c < filter_.counters.size(); c += 2) filter_.counters[c] = 0;
-    filter_.current_sightings = 0;
-  }
-  for (int r = 0; r < kFilterRows; ++r) {
-    uint16_t& counter = filter_.counters[2 * int64_t{FilterPair(key, r)} + filter_.current];
-    counter = static_cast<uint16_t>(std::min<uint32_t>(kMaxSightings, counter + n));
-  }
-  filter_.current_sightings += n;
 }
 
 bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const {
@@ -404,7 +364,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     if (const auto it = index_.find(keys[i]); it != index_.end()) {
       slot_of[i] = it->second;
       ++rows_touched;
-    } else if (Admits(keys[i], Sightings(keys[i]), counts[i])) {
+    } else if (Admits(keys[i], filter_.Sightings(keys[i]), counts[i])) {
       admitted.push_back(static_cast<uint32_t>(i));
     }
   }
@@ -420,8 +380,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   }
   int64_t over_cap = 0;
   if (config_.max_memory_bytes > 0) {
-    const int64_t room = (config_.max_memory_bytes - static_cast<int64_t>(filter_.counters.size()) * 2) /
-                         BytesPerRow(config_);
+    const int64_t room = RowsUnderCap();
     const int64_t after =
         rows() - static_cast<int64_t>(expired.size()) + static_cast<int64_t>(admitted.size());
     over_cap = std::max<int64_t>(0, after - room);
@@ -451,7 +410,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t slot = slot_of[i];
     if (slot == RowOrder::kEnd) {
-      AddSightings(keys[i], counts[i]);
+      filter_.Add(keys[i], counts[i]);
       continue;
     }
     PreserveForSnapshot(slot);
@@ -505,15 +464,8 @@ std::vector<uint64_t> SparseTable::TakeEvicted() {
 
 absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilter& filter) {
   const int dim = config_.dim;
-  if (!filter.counters.empty() && filter.counters.size() != filter_.counters.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": a filter of ",
-                                                   filter.counters.size(), " counters, expected ",
-                                                   filter_.counters.size()));
-  }
-  if (filter.current > 1 || filter.current_sightings < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table ", config_.name, ": a filter's generation ", filter.current,
-                     " holding ", filter.current_sightings, " sightings"));
+  if (absl::Status s = filter_.CheckLoadable(filter); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.name, ": ", s.message()));
   }
   KeyIndex index;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -530,7 +482,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilt
     }
   }
   if (config_.max_memory_bytes > 0 &&
-      static_cast<int64_t>(filter_.counters.size()) * 2 +
+      filter_.bytes() +
               static_cast<int64_t>(rows.size()) * BytesPerRow(config_) >
           config_.max_memory_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("table ", config_.name, ": ", rows.size(),
@@ -539,11 +491,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilt
   }
   snapshot_.reset();  // its reader gets ABORTED: the rows it was reading are gone
   index_ = std::move(index);
-  if (filter.counters.empty()) {
-    filter_ = AdmissionFilter{.counters = std::vector<uint16_t>(filter_.counters.size(), 0)};
-  } else {
-    filter_ = filter;
-  }
+  filter_.Load(filter);
   meta_.assign(rows.size(), RowMeta{});
   values_.assign(rows.size() * dim, 0.0f);
   state_.assign(rows.size() * state_floats_, 0.0f);

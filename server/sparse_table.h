@@ -9,10 +9,8 @@
 //   - a row's initial values are drawn from (seed, table, key);
 //   - a key becomes a row (admission) once it has been seen min_count
 //     times within the filter's window, counted by a counting filter of
-//     bounded memory that forgets (two generations: sightings go to the
-//     current one, which becomes the previous once it holds a window's
-//     sightings), or by a draw from (seed, table, key, sighting) below a
-//     probability; until then it reads as zeros and its gradients are
+//     bounded memory that forgets (server/counting_filter.h), or by a draw
+//     from (seed, table, key, sighting) below a probability; until then it reads as zeros and its gradients are
 //     dropped (and counted);
 //   - a row is evicted once it has not been touched for ttl_steps steps,
 //     or, when admissions would take the table past its memory cap, the
@@ -35,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "server/counting_filter.h"
 #include "server/row_order.h"
 
 namespace pstrain::server {
@@ -94,22 +93,11 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& config);
 // Floats of optimizer state per row.
 int StateFloatsPerRow(const SparseTableConfig& config);
 
-// The sightings a generation of the admission filter takes before it
-// becomes the previous one: a key seen min_count times within the last
+// The sightings a generation of the table's admission filter takes before
+// it becomes the previous one: a key seen min_count times within the last
 // AdmissionWindow sightings is admitted; sightings older than twice it are
 // forgotten. 0 for a table without a filter.
 int64_t AdmissionWindow(const SparseTableConfig& config);
-
-// The admission filter as a checkpoint holds it.
-struct AdmissionFilter {
-  // Two generations of 4 rows of filter_counters / 2 counters,
-  // interleaved (a counter's two generations side by side); none for a
-  // table without a filter.
-  std::vector<uint16_t> counters;
-  uint32_t current = 0;         // the generation sightings go to: 0 or 1
-  int64_t current_sightings = 0;  // what it holds
-  bool operator==(const AdmissionFilter&) const = default;
-};
 
 // Bytes one row takes: values, state, its key and bookkeeping, its share of
 // the index, and its links in the orders TTL and the cap keep.
@@ -200,7 +188,7 @@ class SparseTable {
 
   // The counting filter: a checkpoint holds it, so that admission goes on
   // exactly.
-  const AdmissionFilter& filter() const { return filter_; }
+  const AdmissionFilter& filter() const { return filter_.state(); }
 
   // Replaces the table's contents with a checkpoint's rows and filter (a
   // filter without counters: an empty one). INVALID_ARGUMENT naming the
@@ -212,16 +200,11 @@ class SparseTable {
  private:
   explicit SparseTable(const SparseTableConfig& config);
 
+  // The rows max_memory_bytes holds beside the filter (a capped table's).
+  int64_t RowsUnderCap() const;
   uint32_t NewSlot();
   void InitRow(uint64_t key, uint32_t slot);
   void UpdateRow(uint32_t slot, const float* grad);
-  // Counting filter: the estimated sightings of a key in both generations,
-  // and adding to the current one (which first becomes the previous one if
-  // it holds a window's sightings).
-  uint32_t Sightings(uint64_t key) const;
-  void AddSightings(uint64_t key, uint32_t n);
-  // The filter's counter pair (both generations) of `key` in row r.
-  uint32_t FilterPair(uint64_t key, int r) const;
   bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
   // Evicts the first `rows_to_free` rows of the eviction order.
   void Evict(int64_t rows_to_free, SparseStepStats& stats);
@@ -257,9 +240,7 @@ class SparseTable {
   std::optional<RowOrder> by_touches_;
   std::vector<uint32_t> free_slots_;
   std::vector<uint64_t> evicted_;  // since TakeEvicted
-  AdmissionFilter filter_;  // 4 rows of filter_width_ counter pairs
-  int64_t filter_width_ = 0;
-  int64_t filter_window_ = 0;  // AdmissionWindow
+  CountingFilter filter_;
   // The open snapshot: rows made at epochs below `epoch` with last_step >=
   // `since`, those above key `read_up_to` (all before its first read) not
   // read yet; `saved` holds the copies of those that changed since.
