@@ -99,6 +99,7 @@ int64_t BytesPerRow(const SparseTableConfig& c) {
 SparseTable::SparseTable(const SparseTableConfig& config)
     : config_(config),
       state_floats_(StateFloatsPerRow(config)),
+      row_floats_(config.dim + state_floats_),
       by_last_touch_(RowOrder::By::kLastTouch, meta_),
       filter_(HasFilter(config) ? config.filter_counters : 0, config.max_false_admission,
               config.seed + config.index * 8) {
@@ -134,7 +135,7 @@ void SparseTable::Read(absl::Span<const uint64_t> keys, float* out) const {
     if (it == index_.end()) {
       std::fill(o, o + dim, 0.0f);
     } else {
-      std::copy_n(values_.data() + int64_t{it->second} * dim, dim, o);
+      std::copy_n(ValuesOf(it->second), dim, o);
     }
   }
 }
@@ -160,18 +161,16 @@ uint32_t SparseTable::NewSlot() {
     meta_.reserve(rows);
     by_last_touch_.Reserve(rows);
     if (by_touches_.has_value()) by_touches_->Reserve(rows);
-    values_.reserve(rows * config_.dim);
-    state_.reserve(rows * state_floats_);
+    rows_.reserve(rows * row_floats_);
   }
   meta_.emplace_back();
-  values_.resize(values_.size() + config_.dim);
-  state_.resize(state_.size() + state_floats_);
+  rows_.resize(rows_.size() + row_floats_);
   return slot;
 }
 
 void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   const int dim = config_.dim;
-  float* v = values_.data() + int64_t{slot} * dim;
+  float* v = ValuesOf(slot);
   const uint64_t stream = Mix64(Mix64(config_.seed ^ 0x7ab1e5eedULL) + config_.index) ^ Mix64(key);
   for (int j = 0; j < dim; ++j) {
     const uint64_t bits = Mix64(stream + static_cast<uint64_t>(j));
@@ -190,7 +189,7 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
       }
     }
   }
-  float* s = state_.data() + int64_t{slot} * state_floats_;
+  float* s = StateOf(slot);
   std::fill(s, s + state_floats_, 0.0f);
   if (config_.optimizer == SparseTableConfig::Optimizer::kAdagrad) {
     std::fill(s, s + dim, config_.initial_accumulator);
@@ -204,7 +203,7 @@ bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
   if (index_.contains(key)) return false;
   const uint32_t slot = NewSlot();
   InitRow(key, slot);
-  std::copy(values.begin(), values.end(), values_.data() + int64_t{slot} * config_.dim);
+  std::copy(values.begin(), values.end(), ValuesOf(slot));
   index_.emplace(key, slot);
   Order(slot);
   return true;
@@ -213,8 +212,8 @@ bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
 void SparseTable::UpdateRow(uint32_t slot, const float* g) {
   const int dim = config_.dim;
   const float lr = config_.learning_rate;
-  float* w = values_.data() + int64_t{slot} * dim;
-  float* s = state_.data() + int64_t{slot} * state_floats_;
+  float* w = ValuesOf(slot);
+  float* s = StateOf(slot);
   RowMeta& meta = meta_[slot];
   ++meta.updates;
   switch (config_.optimizer) {
@@ -292,8 +291,9 @@ void SparseTable::RemoveAll(absl::Span<const uint64_t> keys) {
 }
 
 void SparseTable::PrefetchRow(uint32_t slot) const {
-  __builtin_prefetch(values_.data() + int64_t{slot} * config_.dim, 1);
-  __builtin_prefetch(state_.data() + int64_t{slot} * state_floats_, 1);
+  // The row's first and last bytes: its values and state, side by side.
+  __builtin_prefetch(ValuesOf(slot), 1);
+  __builtin_prefetch(ValuesOf(slot) + row_floats_ - 1, 1);
   __builtin_prefetch(meta_.data() + slot, 1);
 }
 
@@ -493,14 +493,13 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilt
   index_ = std::move(index);
   filter_.Load(filter);
   meta_.assign(rows.size(), RowMeta{});
-  values_.assign(rows.size() * dim, 0.0f);
-  state_.assign(rows.size() * state_floats_, 0.0f);
+  rows_.assign(rows.size() * row_floats_, 0.0f);
   free_slots_.clear();
   evicted_.clear();
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
-    std::copy(row.values.begin(), row.values.end(), values_.begin() + i * dim);
-    std::copy(row.state.begin(), row.state.end(), state_.begin() + i * state_floats_);
+    std::copy(row.values.begin(), row.values.end(), ValuesOf(static_cast<uint32_t>(i)));
+    std::copy(row.state.begin(), row.state.end(), StateOf(static_cast<uint32_t>(i)));
     meta_[i] = RowMeta{.key = row.key,
                     .last_step = row.last_step,
                     .updates = row.updates,
@@ -532,10 +531,8 @@ SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
   const RowMeta& meta = meta_[slot];
   return Row{
       .key = meta.key,
-      .values = {values_.begin() + int64_t{slot} * config_.dim,
-                 values_.begin() + int64_t{slot + 1} * config_.dim},
-      .state = {state_.begin() + int64_t{slot} * state_floats_,
-                state_.begin() + int64_t{slot + 1} * state_floats_},
+      .values = {ValuesOf(slot), ValuesOf(slot) + config_.dim},
+      .state = {StateOf(slot), StateOf(slot) + state_floats_},
       .last_step = meta.last_step,
       .touches = meta.touches,
       .updates = meta.updates,

@@ -224,15 +224,21 @@ class SparseTable {
   // snapshot holds the row and has not read it yet.
   void PreserveForSnapshot(uint32_t slot);
   Row RowAt(uint32_t slot) const;
+  float* ValuesOf(uint32_t slot) { return rows_.data() + int64_t{slot} * row_floats_; }
+  const float* ValuesOf(uint32_t slot) const { return rows_.data() + int64_t{slot} * row_floats_; }
+  float* StateOf(uint32_t slot) { return ValuesOf(slot) + config_.dim; }
+  const float* StateOf(uint32_t slot) const { return ValuesOf(slot) + config_.dim; }
 
   const SparseTableConfig config_;
   const int state_floats_;
+  const int row_floats_;  // dim + state_floats_
   using KeyIndex = absl::flat_hash_map<uint64_t, uint32_t, absl::Hash<uint64_t>,
                                        std::equal_to<uint64_t>,
                                        HugePageAllocator<std::pair<const uint64_t, uint32_t>>>;
   KeyIndex index_;                                  // key -> slot
-  std::vector<float, HugePageAllocator<float>> values_;  // dim floats a slot
-  std::vector<float, HugePageAllocator<float>> state_;   // state_floats_ floats a slot
+  // A slot's row: its dim values, then its state_floats_ optimizer state,
+  // side by side (a row's update reaches one place in memory).
+  std::vector<float, HugePageAllocator<float>> rows_;
   RowMetas meta_;                                        // by slot
   // The orders rows leave in: by last touch (TTL's, LRU's at the cap, and
   // the rows touched since a step), by touches (LFU's at the cap).
