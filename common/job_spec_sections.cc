@@ -49,7 +49,8 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
     return FieldError(o + ".learning_rate", "must be in (0, 1000]");
   }
   const v1::TableOptimizerType type = opt.type();
-  const bool adagrad = type == v1::TABLE_OPTIMIZER_TYPE_ADAGRAD;
+  const bool adagrad = type == v1::TABLE_OPTIMIZER_TYPE_ADAGRAD ||
+                       type == v1::TABLE_OPTIMIZER_TYPE_ROWWISE_ADAGRAD;
   const bool adam = type == v1::TABLE_OPTIMIZER_TYPE_ADAM;
   const bool ftrl = type == v1::TABLE_OPTIMIZER_TYPE_FTRL;
   struct Applies {
@@ -59,10 +60,11 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
     const char* types;
   };
   const Applies fields[] = {
-      {opt.has_initial_accumulator(), "initial_accumulator", adagrad || ftrl, "adagrad and ftrl"},
+      {opt.has_initial_accumulator(), "initial_accumulator", adagrad || ftrl,
+       "adagrad, rowwise_adagrad and ftrl"},
       {opt.has_beta1(), "beta1", adam, "adam"},
       {opt.has_beta2(), "beta2", adam, "adam"},
-      {opt.has_epsilon(), "epsilon", adagrad || adam, "adagrad and adam"},
+      {opt.has_epsilon(), "epsilon", adagrad || adam, "adagrad, rowwise_adagrad and adam"},
       {opt.l1() != 0, "l1", ftrl, "ftrl"},
       {opt.l2() != 0, "l2", ftrl, "ftrl"},
       {opt.has_beta(), "beta", ftrl, "ftrl"},

@@ -160,6 +160,9 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t) {
     case v1::TABLE_OPTIMIZER_TYPE_FTRL:
       c.optimizer = Config::Optimizer::kFtrl;
       break;
+    case v1::TABLE_OPTIMIZER_TYPE_ROWWISE_ADAGRAD:
+      c.optimizer = Config::Optimizer::kRowwiseAdagrad;
+      break;
     default:
       c.optimizer = Config::Optimizer::kAdagrad;
   }

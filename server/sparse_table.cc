@@ -81,6 +81,8 @@ int StateFloatsPerRow(const SparseTableConfig& c) {
       return 0;
     case SparseTableConfig::Optimizer::kAdagrad:
       return c.dim;
+    case SparseTableConfig::Optimizer::kRowwiseAdagrad:
+      return 1;
     case SparseTableConfig::Optimizer::kAdam:
     case SparseTableConfig::Optimizer::kFtrl:
       return 2 * c.dim;
@@ -191,8 +193,9 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   }
   float* s = StateOf(slot);
   std::fill(s, s + state_floats_, 0.0f);
-  if (config_.optimizer == SparseTableConfig::Optimizer::kAdagrad) {
-    std::fill(s, s + dim, config_.initial_accumulator);
+  if (config_.optimizer == SparseTableConfig::Optimizer::kAdagrad ||
+      config_.optimizer == SparseTableConfig::Optimizer::kRowwiseAdagrad) {
+    std::fill(s, s + state_floats_, config_.initial_accumulator);
   } else if (config_.optimizer == SparseTableConfig::Optimizer::kFtrl) {
     std::fill(s + dim, s + 2 * dim, config_.initial_accumulator);  // n; z stays 0
   }
@@ -226,6 +229,15 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g) {
         w[j] -= lr * g[j] / (std::sqrt(s[j]) + config_.epsilon);
       }
       break;
+    case SparseTableConfig::Optimizer::kRowwiseAdagrad: {
+      // One accumulator for the row: the mean of g² over its values.
+      float sum_squares = 0;
+      for (int j = 0; j < dim; ++j) sum_squares += g[j] * g[j];
+      s[0] += sum_squares / static_cast<float>(dim);
+      const float rate = lr / (std::sqrt(s[0]) + config_.epsilon);
+      for (int j = 0; j < dim; ++j) w[j] -= rate * g[j];
+      break;
+    }
     case SparseTableConfig::Optimizer::kAdam: {
       const float b1 = config_.beta1, b2 = config_.beta2;
       const double t = static_cast<double>(meta.updates);

@@ -50,13 +50,13 @@ struct SparseTableConfig {
   Initializer initializer = Initializer::kUniform;
   float init_scale = 0.01f;
 
-  enum class Optimizer { kSgd, kAdagrad, kAdam, kFtrl };
+  enum class Optimizer { kSgd, kAdagrad, kAdam, kFtrl, kRowwiseAdagrad };
   Optimizer optimizer = Optimizer::kAdagrad;
   float learning_rate = 0.01f;
-  float initial_accumulator = 0.1f;  // Adagrad's and FTRL's n at the start
+  float initial_accumulator = 0.1f;  // Adagrad's (both) and FTRL's n at the start
   float beta1 = 0.9f;                // Adam
   float beta2 = 0.999f;              // Adam
-  float epsilon = 1e-8f;             // Adagrad, Adam
+  float epsilon = 1e-8f;             // Adagrad (both), Adam
   float l1 = 0;                      // FTRL
   float l2 = 0;                      // FTRL
   float beta = 1.0f;                 // FTRL's beta (the rate's offset)

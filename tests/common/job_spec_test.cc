@@ -233,6 +233,8 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
       {"- {name: a, dim: 4, optimizer: {type: sgd, beta1: 0.5}}", "tables[0].optimizer.beta1"},
       {"- {name: a, dim: 4, optimizer: {type: adam, l1: 0.5}}", "tables[0].optimizer.l1"},
       {"- {name: a, dim: 4, optimizer: {learning_rate: -1}}", "tables[0].optimizer.learning_rate"},
+      {"- {name: a, dim: 4, optimizer: {type: rowwise_adagrad, beta1: 0.5}}",
+       "tables[0].optimizer.beta1"},
       {"- {name: a, dim: 4, admission: {probability: 0}}", "tables[0].admission.probability"},
       {"- {name: a, dim: 4, admission: {min_count: 70000}}", "tables[0].admission.min_count"},
       {"- {name: a, dim: 4, admission: {filter_counters: 8}}",
@@ -260,6 +262,13 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << table;
     EXPECT_TRUE(absl::StartsWith(s.status().message(), field)) << s.status() << " for " << table;
   }
+  // Row-wise Adagrad takes Adagrad's fields and defaults.
+  absl::StatusOr<v1::JobSpec> rowwise = NormalizeJobSpec(*ParseJobSpecYaml(External(
+      "[{name: w}]", "tables:\n  - {name: a, dim: 4, optimizer: {type: rowwise_adagrad}}\n")));
+  PSTRAIN_ASSERT_OK(rowwise);
+  EXPECT_EQ(rowwise->tables(0).optimizer().type(), v1::TABLE_OPTIMIZER_TYPE_ROWWISE_ADAGRAD);
+  EXPECT_FLOAT_EQ(rowwise->tables(0).optimizer().initial_accumulator(), 0.1f);
+  EXPECT_FLOAT_EQ(rowwise->tables(0).optimizer().epsilon(), 1e-8f);
   // Built-in models read no tables.
   absl::StatusOr<v1::JobSpec> mlp = NormalizeJobSpec(
       *ParseJobSpecYaml(std::string(kValid) + "tables: [{name: a, dim: 4}]\n"));

@@ -150,6 +150,29 @@ void ExpectRowFollows(
   EXPECT_EQ(table->Rows()[0].updates, 3);
 }
 
+TEST(SparseTableTest, RowwiseAdagradKeepsOneAccumulatorARow) {
+  Config c = SmallConfig(Config::Optimizer::kRowwiseAdagrad);
+  c.learning_rate = 0.1f;
+  EXPECT_EQ(StateFloatsPerRow(c), 1);
+  auto table = Make(c);
+  ASSERT_TRUE(Step(*table, 0, {Push({9}, 0)}).ok());
+  std::vector<float> w = Read(*table, {9});
+  float n = c.initial_accumulator;
+  for (int64_t step = 1; step <= 3; ++step) {
+    OwnedPush push = Push({9}, 0);
+    for (int j = 0; j < 4; ++j) push.grads[j] = 0.1f * static_cast<float>((j + 1) * step);
+    ASSERT_TRUE(Step(*table, step, {push}).ok());
+    float sum_squares = 0;
+    for (float g : push.grads) sum_squares += g * g;
+    n += sum_squares / 4;  // the mean of the row's g²
+    for (int j = 0; j < 4; ++j) w[j] -= 0.1f / (std::sqrt(n) + 1e-8f) * push.grads[j];
+    const std::vector<float> got = Read(*table, {9});
+    for (int j = 0; j < 4; ++j) EXPECT_NEAR(got[j], w[j], 1e-6) << "step " << step;
+  }
+  ASSERT_EQ(table->Rows()[0].state.size(), 1u);
+  EXPECT_NEAR(table->Rows()[0].state[0], n, 1e-6);
+}
+
 TEST(SparseTableTest, RowWiseOptimizersUpdateOnlyTheRowsAStepTouches) {
   ExpectRowFollows(Config::Optimizer::kSgd,
                    [](float& w, std::vector<float>&, float g, int) { w -= 0.1f * g; });
