@@ -144,6 +144,10 @@ absl::Status NormalizeTable(const std::string& at, v1::EmbeddingTableSpec& t) {
                       "a table that starts from given rows keeps them: no ttl_steps or "
                       "max_memory_bytes");
   }
+  if (t.value_dtype() == v1::DTYPE_UNSPECIFIED) t.set_value_dtype(v1::DTYPE_FP32);
+  if (t.value_dtype() != v1::DTYPE_FP32 && t.value_dtype() != v1::DTYPE_BF16) {
+    return FieldError(at + ".value_dtype", "must be fp32 or bf16");
+  }
   return absl::OkStatus();
 }
 

@@ -149,6 +149,7 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t) {
       c.initializer = Config::Initializer::kUniform;
   }
   c.init_scale = ts.initializer().scale();
+  c.values = ts.value_dtype() == v1::DTYPE_BF16 ? Config::Values::kBf16 : Config::Values::kFp32;
   const v1::TableOptimizer& o = ts.optimizer();
   switch (o.type()) {
     case v1::TABLE_OPTIMIZER_TYPE_SGD:

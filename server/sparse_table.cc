@@ -1,18 +1,22 @@
 #include "server/sparse_table.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace pstrain::server {
 namespace {
 
 // A key's sightings past this many in one step draw no further admission
 // chances (beyond it a probability below 1 has long admitted the key).
+constexpr int kMaxDim = 1024;
 constexpr uint32_t kMaxDrawsPerStep = 4096;
 // The index's bytes per row at its emptiest, just after it doubled: a hash
 // map of 16-byte slots (12 and padding) and a control byte, 7/16 full.
@@ -37,8 +41,8 @@ absl::Status Bad(const SparseTableConfig& c, absl::string_view what) {
 }  // namespace
 
 absl::Status CheckSparseTableConfig(const SparseTableConfig& c) {
-  if (c.dim < 1 || c.dim > 1024)
-    return Bad(c, absl::StrCat("dim ", c.dim, " is outside [1, 1024]"));
+  if (c.dim < 1 || c.dim > kMaxDim)
+    return Bad(c, absl::StrCat("dim ", c.dim, " is outside [1, ", kMaxDim, "]"));
   if (!(c.init_scale >= 0 && c.init_scale <= 10)) {
     return Bad(c, absl::StrCat("init scale ", c.init_scale, " is outside [0, 10]"));
   }
@@ -90,18 +94,23 @@ int StateFloatsPerRow(const SparseTableConfig& c) {
   return 0;
 }
 
+int ValueWordsPerRow(const SparseTableConfig& c) {
+  return c.values == SparseTableConfig::Values::kBf16 ? (c.dim + 1) / 2 : c.dim;
+}
+
 int64_t BytesPerRow(const SparseTableConfig& c) {
   // Values and state, the row's bookkeeping (RowMeta), its share of the
   // index and its links in the orders kept.
   const int orders = KeepsTouchesOrder(c) ? 2 : 1;
-  return (int64_t{c.dim} + StateFloatsPerRow(c)) * 4 + int64_t{sizeof(RowMeta)} +
+  return (int64_t{ValueWordsPerRow(c)} + StateFloatsPerRow(c)) * 4 + int64_t{sizeof(RowMeta)} +
          kIndexBytesPerRow + orders * RowOrder::kBytesPerSlot;
 }
 
 SparseTable::SparseTable(const SparseTableConfig& config)
     : config_(config),
       state_floats_(StateFloatsPerRow(config)),
-      row_floats_(config.dim + state_floats_),
+      value_words_(ValueWordsPerRow(config)),
+      row_floats_(value_words_ + state_floats_),
       by_last_touch_(RowOrder::By::kLastTouch, meta_),
       filter_(HasFilter(config) ? config.filter_counters : 0, config.max_false_admission,
               config.seed + config.index * 8) {
@@ -137,7 +146,7 @@ void SparseTable::Read(absl::Span<const uint64_t> keys, float* out) const {
     if (it == index_.end()) {
       std::fill(o, o + dim, 0.0f);
     } else {
-      std::copy_n(ValuesOf(it->second), dim, o);
+      GetValues(it->second, o);
     }
   }
 }
@@ -172,7 +181,8 @@ uint32_t SparseTable::NewSlot() {
 
 void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   const int dim = config_.dim;
-  float* v = ValuesOf(slot);
+  std::array<float, kMaxDim> drawn;
+  float* v = drawn.data();
   const uint64_t stream = Mix64(Mix64(config_.seed ^ 0x7ab1e5eedULL) + config_.index) ^ Mix64(key);
   for (int j = 0; j < dim; ++j) {
     const uint64_t bits = Mix64(stream + static_cast<uint64_t>(j));
@@ -191,6 +201,8 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
       }
     }
   }
+  meta_[slot] = RowMeta{.key = key, .epoch = snapshot_epoch_};
+  SetValues(slot, v);
   float* s = StateOf(slot);
   std::fill(s, s + state_floats_, 0.0f);
   if (config_.optimizer == SparseTableConfig::Optimizer::kAdagrad ||
@@ -199,23 +211,63 @@ void SparseTable::InitRow(uint64_t key, uint32_t slot) {
   } else if (config_.optimizer == SparseTableConfig::Optimizer::kFtrl) {
     std::fill(s + dim, s + 2 * dim, config_.initial_accumulator);  // n; z stays 0
   }
-  meta_[slot] = RowMeta{.key = key, .epoch = snapshot_epoch_};
 }
 
 bool SparseTable::AddRow(uint64_t key, absl::Span<const float> values) {
   if (index_.contains(key)) return false;
   const uint32_t slot = NewSlot();
   InitRow(key, slot);
-  std::copy(values.begin(), values.end(), ValuesOf(slot));
+  SetValues(slot, values.data());
   index_.emplace(key, slot);
   Order(slot);
   return true;
 }
 
-void SparseTable::UpdateRow(uint32_t slot, const float* g) {
+void SparseTable::GetValues(uint32_t slot, float* out) const {
+  if (config_.values == SparseTableConfig::Values::kFp32) {
+    std::copy_n(WordsOf(slot), config_.dim, out);
+    return;
+  }
+  std::array<uint16_t, kMaxDim + 1> halves;
+  std::memcpy(halves.data(), WordsOf(slot), value_words_ * 4);
+  kernels::CastFromBf16(halves.data(), out, config_.dim);
+}
+
+void SparseTable::SetValues(uint32_t slot, const float* in, std::optional<int64_t> step) {
+  const int dim = config_.dim;
+  if (config_.values == SparseTableConfig::Values::kFp32) {
+    std::copy_n(in, dim, WordsOf(slot));
+    return;
+  }
+  std::array<uint16_t, kMaxDim + 1> halves{};
+  if (!step.has_value()) {
+    kernels::CastToBf16(in, halves.data(), dim);
+  } else {
+    // Up or down to a neighbouring bf16 value, up with the chance of the
+    // distance from the lower one: the low 16 bits of the float's bits and
+    // 16 random bits added, the sum's carry deciding (a NaN stays one).
+    const uint64_t stream = Mix64(Mix64(config_.seed ^ 0x5707c4a5ULL) + config_.index) ^
+                            Mix64(meta_[slot].key) ^ Mix64(static_cast<uint64_t>(*step));
+    uint64_t noise = 0;
+    for (int j = 0; j < dim; ++j) {
+      if (j % 4 == 0) noise = Mix64(stream + static_cast<uint64_t>(j / 4));
+      uint32_t bits;
+      std::memcpy(&bits, in + j, 4);
+      halves[j] = std::isnan(in[j]) ? uint16_t{0x7fc0}
+                                    : static_cast<uint16_t>((bits + (noise & 0xffff)) >> 16);
+      noise >>= 16;
+    }
+  }
+  std::memcpy(WordsOf(slot), halves.data(), value_words_ * 4);
+}
+
+void SparseTable::UpdateRow(uint32_t slot, const float* g, int64_t step) {
   const int dim = config_.dim;
   const float lr = config_.learning_rate;
-  float* w = ValuesOf(slot);
+  const bool fp32 = config_.values == SparseTableConfig::Values::kFp32;
+  std::array<float, kMaxDim> decoded;
+  float* w = fp32 ? WordsOf(slot) : decoded.data();
+  if (!fp32) GetValues(slot, w);
   float* s = StateOf(slot);
   RowMeta& meta = meta_[slot];
   ++meta.updates;
@@ -268,6 +320,7 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g) {
       break;
     }
   }
+  if (!fp32) SetValues(slot, w, step);
 }
 
 bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const {
@@ -304,8 +357,8 @@ void SparseTable::RemoveAll(absl::Span<const uint64_t> keys) {
 
 void SparseTable::PrefetchRow(uint32_t slot) const {
   // The row's first and last bytes: its values and state, side by side.
-  __builtin_prefetch(ValuesOf(slot), 1);
-  __builtin_prefetch(ValuesOf(slot) + row_floats_ - 1, 1);
+  __builtin_prefetch(WordsOf(slot), 1);
+  __builtin_prefetch(WordsOf(slot) + row_floats_ - 1, 1);
   __builtin_prefetch(meta_.data() + slot, 1);
 }
 
@@ -412,7 +465,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
   std::vector<std::pair<uint64_t, uint32_t>> touched;  // (key, slot)
   touched.reserve(keys.size());
   auto update = [&](uint32_t slot, size_t i) {
-    UpdateRow(slot, sums.data() + i * dim);
+    UpdateRow(slot, sums.data() + i * dim, step);
     RowMeta& meta = meta_[slot];
     meta.last_step = step;
     if (meta.touches < std::numeric_limits<uint32_t>::max()) ++meta.touches;
@@ -510,7 +563,7 @@ absl::Status SparseTable::Load(const std::vector<Row>& rows, const AdmissionFilt
   evicted_.clear();
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
-    std::copy(row.values.begin(), row.values.end(), ValuesOf(static_cast<uint32_t>(i)));
+    SetValues(static_cast<uint32_t>(i), row.values.data());
     std::copy(row.state.begin(), row.state.end(), StateOf(static_cast<uint32_t>(i)));
     meta_[i] = RowMeta{.key = row.key,
                     .last_step = row.last_step,
@@ -541,14 +594,16 @@ void SparseTable::ForEachTouchedSince(int64_t since,
 
 SparseTable::Row SparseTable::RowAt(uint32_t slot) const {
   const RowMeta& meta = meta_[slot];
-  return Row{
+  Row row{
       .key = meta.key,
-      .values = {ValuesOf(slot), ValuesOf(slot) + config_.dim},
+      .values = std::vector<float>(config_.dim),
       .state = {StateOf(slot), StateOf(slot) + state_floats_},
       .last_step = meta.last_step,
       .touches = meta.touches,
       .updates = meta.updates,
   };
+  GetValues(slot, row.values.data());
+  return row;
 }
 
 std::optional<SparseTable::Snapshot> SparseTable::BeginSnapshot(int64_t since) {

@@ -50,6 +50,13 @@ struct SparseTableConfig {
   Initializer initializer = Initializer::kUniform;
   float init_scale = 0.01f;
 
+  // How a row's values are held: fp32, or bf16 (half the bytes), each
+  // update rounded stochastically by a draw of (seed, table, key, step) so
+  // that small updates are not lost and runs stay reproducible. The
+  // optimizer's state is fp32 either way.
+  enum class Values { kFp32, kBf16 };
+  Values values = Values::kFp32;
+
   enum class Optimizer { kSgd, kAdagrad, kAdam, kFtrl, kRowwiseAdagrad };
   Optimizer optimizer = Optimizer::kAdagrad;
   float learning_rate = 0.01f;
@@ -92,6 +99,9 @@ absl::Status CheckSparseTableConfig(const SparseTableConfig& config);
 
 // Floats of optimizer state per row.
 int StateFloatsPerRow(const SparseTableConfig& config);
+// 4-byte words of a row's values: dim in fp32, half of it (rounded up) in
+// bf16.
+int ValueWordsPerRow(const SparseTableConfig& config);
 
 // The sightings a generation of the table's admission filter takes before
 // it becomes the previous one: a key seen min_count times within the last
@@ -204,7 +214,13 @@ class SparseTable {
   int64_t RowsUnderCap() const;
   uint32_t NewSlot();
   void InitRow(uint64_t key, uint32_t slot);
-  void UpdateRow(uint32_t slot, const float* grad);
+  // The row's values updated by its optimizer with the step's gradient.
+  void UpdateRow(uint32_t slot, const float* grad, int64_t step);
+  // The row's values as floats, and set from floats: rounded to the nearest
+  // bf16 value, or, with a step, stochastically by a draw of (seed, table,
+  // key, step).
+  void GetValues(uint32_t slot, float* out) const;
+  void SetValues(uint32_t slot, const float* in, std::optional<int64_t> step = std::nullopt);
   bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
   // Evicts the first `rows_to_free` rows of the eviction order.
   void Evict(int64_t rows_to_free, SparseStepStats& stats);
@@ -224,20 +240,24 @@ class SparseTable {
   // snapshot holds the row and has not read it yet.
   void PreserveForSnapshot(uint32_t slot);
   Row RowAt(uint32_t slot) const;
-  float* ValuesOf(uint32_t slot) { return rows_.data() + int64_t{slot} * row_floats_; }
-  const float* ValuesOf(uint32_t slot) const { return rows_.data() + int64_t{slot} * row_floats_; }
-  float* StateOf(uint32_t slot) { return ValuesOf(slot) + config_.dim; }
-  const float* StateOf(uint32_t slot) const { return ValuesOf(slot) + config_.dim; }
+  // A slot's row: its values' words (the floats themselves in fp32), then
+  // its state.
+  float* WordsOf(uint32_t slot) { return rows_.data() + int64_t{slot} * row_floats_; }
+  const float* WordsOf(uint32_t slot) const { return rows_.data() + int64_t{slot} * row_floats_; }
+  float* StateOf(uint32_t slot) { return WordsOf(slot) + value_words_; }
+  const float* StateOf(uint32_t slot) const { return WordsOf(slot) + value_words_; }
 
   const SparseTableConfig config_;
   const int state_floats_;
-  const int row_floats_;  // dim + state_floats_
+  const int value_words_;  // ValueWordsPerRow
+  const int row_floats_;   // value_words_ + state_floats_
   using KeyIndex = absl::flat_hash_map<uint64_t, uint32_t, absl::Hash<uint64_t>,
                                        std::equal_to<uint64_t>,
                                        HugePageAllocator<std::pair<const uint64_t, uint32_t>>>;
   KeyIndex index_;                                  // key -> slot
-  // A slot's row: its dim values, then its state_floats_ optimizer state,
-  // side by side (a row's update reaches one place in memory).
+  // A slot's row: its values (value_words_ 4-byte words), then its
+  // state_floats_ optimizer state, side by side (a row's update reaches one
+  // place in memory).
   std::vector<float, HugePageAllocator<float>> rows_;
   RowMetas meta_;                                        // by slot
   // The orders rows leave in: by last touch (TTL's, LRU's at the cap, and

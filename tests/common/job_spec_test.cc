@@ -223,6 +223,7 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
   EXPECT_EQ(ads.admission().filter_counters(), 1 << 20);
   EXPECT_EQ(ads.admission().max_false_admission(), 0.01);
   EXPECT_FALSE(users.admission().has_max_false_admission());
+  EXPECT_EQ(users.value_dtype(), v1::DTYPE_FP32);
   EXPECT_EQ(ads.eviction().policy(), v1::TABLE_EVICTION_POLICY_LFU);
 
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -233,6 +234,7 @@ TEST(JobSpecTest, EmbeddingTablesGetTheirDefaultsAndBadFieldsAreNamed) {
       {"- {name: a, dim: 4, optimizer: {type: sgd, beta1: 0.5}}", "tables[0].optimizer.beta1"},
       {"- {name: a, dim: 4, optimizer: {type: adam, l1: 0.5}}", "tables[0].optimizer.l1"},
       {"- {name: a, dim: 4, optimizer: {learning_rate: -1}}", "tables[0].optimizer.learning_rate"},
+      {"- {name: a, dim: 4, value_dtype: fp16}", "tables[0].value_dtype"},
       {"- {name: a, dim: 4, optimizer: {type: rowwise_adagrad, beta1: 0.5}}",
        "tables[0].optimizer.beta1"},
       {"- {name: a, dim: 4, admission: {probability: 0}}", "tables[0].admission.probability"},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -171,6 +172,46 @@ TEST(SparseTableTest, RowwiseAdagradKeepsOneAccumulatorARow) {
   }
   ASSERT_EQ(table->Rows()[0].state.size(), 1u);
   EXPECT_NEAR(table->Rows()[0].state[0], n, 1e-6);
+}
+
+TEST(SparseTableTest, Bf16RowsRoundEachUpdateStochasticallyAndReproducibly) {
+  Config c = SmallConfig();  // sgd, dim 4
+  c.values = Config::Values::kBf16;
+  c.learning_rate = 1.0f;
+  EXPECT_EQ(ValueWordsPerRow(c), 2);
+  Config rowwise = c;
+  rowwise.dim = 16;
+  rowwise.optimizer = Config::Optimizer::kRowwiseAdagrad;
+  EXPECT_EQ(BytesPerRow(rowwise), (8 + 1) * 4 + 32 + 40 + 8);  // 116: 208 in fp32 Adagrad
+  auto a = Make(c);
+  auto b = Make(c);
+  std::vector<uint64_t> keys(1000);
+  std::iota(keys.begin(), keys.end(), 1);
+  for (uint64_t key : keys) {
+    ASSERT_TRUE(a->AddRow(key, std::vector<float>(4, 1.0f)));
+    ASSERT_TRUE(b->AddRow(key, std::vector<float>(4, 1.0f)));
+  }
+  // Each step moves every value by 1/8 of bf16's spacing at 1 (2^-7):
+  // rounded to the nearest, no value would ever move.
+  for (int64_t step = 0; step < 16; ++step) {
+    ASSERT_TRUE(Step(*a, step, {Push(keys, 0x1p-10f)}).ok());
+    ASSERT_TRUE(Step(*b, step, {Push(keys, 0x1p-10f)}).ok());
+  }
+  const std::vector<float> values = Read(*a, keys);
+  EXPECT_EQ(values, Read(*b, keys));  // the draws are (seed, table, key, step)'s
+  double sum = 0;
+  for (float v : values) {
+    // bf16 values: the low 16 bits of each float are zero.
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    EXPECT_EQ(bits & 0xffff, 0u);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / values.size(), 1.0 - 16 * 0x1p-10, 0.001);  // unbiased on average
+  // A checkpoint's rows (floats) load back exactly.
+  auto reloaded = Make(c);
+  PSTRAIN_ASSERT_OK(reloaded->Load(a->Rows(), a->filter()));
+  EXPECT_EQ(Read(*reloaded, keys), values);
 }
 
 TEST(SparseTableTest, RowWiseOptimizersUpdateOnlyTheRowsAStepTouches) {
