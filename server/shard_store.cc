@@ -150,6 +150,7 @@ absl::Status ShardStore::AddJob(const v1::ServerAssignment& a) {
   if (spec.tables_size() > 0) {
     PSTRAIN_ASSIGN_OR_RETURN(std::unique_ptr<SparseShard> sparse,
                              NewSparseShard(spec, job->num_workers));
+    sparse->pool = apply_pool_.get();
     job->sparse = std::move(sparse);
   }
   job->optimizer = std::move(optimizer);

@@ -1,6 +1,7 @@
 #include "server/sparse_shard.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -81,17 +82,39 @@ absl::Status Apply(ShardJob& job, SparseShard& shard, int64_t step,
     return absl::OkStatus();
   }
   // Each worker's sections in table order: walk them table by table.
+  const uint32_t num_tables = static_cast<uint32_t>(shard.tables.size());
+  std::vector<std::vector<SparsePush>> pushes_of(num_tables);
   std::vector<size_t> next(workers.size(), 0);
-  for (uint32_t t = 0; t < shard.tables.size(); ++t) {
-    std::vector<SparsePush> pushes;
+  for (uint32_t t = 0; t < num_tables; ++t) {
     for (size_t i = 0; i < workers.size(); ++i) {
       const std::vector<SparseSection>& sections = shard.pushed[workers[i]]->sections;
       if (next[i] < sections.size() && sections[next[i]].table == t) {
         const SparseSection& s = sections[next[i]++];
-        pushes.push_back({s.keys, s.counts, s.grads});
+        pushes_of[t].push_back({s.keys, s.counts, s.grads});
       }
     }
-    absl::StatusOr<SparseStepStats> stats = shard.tables[t]->ApplyStep(step, pushes);
+  }
+  // The tables step on the server's apply threads, each table on one
+  // (a table's step is a function of its pushes alone: the order in which
+  // the tables take theirs changes nothing).
+  std::vector<SparseTable*> tables(num_tables);
+  for (uint32_t t = 0; t < num_tables; ++t) tables[t] = shard.tables[t].get();
+  std::vector<absl::StatusOr<SparseStepStats>> results(num_tables);
+  std::atomic<uint32_t> next_table{0};
+  auto apply_tables = [&](int) {
+    for (uint32_t t; (t = next_table.fetch_add(1)) < num_tables;) {
+      results[t] = tables[t]->ApplyStep(step, pushes_of[t]);
+    }
+  };
+  if (shard.pool != nullptr && num_tables > 1) {
+    shard.pool->Run(std::min<int>(shard.pool->threads(), static_cast<int>(num_tables)),
+                    apply_tables);
+  } else {
+    apply_tables(0);
+  }
+  for (uint32_t t = 0; t < num_tables; ++t) {
+    const std::vector<SparsePush>& pushes = pushes_of[t];
+    const absl::StatusOr<SparseStepStats>& stats = results[t];
     if (!stats.ok()) return stats.status();
     if (!shard.metrics.empty()) {
       const ServerMetrics::Table& m = shard.metrics[t];

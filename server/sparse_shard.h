@@ -31,6 +31,8 @@
 
 namespace pstrain::server {
 
+class ApplyPool;
+
 // The chunk id that sparse frames and a table-only server's step ends
 // carry: no chunk.
 inline constexpr uint32_t kNoChunk = 0xffffffffu;
@@ -40,6 +42,9 @@ SparseTableConfig SparseTableConfigOf(const v1::JobSpec& spec, int t);
 
 struct SparseShard {
   absl::Mutex mu;
+  // The server's apply threads, which a step's tables share (null: the
+  // calling thread alone). Fixed once set.
+  ApplyPool* pool = nullptr;
   std::vector<int> dims;  // the tables', fixed
   std::vector<int64_t> initial_rows;  // the tables' (EmbeddingTableSpec), fixed
   std::vector<std::unique_ptr<SparseTable>> tables ABSL_GUARDED_BY(mu);

@@ -181,6 +181,50 @@ TEST_F(SparseShardTest, SyncAppliesEveryWorkersPushAtTheStepsEndInWorkerOrder) {
   EXPECT_EQ(store_.OpenWaits(), 0);
 }
 
+// The rows of both tables after 20 sync steps of both workers' pushes,
+// on a store of `apply_threads` threads.
+std::vector<float> RowsAfterSteps(int apply_threads) {
+  ShardStore::Options options;
+  options.apply_threads = apply_threads;
+  ShardStore store(options);
+  const v1::ServerAssignment a = Assignment("sync");
+  EXPECT_TRUE(store.AddJob(a).ok());
+  for (const v1::ChunkInfo& c : a.plan().chunks()) {
+    v1::ChunkHeader h = Header(v1::FRAME_KIND_INIT, 0, 0);
+    h.set_chunk(c.id());
+    h.set_num_elements(static_cast<uint32_t>(c.size()));
+    const std::vector<float> zeros(c.size(), 0.0f);
+    EXPECT_TRUE(store.Init(*Frame::Parse(EncodeFrame(h, zeros.data()))).ok());
+  }
+  std::vector<uint64_t> users, items;
+  for (uint64_t k = 0; k < 200; ++k) (k % 3 == 0 ? users : items).push_back(k);
+  for (int64_t step = 0; step < 20; ++step) {
+    for (uint32_t w = 0; w < 2; ++w) {
+      const float g = 0.1f * static_cast<float>(step + 1) * (w == 0 ? 1.0f : -0.5f);
+      EXPECT_TRUE(store
+                      .SparsePush(SparseFrame(v1::FRAME_KIND_SPARSE_PUSH, w, step,
+                                              {Section(0, users, g, 2), Section(1, items, g, 3)}))
+                      .ok());
+      EXPECT_TRUE(EndStep(store, w, step).ok());
+    }
+  }
+  auto waiter = std::make_shared<RowsWaiter>();
+  EXPECT_TRUE(store
+                  .SparsePull(SparseFrame(v1::FRAME_KIND_SPARSE_PULL, 0, 20,
+                                          {Section(0, users, 0, 2), Section(1, items, 0, 3)}, 20),
+                              waiter)
+                  .ok());
+  EXPECT_EQ(waiter->answered, 1);
+  return waiter->rows;
+}
+
+TEST(SparseShardThreadsTest, TablesSteppedOnSeveralThreadsGiveBitwiseTheSameRows) {
+  const std::vector<float> one = RowsAfterSteps(1);
+  ASSERT_EQ(one.size(), 67u * 2 + 133u * 3);
+  EXPECT_EQ(RowsAfterSteps(2), one);
+  EXPECT_EQ(RowsAfterSteps(4), one);
+}
+
 TEST_F(SparseShardTest, ATableOfInitialRowsWaitsForWorker0sRowsAndKeepsTheFirst) {
   Start("sync", /*items_initial_rows=*/4);
   EXPECT_EQ(InitialRowsHeld(Assignment("sync", 4).spec(), 0, 1), 4);
