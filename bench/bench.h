@@ -71,6 +71,16 @@ struct TableBenchOptions {
 };
 int RunTableBench(const TableBenchOptions& options);
 
+// rows (bench/row_update_bench.cc): a table's row updates a second, for
+// each compact-row option, on a table ten times the last-level cache (or
+// `rows` rows), against memcpy's bandwidth.
+struct RowUpdateBenchOptions {
+  int64_t rows = 0;  // 0: ten times the last-level cache
+  int warmup_steps = 20;
+  int steps = 200;
+};
+int RunRowUpdateBench(const RowUpdateBenchOptions& options);
+
 struct ApplyBenchOptions {
   int mib = 64;
   std::vector<int> workers = {1, 4};

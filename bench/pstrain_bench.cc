@@ -1,5 +1,5 @@
 // pstrain-bench: the data-plane and recovery benchmarks (see bench/RESULTS.md).
-//   pstrain-bench transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all
+//   pstrain-bench transport|sparse|tables|rows|apply|train|conv|ssp|checkpoint|tls|recovery|all
 //                 [--tiny] [flags]
 #include <cstdio>
 #include <iostream>
@@ -70,7 +70,7 @@ namespace {
 
 int Usage() {
   std::cerr << "usage: pstrain-bench "
-               "transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all "
+               "transport|sparse|tables|rows|apply|train|conv|ssp|checkpoint|tls|recovery|all "
                "[--tiny] [flags]\n";
   return 2;
 }
@@ -107,7 +107,8 @@ int Main(const std::vector<char*>& args) {
     o.table_dim = absl::GetFlag(FLAGS_serve_table_dim);
     return RunTransportServers(o);
   }
-  if (command != "transport" && command != "sparse" && command != "tables" && command != "apply" &&
+  if (command != "transport" && command != "sparse" && command != "tables" && command != "rows" &&
+      command != "apply" &&
       command != "train" &&
       command != "checkpoint" && command != "tls" && command != "recovery" && command != "conv" &&
       command != "ssp" && command != "all") {
@@ -208,6 +209,15 @@ int Main(const std::vector<char*>& args) {
       o.steps = 10;
     }
     status |= RunTableBench(o);
+  }
+  if (command == "rows" || command == "all") {
+    RowUpdateBenchOptions o;
+    if (tiny) {
+      o.rows = 20000;
+      o.warmup_steps = 2;
+      o.steps = 5;
+    }
+    status |= RunRowUpdateBench(o);
   }
   if (command == "apply" || command == "all") {
     ApplyBenchOptions o;
@@ -330,7 +340,7 @@ int Main(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "pstrain-bench transport|sparse|tables|apply|train|conv|ssp|checkpoint|tls|recovery|all "
+      "pstrain-bench transport|sparse|tables|rows|apply|train|conv|ssp|checkpoint|tls|recovery|all "
       "[--tiny] [flags]");
   pstrain::HelpListsOwnFlags();
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

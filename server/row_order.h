@@ -53,6 +53,15 @@ class RowOrder {
   // The rows of `slots`, and only they, in order.
   void Rebuild(absl::Span<const uint32_t> slots);
 
+  // Asks for the slot's link ahead of its use, and, once it is in, for its
+  // neighbours' links (which Erase writes).
+  void Prefetch(uint32_t slot) const { __builtin_prefetch(links_.data() + slot, 1); }
+  void PrefetchNeighbours(uint32_t slot) const {
+    const Link& link = links_[slot];
+    if (link.prev != kEnd) __builtin_prefetch(links_.data() + link.prev, 1);
+    if (link.next != kEnd) __builtin_prefetch(links_.data() + link.next, 1);
+  }
+
   // The first row of the order and the one after `slot`; kEnd past the last.
   uint32_t First() const;
   uint32_t Next(uint32_t slot) const;

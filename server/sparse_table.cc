@@ -473,6 +473,15 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     touched.emplace_back(keys[i], slot);
   };
   for (size_t i = 0; i < keys.size(); ++i) {
+    // Two stages ahead: the row, its meta and its link; one stage: its
+    // neighbours' links, which taking it out of the order writes.
+    if (i + 2 * kPrefetchAhead < keys.size() && slot_of[i + 2 * kPrefetchAhead] != RowOrder::kEnd) {
+      PrefetchRow(slot_of[i + 2 * kPrefetchAhead]);
+      by_last_touch_.Prefetch(slot_of[i + 2 * kPrefetchAhead]);
+    }
+    if (i + kPrefetchAhead < keys.size() && slot_of[i + kPrefetchAhead] != RowOrder::kEnd) {
+      by_last_touch_.PrefetchNeighbours(slot_of[i + kPrefetchAhead]);
+    }
     const uint32_t slot = slot_of[i];
     if (slot == RowOrder::kEnd) {
       filter_.Add(keys[i], counts[i]);
