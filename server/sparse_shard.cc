@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -96,14 +97,23 @@ absl::Status Apply(ShardJob& job, SparseShard& shard, int64_t step,
   }
   // The tables step on the server's apply threads, each table on one
   // (a table's step is a function of its pushes alone: the order in which
-  // the tables take theirs changes nothing).
+  // the tables take theirs changes nothing). Every table steps; the first
+  // error, in table order, fails the job.
   std::vector<SparseTable*> tables(num_tables);
   for (uint32_t t = 0; t < num_tables; ++t) tables[t] = shard.tables[t].get();
   std::vector<absl::StatusOr<SparseStepStats>> results(num_tables);
   std::atomic<uint32_t> next_table{0};
   auto apply_tables = [&](int) {
     for (uint32_t t; (t = next_table.fetch_add(1)) < num_tables;) {
-      results[t] = tables[t]->ApplyStep(step, pushes_of[t]);
+      // A table that cannot grow fails the job (below), on whichever
+      // thread it steps: never the process.
+      try {
+        results[t] = tables[t]->ApplyStep(step, pushes_of[t]);
+      } catch (const std::bad_alloc&) {
+        results[t] = absl::ResourceExhaustedError(
+            absl::StrCat("table ", tables[t]->config().name, ": step ", step,
+                         ": out of memory for its rows"));
+      }
     }
   };
   if (shard.pool != nullptr && num_tables > 1) {

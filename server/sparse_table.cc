@@ -323,15 +323,19 @@ void SparseTable::UpdateRow(uint32_t slot, const float* g, int64_t step) {
   if (!fp32) SetValues(slot, w, step);
 }
 
-bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const {
+bool SparseTable::Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now,
+                         int64_t step) const {
   const uint64_t seen = uint64_t{seen_before} + seen_now;
   if (seen < static_cast<uint64_t>(config_.min_count)) return false;
   if (config_.probability >= 1) return true;
   // Sighting i (from 0) of the key, from the min_count-th on, admits it
-  // with the probability, by a draw of (seed, table, key, i).
+  // with the probability, by a draw of (seed, table, key, step, i): the
+  // step's part, because the filter forgets, and a key's count (so i)
+  // may come back to numbers whose draws failed.
   const uint64_t first = std::max<uint64_t>(seen_before, config_.min_count - 1);
   const uint64_t last = std::min<uint64_t>(seen, first + kMaxDrawsPerStep);
-  const uint64_t stream = Mix64(Mix64(config_.seed ^ 0xad317ULL) + config_.index) ^ Mix64(key);
+  const uint64_t stream = Mix64(Mix64(config_.seed ^ 0xad317ULL) + config_.index) ^ Mix64(key) ^
+                          Mix64(static_cast<uint64_t>(step) ^ 0x57e9ULL);
   for (uint64_t i = first; i < last; ++i) {
     if (UnitDouble(Mix64(stream + i)) < config_.probability) return true;
   }
@@ -429,7 +433,7 @@ absl::StatusOr<SparseStepStats> SparseTable::ApplyStep(int64_t step,
     if (const auto it = index_.find(keys[i]); it != index_.end()) {
       slot_of[i] = it->second;
       ++rows_touched;
-    } else if (Admits(keys[i], filter_.Sightings(keys[i]), counts[i])) {
+    } else if (Admits(keys[i], filter_.Sightings(keys[i]), counts[i], step)) {
       admitted.push_back(static_cast<uint32_t>(i));
     }
   }
@@ -595,8 +599,8 @@ void SparseTable::ForEachTouchedSince(int64_t since,
     return;
   }
   // The last-touch order's newest rows, from its end.
-  for (uint32_t slot = by_last_touch_.Last(); slot != RowOrder::kEnd && meta_[slot].last_step >= since;
-       slot = by_last_touch_.Prev(slot)) {
+  for (uint32_t slot = by_last_touch_.Last();
+       slot != RowOrder::kEnd && meta_[slot].last_step >= since; slot = by_last_touch_.Prev(slot)) {
     visit(slot);
   }
 }

@@ -10,8 +10,8 @@
 //   - a key becomes a row (admission) once it has been seen min_count
 //     times within the filter's window, counted by a counting filter of
 //     bounded memory that forgets (server/counting_filter.h), or by a draw
-//     from (seed, table, key, sighting) below a probability; until then it reads as zeros and its gradients are
-//     dropped (and counted);
+//     from (seed, table, key, step, sighting) below a probability; until
+//     then it reads as zeros and its gradients are dropped (and counted);
 //   - a row is evicted once it has not been touched for ttl_steps steps,
 //     or, when admissions would take the table past its memory cap, the
 //     least recently (LRU) or least frequently (LFU) used rows go first,
@@ -221,7 +221,7 @@ class SparseTable {
   // key, step).
   void GetValues(uint32_t slot, float* out) const;
   void SetValues(uint32_t slot, const float* in, std::optional<int64_t> step = std::nullopt);
-  bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now) const;
+  bool Admits(uint64_t key, uint32_t seen_before, uint32_t seen_now, int64_t step) const;
   // Evicts the first `rows_to_free` rows of the eviction order.
   void Evict(int64_t rows_to_free, SparseStepStats& stats);
   void Remove(uint64_t key);

@@ -395,6 +395,29 @@ TEST(SparseTableTest, AdmissionByProbabilityIsADrawOfSeedTableKeyAndSighting) {
   EXPECT_NEAR(a->rows() / 20000.0, 1 - 0.75 * 0.75, 0.02);
 }
 
+// The filter forgets, and a key's count with it: each step's sightings
+// still draw afresh, so a key seen again and again is admitted at last.
+TEST(SparseTableTest, AdmissionByProbabilityDrawsAfreshAfterTheFilterForgets) {
+  Config c = SmallConfig();
+  c.probability = 0.2;
+  c.filter_counters = 64;  // a window of 6 sightings
+  ASSERT_LE(AdmissionWindow(c), 8);
+  auto table = Make(c);
+  std::vector<uint64_t> returning(50);
+  std::iota(returning.begin(), returning.end(), 1);
+  uint64_t next = 1000;
+  for (int64_t step = 0; step < 100; ++step) {
+    // Each returning key once a step, among as many new ones.
+    std::vector<uint64_t> keys = returning;
+    const std::vector<uint64_t> fresh = NewKeys(next, 50);
+    keys.insert(keys.end(), fresh.begin(), fresh.end());
+    ASSERT_TRUE(Step(*table, step, {Push(keys, 0)}).ok());
+  }
+  int admitted = 0;
+  for (const SparseTable::Row& row : table->Rows()) admitted += row.key <= 50;
+  EXPECT_EQ(admitted, 50);  // each had 100 draws of 0.2
+}
+
 TEST(SparseTableTest, RowsUntouchedForTtlStepsAreEvicted) {
   Config c = SmallConfig();
   c.ttl_steps = 3;
